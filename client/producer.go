@@ -1,0 +1,569 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// Record is one record to produce.
+type Record struct {
+	Key   []byte
+	Value []byte
+	// TimestampMs is Unix milliseconds; zero lets the ingestion node stamp it.
+	TimestampMs int64
+	// Partition, when non-nil, bypasses key routing (see PartitionOf).
+	Partition *uint32
+}
+
+// PartitionOf returns a pointer to p, for Record.Partition.
+func PartitionOf(p uint32) *uint32 { return &p }
+
+// Ack is the acknowledgement of one stored record.
+type Ack struct {
+	Stream    string
+	Partition uint32
+	Offset    uint64
+	Key       []byte
+	// Duplicate: the record had already been stored by an earlier attempt
+	// (Offset is the original offset).
+	Duplicate bool
+}
+
+// ProducerOptions tune a Producer. Zero values select the defaults.
+type ProducerOptions struct {
+	// Linger is how long a batch waits for more records once its first
+	// record arrived. Default 1ms; negative means no wait.
+	Linger time.Duration
+	// MaxBatchBytes bounds the key+value bytes of one request. Default 512 KiB.
+	MaxBatchBytes int
+	// MaxBatchRecords bounds the records of one request. Default 8192.
+	MaxBatchRecords int
+	// MaxInFlight is the number of Produce requests outstanding at once.
+	// Default 6. Use 1 for strict ordering across retries.
+	MaxInFlight int
+	// MaxBufferedBytes bounds unacknowledged bytes; Send blocks (up to its
+	// ctx) beyond it. Default 64 MiB.
+	MaxBufferedBytes int
+	// RetryTimeout bounds how long a record is retried after it was
+	// batched. Default 30s.
+	RetryTimeout time.Duration
+	// RequestTimeout bounds one Produce attempt. Default 10s.
+	RequestTimeout time.Duration
+	// RetryBackoff is the first retry delay (doubling up to MaxRetryBackoff,
+	// with jitter). Defaults 10ms and 1s.
+	RetryBackoff    time.Duration
+	MaxRetryBackoff time.Duration
+	// ProducerID overrides the random producer id (tests, resuming). Zero
+	// means random.
+	ProducerID uint64
+}
+
+func (o *ProducerOptions) setDefaults() {
+	if o.Linger == 0 {
+		o.Linger = time.Millisecond
+	} else if o.Linger < 0 {
+		o.Linger = 0
+	}
+	if o.MaxBatchBytes <= 0 {
+		o.MaxBatchBytes = 512 << 10
+	}
+	if o.MaxBatchRecords <= 0 {
+		o.MaxBatchRecords = 8192
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 6
+	}
+	if o.MaxBufferedBytes <= 0 {
+		o.MaxBufferedBytes = 64 << 20
+	}
+	if o.RetryTimeout <= 0 {
+		o.RetryTimeout = 30 * time.Second
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 10 * time.Second
+	}
+	if o.RetryBackoff <= 0 {
+		o.RetryBackoff = 10 * time.Millisecond
+	}
+	if o.MaxRetryBackoff <= 0 {
+		o.MaxRetryBackoff = time.Second
+	}
+	if o.MaxRetryBackoff < o.RetryBackoff {
+		o.MaxRetryBackoff = o.RetryBackoff
+	}
+}
+
+// ErrProducerClosed fails Sends after Close.
+var ErrProducerClosed = errors.New("catena: producer closed")
+
+// RecordError is a per-record rejection reported by the server (or a
+// retryable one that outlived the retry timeout, see RetryTimeoutError).
+// status.Code(err) returns Code.
+type RecordError struct {
+	Code    codes.Code
+	Message string
+}
+
+func (e *RecordError) Error() string {
+	if e.Message == "" {
+		return fmt.Sprintf("catena: record rejected: %s", e.Code)
+	}
+	return fmt.Sprintf("catena: record rejected: %s: %s", e.Code, e.Message)
+}
+
+// GRPCStatus lets status.Code / status.Convert see the server's code.
+func (e *RecordError) GRPCStatus() *status.Status { return status.New(e.Code, e.Message) }
+
+// RetryTimeoutError fails a record whose retryable errors lasted past
+// ProducerOptions.RetryTimeout. Last is the final error (unwrapped by
+// errors.Is/As and status.Code).
+type RetryTimeoutError struct {
+	Attempts int
+	Elapsed  time.Duration
+	Last     error
+}
+
+func (e *RetryTimeoutError) Error() string {
+	return fmt.Sprintf("catena: record not acknowledged after %d attempts in %s: %v",
+		e.Attempts, e.Elapsed.Round(time.Millisecond), e.Last)
+}
+
+func (e *RetryTimeoutError) Unwrap() error { return e.Last }
+
+// retryableRPC: the whole request may be retried.
+func retryableRPC(c codes.Code) bool {
+	switch c {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
+		return true
+	}
+	return false
+}
+
+// retryableRecord: a per-record error_code that may be retried.
+func retryableRecord(c codes.Code) bool {
+	switch c {
+	case codes.Unavailable, codes.FailedPrecondition, codes.Aborted, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// Future is the pending result of one Send. Futures of one batch are
+// resolved together.
+type Future struct {
+	b   *batch
+	pr  catenapb.ProduceRecord // the wire record (embedded: one allocation per Send)
+	ack Ack
+	err error
+	at  time.Time
+}
+
+// Wait blocks until the record is acknowledged or failed.
+func (f *Future) Wait() (Ack, error) {
+	<-f.b.done
+	return f.ack, f.err
+}
+
+// Done is closed once the result is available.
+func (f *Future) Done() <-chan struct{} { return f.b.done }
+
+// Result returns the outcome; only valid after Done is closed.
+func (f *Future) Result() (Ack, error) { return f.ack, f.err }
+
+// CompletedAt is when the producer learned the outcome (valid after Done),
+// for latency measurements.
+func (f *Future) CompletedAt() time.Time { return f.at }
+
+// Sequence is the record's producer sequence number (0 if it was never
+// accepted by the producer).
+func (f *Future) Sequence() uint64 { return f.pr.Sequence }
+
+// batch is one Produce request's worth of records.
+type batch struct {
+	futs    []*Future
+	bytes   int
+	created time.Time
+	done    chan struct{}
+}
+
+var failedBatch = func() *batch {
+	b := &batch{done: make(chan struct{})}
+	close(b.done)
+	return b
+}()
+
+// recordOverhead approximates the per-record wire overhead in batch sizing.
+const recordOverhead = 24
+
+// Producer batches and pipelines records to one stream, idempotently.
+// Safe for concurrent use.
+type Producer struct {
+	c      *Client
+	stream string
+	id     uint64
+	opts   ProducerOptions
+
+	ctx    context.Context // cancelled once Close finished, failing stragglers
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	seq      uint64
+	cur      *batch   // accumulating
+	ready    []*batch // cut, waiting for an in-flight slot
+	live     map[*batch]struct{}
+	buffered int
+	spaceCh  chan struct{} // closed (and replaced) when buffered bytes drop
+	closed   bool
+	lastCap  int
+
+	kick chan struct{}
+	sem  chan struct{}
+	wg   sync.WaitGroup
+}
+
+// NewProducer starts a producer for stream with a random non-zero
+// producer id. Close it to flush and release its goroutine.
+func NewProducer(c *Client, stream string, opts ProducerOptions) *Producer {
+	opts.setDefaults()
+	id := opts.ProducerID
+	for id == 0 {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			panic("catena: crypto/rand: " + err.Error())
+		}
+		id = binary.LittleEndian.Uint64(b[:])
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Producer{
+		c: c, stream: stream, id: id, opts: opts,
+		ctx: ctx, cancel: cancel,
+		live:    make(map[*batch]struct{}),
+		spaceCh: make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		sem:     make(chan struct{}, opts.MaxInFlight),
+		lastCap: 64,
+	}
+	p.wg.Add(1)
+	go p.flusher()
+	return p
+}
+
+// ID is the producer id sent with every request.
+func (p *Producer) ID() uint64 { return p.id }
+
+// Stream is the stream this producer writes to.
+func (p *Producer) Stream() string { return p.stream }
+
+// Send queues r and returns its Future. ctx bounds only the wait for
+// buffer space (MaxBufferedBytes); once queued a record is retried up to
+// RetryTimeout. r.Key and r.Value must not be modified until the Future
+// is done.
+func (p *Producer) Send(ctx context.Context, r Record) *Future {
+	f := &Future{}
+	f.pr.Key, f.pr.Value, f.pr.TimestampMs, f.pr.Partition = r.Key, r.Value, r.TimestampMs, r.Partition
+	if err := ctx.Err(); err != nil {
+		f.fail(err)
+		return f
+	}
+	size := len(r.Key) + len(r.Value) + recordOverhead
+	kick := false
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			f.fail(ErrProducerClosed)
+			return f
+		}
+		if p.buffered == 0 || p.buffered+size <= p.opts.MaxBufferedBytes {
+			break
+		}
+		ch := p.spaceCh
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			f.fail(ctx.Err())
+			return f
+		}
+		p.mu.Lock()
+	}
+	p.seq++
+	f.pr.Sequence = p.seq
+	p.buffered += size
+	b := p.cur
+	if b != nil && b.bytes+size > p.opts.MaxBatchBytes {
+		p.ready = append(p.ready, b)
+		b = nil
+		kick = true
+	}
+	if b == nil {
+		b = p.newBatchLocked()
+		p.cur = b
+		kick = true
+	}
+	f.b = b
+	b.futs = append(b.futs, f)
+	b.bytes += size
+	if len(b.futs) >= p.opts.MaxBatchRecords || b.bytes >= p.opts.MaxBatchBytes {
+		p.ready = append(p.ready, b)
+		p.cur = nil
+		kick = true
+	}
+	p.mu.Unlock()
+	if kick {
+		p.wake()
+	}
+	return f
+}
+
+// SendSync sends r and waits for its acknowledgement (or ctx).
+func (p *Producer) SendSync(ctx context.Context, r Record) (Ack, error) {
+	f := p.Send(ctx, r)
+	select {
+	case <-f.Done():
+		return f.Result()
+	case <-ctx.Done():
+		return Ack{}, ctx.Err()
+	}
+}
+
+// Flush sends everything queued now and waits until every record Sent
+// before the call is resolved (acknowledged or failed), or ctx is done.
+func (p *Producer) Flush(ctx context.Context) error {
+	p.mu.Lock()
+	if p.cur != nil {
+		p.ready = append(p.ready, p.cur)
+		p.cur = nil
+	}
+	wait := make([]*batch, 0, len(p.live))
+	for b := range p.live {
+		wait = append(wait, b)
+	}
+	p.mu.Unlock()
+	p.wake()
+	for _, b := range wait {
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// Close flushes, waits for every outstanding record to resolve (at most
+// about RetryTimeout), and stops the producer. Later Sends fail with
+// ErrProducerClosed. It does not close the Client.
+func (p *Producer) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.wake()
+	p.wg.Wait()
+	p.cancel()
+	return nil
+}
+
+func (p *Producer) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (p *Producer) newBatchLocked() *batch {
+	b := &batch{
+		futs:    make([]*Future, 0, p.lastCap),
+		created: time.Now(),
+		done:    make(chan struct{}),
+	}
+	p.live[b] = struct{}{}
+	return b
+}
+
+func (f *Future) fail(err error) {
+	f.err = err
+	f.b = failedBatch
+}
+
+// flusher cuts batches and starts one goroutine per request, keeping at
+// most MaxInFlight requests outstanding.
+func (p *Producer) flusher() {
+	defer p.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		p.sem <- struct{}{}
+		b := p.nextBatch(timer)
+		if b == nil {
+			<-p.sem
+			return
+		}
+		p.mu.Lock()
+		if n := len(b.futs); n > p.lastCap {
+			p.lastCap = min(n, p.opts.MaxBatchRecords)
+		}
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go p.sendBatch(b)
+	}
+}
+
+// nextBatch returns the next batch to send, waiting for the linger of the
+// accumulating one; nil once closed and drained.
+func (p *Producer) nextBatch(timer *time.Timer) *batch {
+	for {
+		var wait time.Duration
+		p.mu.Lock()
+		if len(p.ready) > 0 {
+			b := p.ready[0]
+			p.ready[0] = nil
+			p.ready = p.ready[1:]
+			if len(p.ready) == 0 {
+				p.ready = nil
+			}
+			p.mu.Unlock()
+			return b
+		}
+		if b := p.cur; b != nil {
+			wait = p.opts.Linger - time.Since(b.created)
+			if p.closed || wait <= 0 {
+				p.cur = nil
+				p.mu.Unlock()
+				return b
+			}
+		} else if p.closed {
+			p.mu.Unlock()
+			return nil
+		}
+		p.mu.Unlock()
+		if wait <= 0 {
+			<-p.kick
+			continue
+		}
+		timer.Reset(wait)
+		select {
+		case <-p.kick:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+		case <-timer.C:
+		}
+	}
+}
+
+// sendBatch sends b, retrying its unacknowledged records with the same
+// producer id and sequences until they resolve or RetryTimeout passes.
+func (p *Producer) sendBatch(b *batch) {
+	defer func() {
+		p.complete(b)
+		<-p.sem
+		p.wg.Done()
+	}()
+	todo := b.futs
+	req := &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, Records: make([]*catenapb.ProduceRecord, len(todo))}
+	for i, f := range todo {
+		req.Records[i] = &f.pr
+	}
+	deadline := b.created.Add(p.opts.RetryTimeout)
+	backoff := p.opts.RetryBackoff
+	var lastErr error
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(p.ctx, p.opts.RequestTimeout)
+		if d, ok := ctx.Deadline(); ok && d.After(deadline) && time.Until(deadline) > 0 {
+			cancel()
+			ctx, cancel = context.WithDeadline(p.ctx, deadline)
+		}
+		resp, err := p.c.ingest.Produce(ctx, req)
+		cancel()
+		now := time.Now()
+		if err != nil {
+			if !retryableRPC(status.Code(err)) || p.ctx.Err() != nil {
+				resolveErr(todo, err, now)
+				return
+			}
+			lastErr = err
+		} else if len(resp.Results) != len(todo) {
+			resolveErr(todo, fmt.Errorf("catena: protocol error: %d results for %d records", len(resp.Results), len(todo)), now)
+			return
+		} else {
+			var retry []*Future
+			for i, r := range resp.Results {
+				f := todo[i]
+				if r.ErrorCode == 0 {
+					f.ack = Ack{Stream: p.stream, Partition: r.Partition, Offset: r.Offset, Key: f.pr.Key, Duplicate: r.Duplicate}
+					f.at = now
+					continue
+				}
+				rerr := &RecordError{Code: codes.Code(r.ErrorCode), Message: r.ErrorMessage}
+				if retryableRecord(rerr.Code) {
+					retry = append(retry, f)
+					lastErr = rerr
+					continue
+				}
+				f.err, f.at = rerr, now
+			}
+			if len(retry) == 0 {
+				return
+			}
+			if len(retry) != len(todo) {
+				todo = retry
+				req = &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, Records: make([]*catenapb.ProduceRecord, len(todo))}
+				for i, f := range todo {
+					req.Records[i] = &f.pr
+				}
+			}
+		}
+		// Retry with backoff and jitter, within the deadline.
+		sleep := backoff/2 + mrand.N(backoff/2+1)
+		backoff = min(2*backoff, p.opts.MaxRetryBackoff)
+		if now.Add(sleep).After(deadline) {
+			resolveErr(todo, &RetryTimeoutError{Attempts: attempt, Elapsed: now.Sub(b.created), Last: lastErr}, now)
+			return
+		}
+		t := time.NewTimer(sleep)
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			t.Stop()
+			resolveErr(todo, fmt.Errorf("catena: producer aborted: %w", lastErr), time.Now())
+			return
+		}
+	}
+}
+
+func resolveErr(fs []*Future, err error, at time.Time) {
+	for _, f := range fs {
+		f.err, f.at = err, at
+	}
+}
+
+// complete publishes b's results and releases its buffer space.
+func (p *Producer) complete(b *batch) {
+	b.futs = nil // let resolved futures be collected independently
+	close(b.done)
+	p.mu.Lock()
+	p.buffered -= b.bytes
+	delete(p.live, b)
+	close(p.spaceCh)
+	p.spaceCh = make(chan struct{})
+	p.mu.Unlock()
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/catena-streams/catena/internal/devcluster"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+func newDevCommand() *cobra.Command {
+	spec := devcluster.Spec{}
+	var (
+		verbosity  int
+		durability string
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a local all-in-one: replica processes, an ingestion endpoint and a default stream",
+		Long: `Starts, on loopback, replica child processes (each with its own data directory under
+--data-dir) and an ingestion endpoint on --listen, creates the stream (by default "demo",
+4 partitions, replication 3) if it does not exist, writes DATA_DIR/dev.json once ready,
+and serves until interrupted. Data is kept across restarts on the same --data-dir.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			switch durability {
+			case "fsync":
+				spec.Durability = catenapb.Durability_DURABILITY_FSYNC
+			case "interval":
+				spec.Durability = catenapb.Durability_DURABILITY_INTERVAL
+				if spec.FsyncMs == 0 {
+					spec.FsyncMs = 100
+				}
+			default:
+				return fmt.Errorf("--durability %q must be fsync or interval", durability)
+			}
+			spec.Logger = newLogger(verbosity).WithValues("role", "dev")
+			ctx, cancel := signalContext()
+			defer cancel()
+			out := cmd.OutOrStdout()
+			return devcluster.Run(ctx, spec, func(st devcluster.State) {
+				fmt.Fprintf(out, "Catena dev cluster is ready (state in %s/%s)\n", spec.DataDir, devcluster.StateFile)
+				fmt.Fprintf(out, "  ingestion: %s  stream: %s\n", st.Ingest, st.Stream)
+				for _, r := range st.Replicas {
+					fmt.Fprintf(out, "  replica %s: %s  pid %d  metrics http://%s/metrics  data %s\n", r.ID, r.Addr, r.PID, r.Metrics, r.DataDir)
+				}
+				fmt.Fprintf(out, "Try: bin/catenactl --server %s produce --stream %s --key k1 <<< hello\n", st.Ingest, st.Stream)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&spec.DataDir, "data-dir", ".catena-dev", "directory for every replica's data and dev.json")
+	f.StringVar(&spec.Listen, "listen", "127.0.0.1:7070", "ingestion address; replicas use the following ports")
+	f.IntVar(&spec.Replicas, "replicas", 3, "replica processes to run")
+	f.StringVar(&spec.Stream, "stream", "demo", "stream to create")
+	f.IntVar(&spec.Partitions, "partitions", 4, "partitions of the stream")
+	f.IntVar(&spec.Replication, "replication", 3, "chain length of each partition")
+	f.StringVar(&durability, "durability", "fsync", "fsync (fsync on every member before the ack) or interval")
+	f.Uint32Var(&spec.FsyncMs, "fsync-interval-ms", 0, "fsync interval with --durability interval (default 100)")
+	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
+	return cmd
+}

@@ -1,0 +1,116 @@
+// Command catena runs Catena's server roles: replica, ingest, dev (a local
+// all-in-one), and later the operator and aggregator.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+// version is set at link time.
+var version = "dev"
+
+func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "catena:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "catena",
+		Short:         "Catena: a chain-replicated stream store for Kubernetes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+	}
+	root.AddCommand(newReplicaCommand(), newIngestCommand(), newDevCommand())
+	return root
+}
+
+func newLogger(verbosity int) logr.Logger {
+	h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(-verbosity)})
+	return logr.FromSlogHandler(h)
+}
+
+// tlsFlags adds --tls-cert, --tls-key and --tls-ca to a command.
+func tlsFlags(cmd *cobra.Command, f *transport.TLSFiles) {
+	cmd.Flags().StringVar(&f.CertFile, "tls-cert", "", "PEM certificate for mutual TLS (with --tls-key and --tls-ca)")
+	cmd.Flags().StringVar(&f.KeyFile, "tls-key", "", "PEM key for mutual TLS")
+	cmd.Flags().StringVar(&f.ClientCAFile, "tls-ca", "", "PEM CA that peers' certificates must chain to")
+}
+
+// signalContext is cancelled on SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// serveGRPC listens on addr and serves until ctx ends, then stops
+// gracefully (bounded).
+func serveGRPC(ctx context.Context, lis net.Listener, g *grpc.Server) error {
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		g.Stop()
+	}
+	return nil
+}
+
+// serveMetrics serves /metrics from reg on addr (empty: disabled).
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, logger logr.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("failed to listen for metrics on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error(err, "Metrics server stopped")
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	logger.Info("Serving metrics", "addr", lis.Addr().String())
+	return nil
+}
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}

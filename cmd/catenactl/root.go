@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"os"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/catena-streams/catena/client"
+)
+
+// app holds the I/O and global flags shared by the commands.
+type app struct {
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	server string
+}
+
+// NewRootCommand builds the catenactl command tree writing to the given
+// streams (tests run it in-process).
+func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:   "catenactl",
+		Short: "Produce to, consume from, inspect and benchmark Catena streams",
+		Long: "catenactl talks to a Catena ingestion endpoint (--server, or $CATENA_SERVER).\n\n" +
+			"Exit codes: 0 success, 1 server or runtime error, 2 bad command line or input.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	def := os.Getenv("CATENA_SERVER")
+	if def == "" {
+		def = client.DefaultAddr
+	}
+	root.PersistentFlags().StringVar(&a.server, "server", def, "ingestion endpoint host:port (env CATENA_SERVER)")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
+	root.AddCommand(
+		newProduceCommand(a),
+		newConsumeCommand(a),
+		newDescribeCommand(a),
+		newBenchCommand(a),
+		newVersionCommand(a),
+	)
+	return root
+}
+
+// runE marks errors of a command body as failures (exit 1) unless they
+// already carry a code.
+func runE(f func(cmd *cobra.Command, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error { return failure(f(cmd, args)) }
+}
+
+func (a *app) dial(ctx context.Context) (*client.Client, error) {
+	if strings.TrimSpace(a.server) == "" {
+		return nil, usageErrorf("--server is empty")
+	}
+	c, err := client.Dial(ctx, a.server, client.WithUserAgent("catenactl/"+version))
+	if err != nil {
+		return nil, failure(err)
+	}
+	return c, nil
+}
+
+// jsonWriter writes one JSON object per line, buffered.
+type jsonWriter struct {
+	w   *bufio.Writer
+	enc *json.Encoder
+}
+
+func newJSONWriter(w io.Writer) *jsonWriter {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	enc := json.NewEncoder(bw)
+	enc.SetEscapeHTML(false)
+	return &jsonWriter{w: bw, enc: enc}
+}
+
+func (j *jsonWriter) write(v any) error { return j.enc.Encode(v) }
+func (j *jsonWriter) flush() error      { return j.w.Flush() }
+
+// textField renders bytes as a string; when they are not valid UTF-8 the
+// string is lossy and the base64 form is returned too.
+func textField(b []byte) (s string, b64 string) {
+	if utf8.Valid(b) {
+		return string(b), ""
+	}
+	return strings.ToValidUTF8(string(b), "\uFFFD"), base64.StdEncoding.EncodeToString(b)
+}
+
+func requireStream(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return usageErrorf("missing --stream")
+	}
+	return nil
+}

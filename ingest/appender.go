@@ -1,0 +1,331 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+const (
+	// appenderMaxInFlight bounds requests sent to a head and not yet
+	// answered, per partition; more waiting records are merged into the
+	// next request, so load turns into larger batches rather than more.
+	appenderMaxInFlight = 8
+)
+
+// chunk is one produce request's records for one partition.
+type chunk struct {
+	recs     []*catenapb.AppendRecord
+	bytes    int
+	deadline time.Time
+	offsets  []uint64
+	dups     []bool
+	err      error
+	done     chan struct{}
+}
+
+func (c *chunk) fail(err error) {
+	c.err = err
+	close(c.done)
+}
+
+// sent is one AppendRequest on the wire and the chunks it carries.
+type sent struct {
+	id     uint64
+	chunks []*chunk
+	req    *catenapb.AppendRequest
+}
+
+// appender sends one partition's records to the head of its chain, in
+// queue order, over an AppendStream. After any failure it re-learns the
+// chain and re-sends everything unanswered, in the same order, before
+// anything new: the head's de-duplication turns what it already stored into
+// duplicates with their original offsets, so order and exactly-once both
+// hold across head changes.
+type appender struct {
+	srv       *Server
+	stream    string
+	partition uint32
+
+	mu     sync.Mutex
+	queue  []*chunk
+	wake   chan struct{}
+	nextID uint64
+}
+
+func newAppender(srv *Server, stream string, partition uint32) *appender {
+	a := &appender{srv: srv, stream: stream, partition: partition, wake: make(chan struct{}, 1)}
+	go a.run()
+	return a
+}
+
+func (a *appender) enqueue(c *chunk) {
+	a.mu.Lock()
+	a.queue = append(a.queue, c)
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take removes queued chunks, up to maxAppendBytes, into one request.
+func (a *appender) take() *sent {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.queue) == 0 {
+		return nil
+	}
+	s := &sent{}
+	size, n := 0, 0
+	for n < len(a.queue) && (n == 0 || size+a.queue[n].bytes <= maxAppendBytes) {
+		size += a.queue[n].bytes
+		n++
+	}
+	s.chunks = append(s.chunks, a.queue[:n]...)
+	a.queue = a.queue[n:]
+	if len(a.queue) == 0 {
+		a.queue = nil
+	}
+	a.nextID++
+	s.id = a.nextID
+	total := 0
+	for _, c := range s.chunks {
+		total += len(c.recs)
+	}
+	s.req = &catenapb.AppendRequest{Stream: a.stream, Partition: a.partition, RequestId: s.id, Records: make([]*catenapb.AppendRecord, 0, total)}
+	for _, c := range s.chunks {
+		s.req.Records = append(s.req.Records, c.recs...)
+	}
+	return s
+}
+
+// expire fails queued and unanswered chunks past their deadline, keeping
+// the rest in order. Returns the survivors of inflight.
+func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent {
+	gone := func(c *chunk) bool {
+		if now.After(c.deadline) {
+			c.fail(status.Errorf(codes.Unavailable, "partition %s/%d: no chain head accepted the records in time: %v", a.stream, a.partition, cause))
+			return true
+		}
+		return false
+	}
+	out := inflight[:0]
+	for _, s := range inflight {
+		keep := s.chunks[:0]
+		for _, c := range s.chunks {
+			if !gone(c) {
+				keep = append(keep, c)
+			}
+		}
+		if len(keep) == 0 {
+			continue
+		}
+		if len(keep) != len(s.chunks) {
+			s.chunks = keep
+			s.req.Records = s.req.Records[:0]
+			for _, c := range keep {
+				s.req.Records = append(s.req.Records, c.recs...)
+			}
+		}
+		out = append(out, s)
+	}
+	a.mu.Lock()
+	q := a.queue[:0]
+	for _, c := range a.queue {
+		if !gone(c) {
+			q = append(q, c)
+		}
+	}
+	a.queue = q
+	a.mu.Unlock()
+	return out
+}
+
+func (a *appender) run() {
+	ctx := a.srv.ctx
+	var inflight []*sent
+	backoff := retryMin
+	for ctx.Err() == nil {
+		var err error
+		inflight, err = a.session(ctx, inflight)
+		if ctx.Err() != nil {
+			break
+		}
+		if err == nil {
+			backoff = retryMin
+			continue
+		}
+		a.srv.logger.V(1).Info("Append stream to head ended; re-learning the chain", "stream", a.stream, "partition", a.partition, "error", err.Error())
+		inflight = a.expire(inflight, time.Now(), err)
+		ch := a.srv.disc.requestRefresh()
+		select {
+		case <-ctx.Done():
+		case <-ch:
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, retryMax)
+	}
+	shutdown := status.Error(codes.Unavailable, "ingestion is shutting down")
+	for _, s := range inflight {
+		for _, c := range s.chunks {
+			c.fail(shutdown)
+		}
+	}
+	a.mu.Lock()
+	for _, c := range a.queue {
+		c.fail(shutdown)
+	}
+	a.queue = nil
+	a.mu.Unlock()
+}
+
+// session runs one AppendStream to the current head: re-sends inflight,
+// then sends new requests as they come, and resolves chunks as answers
+// arrive. It returns the requests still unanswered and why it ended (nil
+// when it is merely idle and should be started again).
+func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, error) {
+	// Wait for work before connecting anywhere.
+	if len(inflight) == 0 {
+		a.mu.Lock()
+		idle := len(a.queue) == 0
+		a.mu.Unlock()
+		if idle {
+			select {
+			case <-ctx.Done():
+				return inflight, nil
+			case <-a.wake:
+			}
+		}
+	}
+	sr := a.srv.disc.current().streams[a.stream]
+	if sr == nil || int(a.partition) >= len(sr.partitions) || sr.partitions[a.partition].head() == nil {
+		return inflight, fmt.Errorf("partition %s/%d has no known chain", a.stream, a.partition)
+	}
+	pr := sr.partitions[a.partition]
+	head := pr.head()
+	conn, err := a.srv.pool.Get(head.GetAddr())
+	if err != nil {
+		return inflight, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := catenapb.NewReplicaClient(conn).AppendStream(sctx)
+	if err != nil {
+		return inflight, fmt.Errorf("failed to open append stream to %s: %w", head.GetId(), err)
+	}
+	answers := make(chan *catenapb.AppendResponse, appenderMaxInFlight)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case answers <- resp:
+			case <-sctx.Done():
+				return
+			}
+		}
+	}()
+	send := func(s *sent) error {
+		s.req.Epoch = pr.epoch
+		if err := stream.Send(s.req); err != nil {
+			return fmt.Errorf("failed to send to head %s: %w", head.GetId(), err)
+		}
+		return nil
+	}
+	for _, s := range inflight {
+		if err := send(s); err != nil {
+			return inflight, err
+		}
+	}
+	for {
+		for len(inflight) < appenderMaxInFlight {
+			s := a.take()
+			if s == nil {
+				break
+			}
+			inflight = append(inflight, s)
+			if err := send(s); err != nil {
+				return inflight, err
+			}
+		}
+		var wake <-chan struct{}
+		if len(inflight) < appenderMaxInFlight {
+			wake = a.wake
+		}
+		select {
+		case <-ctx.Done():
+			return inflight, nil
+		case <-a.srv.disc.updatedChan():
+			// A head that hangs (paused, partitioned) never fails the
+			// stream; a newer epoch in the replicas' reports ends it.
+			if cur := a.srv.disc.current().streams[a.stream]; cur != nil && int(a.partition) < len(cur.partitions) {
+				if np := cur.partitions[a.partition]; np != nil && np.epoch > pr.epoch {
+					return inflight, fmt.Errorf("chain of partition %s/%d moved from epoch %d to %d", a.stream, a.partition, pr.epoch, np.epoch)
+				}
+			}
+		case <-wake:
+		case err := <-recvErr:
+			return inflight, fmt.Errorf("append stream to head %s broke: %w", head.GetId(), err)
+		case resp := <-answers:
+			if len(inflight) == 0 || resp.GetRequestId() != inflight[0].id {
+				return inflight, fmt.Errorf("head %s answered request %d out of order", head.GetId(), resp.GetRequestId())
+			}
+			s := inflight[0]
+			if code := codes.Code(resp.GetErrorCode()); code != codes.OK {
+				err := status.Error(code, resp.GetErrorMessage())
+				if code != codes.InvalidArgument {
+					return inflight, err // the head ends the stream too
+				}
+				for _, c := range s.chunks {
+					c.fail(err)
+				}
+			} else if len(resp.GetOffsets()) != len(s.req.Records) || len(resp.GetDuplicate()) != len(s.req.Records) {
+				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), len(s.req.Records))
+			} else {
+				k := 0
+				for _, c := range s.chunks {
+					n := len(c.recs)
+					c.offsets, c.dups = resp.GetOffsets()[k:k+n], resp.GetDuplicate()[k:k+n]
+					k += n
+					close(c.done)
+				}
+			}
+			inflight[0] = nil
+			inflight = inflight[1:]
+			if len(inflight) == 0 {
+				inflight = nil
+			}
+			// Idle and nothing queued: end the session quietly, keeping
+			// no stream open for a partition nobody writes to.
+			a.mu.Lock()
+			idle := len(inflight) == 0 && len(a.queue) == 0
+			a.mu.Unlock()
+			if idle {
+				select {
+				case <-a.wake:
+				case <-time.After(idleStreamTimeout):
+					return nil, nil
+				case <-ctx.Done():
+					return nil, nil
+				}
+			}
+		}
+	}
+}
+
+// idleStreamTimeout closes an append stream unused for this long.
+const idleStreamTimeout = 30 * time.Second

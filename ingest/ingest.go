@@ -1,0 +1,297 @@
+// Package ingest is the ingestion role: it routes each produced record by
+// key hash (or an explicit partition) to its partition, sends it to the head
+// of that partition's chain, and answers the producer only once the chain
+// has committed it (every member holds it durably). It also routes reads to
+// chain members, which serve committed records only.
+package ingest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/partlog"
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+const (
+	// statusTimeout bounds one discovery round.
+	statusTimeout = 2 * time.Second
+	// defaultProduceTimeout bounds a produce call whose context has no deadline.
+	defaultProduceTimeout = 30 * time.Second
+	// maxAppendBytes splits a partition's share of a produce request into
+	// appends of at most this many key and value bytes.
+	maxAppendBytes = 4 << 20
+	retryMin       = 10 * time.Millisecond
+	retryMax       = 500 * time.Millisecond
+	// subscribeWait is the long-poll of each read behind Subscribe.
+	subscribeWait     = 5 * time.Second
+	maxProduceRecords = 100000
+)
+
+// Options configure the ingestion server.
+type Options struct {
+	// Replicas are addresses of replica processes to learn chains from; the
+	// members they report are learned in turn.
+	Replicas []string
+	// RefreshInterval between discovery rounds (default 1s).
+	RefreshInterval time.Duration
+	TLS             *tls.Config
+	Logger          logr.Logger
+}
+
+// Server implements catenapb.IngestServer.
+type Server struct {
+	catenapb.UnimplementedIngestServer
+
+	logger logr.Logger
+	pool   *transport.Pool
+	disc   *discovery
+	seq    *sequencer
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	appendersMu sync.Mutex
+	appenders   map[appenderKey]*appender
+
+	// Records produced without a producer id are given this one, so that
+	// ingestion's own retries are idempotent too.
+	ownProducer uint64
+	ownSeq      atomic.Uint64
+	rr          atomic.Uint64
+}
+
+// New starts discovery and returns the server.
+func New(opts Options) (*Server, error) {
+	if len(opts.Replicas) == 0 {
+		return nil, errors.New("ingestion needs at least one replica address")
+	}
+	if opts.RefreshInterval <= 0 {
+		opts.RefreshInterval = time.Second
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("failed to draw a producer id: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		logger:      opts.Logger,
+		pool:        transport.NewPool(opts.TLS),
+		ctx:         ctx,
+		cancel:      cancel,
+		done:        make(chan struct{}),
+		seq:         newSequencer(),
+		appenders:   map[appenderKey]*appender{},
+		ownProducer: binary.LittleEndian.Uint64(b[:]) | 1,
+	}
+	s.disc = &discovery{srv: s, seeds: opts.Replicas, interval: opts.RefreshInterval, updated: make(chan struct{}), kick: make(chan struct{}, 1), table: buildRoutes(nil, opts.Replicas)}
+	s.disc.refresh(ctx)
+	go func() {
+		defer close(s.done)
+		s.disc.loop(ctx)
+	}()
+	return s, nil
+}
+
+// Register adds the Ingest service to a gRPC server.
+func (s *Server) Register(g *grpc.Server) { catenapb.RegisterIngestServer(g, s) }
+
+// Close stops discovery and closes connections.
+func (s *Server) Close() {
+	s.cancel()
+	<-s.done
+	s.pool.Close()
+}
+
+// stream returns the route of a stream, refreshing once if unknown.
+func (s *Server) stream(ctx context.Context, name string) (*streamRoute, error) {
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "stream name is required")
+	}
+	if sr := s.disc.current().streams[name]; sr != nil {
+		return sr, nil
+	}
+	select {
+	case <-s.disc.requestRefresh():
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if sr := s.disc.current().streams[name]; sr != nil {
+		return sr, nil
+	}
+	return nil, status.Errorf(codes.NotFound, "stream %q not found", name)
+}
+
+// PartitionFor maps a key to a partition: FNV-1a of the key modulo the
+// partition count. Records with equal keys share a partition, hence an order.
+func PartitionFor(key []byte, partitions uint32) uint32 {
+	h := fnv.New32a()
+	h.Write(key)
+	return h.Sum32() % partitions
+}
+
+type group struct {
+	partition uint32
+	idx       []int // request indices, in order
+}
+
+// Produce stores records and answers once each is committed.
+func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
+	sr, err := s.stream(ctx, req.GetStream())
+	if err != nil {
+		return nil, err
+	}
+	recs := req.GetRecords()
+	if len(recs) == 0 {
+		return &catenapb.ProduceResponse{}, nil
+	}
+	if len(recs) > maxProduceRecords {
+		return nil, status.Errorf(codes.InvalidArgument, "produce carries %d records, above the limit of %d per request; nothing was stored", len(recs), maxProduceRecords)
+	}
+	n := uint32(len(sr.partitions))
+	limit := int(sr.config.GetMaxRecordBytes())
+	if limit <= 0 || limit > partlog.MaxRecordBytes {
+		limit = partlog.MaxRecordBytes
+	}
+	// Validate everything before storing anything.
+	for i, r := range recs {
+		if sz := len(r.GetKey()) + len(r.GetValue()); sz > limit {
+			return nil, status.Errorf(codes.InvalidArgument, "record %d is %d bytes (key plus value), above stream %q's limit of %d bytes; nothing was stored", i, sz, req.GetStream(), limit)
+		}
+		if r.Partition != nil && r.GetPartition() >= n {
+			return nil, status.Errorf(codes.InvalidArgument, "record %d names partition %d, but stream %q has %d partitions; nothing was stored", i, r.GetPartition(), req.GetStream(), n)
+		}
+	}
+	producer := req.GetProducerId()
+	seqs := make([]uint64, len(recs))
+	if producer == 0 {
+		producer = s.ownProducer
+		base := s.ownSeq.Add(uint64(len(recs))) - uint64(len(recs))
+		for i := range seqs {
+			seqs[i] = base + uint64(i)
+		}
+	} else {
+		for i, r := range recs {
+			seqs[i] = r.GetSequence()
+		}
+	}
+	now := time.Now().UnixMilli()
+
+	groups := map[uint32]*group{}
+	partitionOf := make([]uint32, len(recs))
+	var order []*group
+	for i, r := range recs {
+		var p uint32
+		switch {
+		case r.Partition != nil:
+			p = r.GetPartition()
+		case len(r.GetKey()) > 0:
+			p = PartitionFor(r.GetKey(), n)
+		default:
+			p = uint32(s.rr.Add(1) % uint64(n))
+		}
+		g := groups[p]
+		if g == nil {
+			g = &group{partition: p}
+			groups[p] = g
+			order = append(order, g)
+		}
+		g.idx = append(g.idx, i)
+		partitionOf[i] = p
+	}
+
+	deadline := time.Now().Add(defaultProduceTimeout)
+	if d, ok := ctx.Deadline(); ok {
+		deadline = d
+	}
+	// Queue in the producer's order, then wait for the heads' answers.
+	release := s.seq.admit(ctx, producer, seqs[0], seqs[len(seqs)-1])
+	var queued []*chunk
+	var owners [][]int
+	for _, g := range order {
+		a := s.appenderFor(req.GetStream(), g.partition)
+		for _, idx := range splitChunks(g.idx, recs) {
+			c := &chunk{recs: make([]*catenapb.AppendRecord, len(idx)), deadline: deadline, done: make(chan struct{})}
+			for k, i := range idx {
+				r := recs[i]
+				ts := r.GetTimestampMs()
+				if ts == 0 {
+					ts = now
+				}
+				c.recs[k] = &catenapb.AppendRecord{Key: r.GetKey(), Value: r.GetValue(), TimestampMs: ts, ProducerId: producer, Sequence: seqs[i]}
+				c.bytes += len(r.GetKey()) + len(r.GetValue())
+			}
+			a.enqueue(c)
+			queued = append(queued, c)
+			owners = append(owners, idx)
+		}
+	}
+	release()
+
+	results := make([]*catenapb.ProduceResult, len(recs))
+	for ci, c := range queued {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		for k, i := range owners[ci] {
+			res := &catenapb.ProduceResult{Partition: partitionOf[i]}
+			if c.err != nil {
+				st := status.Convert(c.err)
+				res.ErrorCode, res.ErrorMessage = int32(st.Code()), st.Message()
+			} else {
+				res.Offset, res.Duplicate = c.offsets[k], c.dups[k]
+			}
+			results[i] = res
+		}
+	}
+	return &catenapb.ProduceResponse{Results: results}, nil
+}
+
+// appenderFor returns the partition's appender, starting it on first use.
+func (s *Server) appenderFor(stream string, partition uint32) *appender {
+	key := appenderKey{stream, partition}
+	s.appendersMu.Lock()
+	defer s.appendersMu.Unlock()
+	a := s.appenders[key]
+	if a == nil {
+		a = newAppender(s, stream, partition)
+		s.appenders[key] = a
+	}
+	return a
+}
+
+type appenderKey struct {
+	stream    string
+	partition uint32
+}
+
+// splitChunks splits a partition's records into appends of bounded size.
+func splitChunks(idx []int, recs []*catenapb.ProduceRecord) [][]int {
+	var out [][]int
+	start, size := 0, 0
+	for k, i := range idx {
+		sz := len(recs[i].GetKey()) + len(recs[i].GetValue()) + 64
+		if k > start && size+sz > maxAppendBytes {
+			out = append(out, idx[start:k])
+			start, size = k, 0
+		}
+		size += sz
+	}
+	return append(out, idx[start:])
+}

@@ -1,0 +1,145 @@
+package ingest
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// partitionRoute returns the route of one partition or a clear error.
+func (s *Server) partition(ctx context.Context, stream string, index uint32) (*partitionRoute, error) {
+	sr, err := s.stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	if int(index) >= len(sr.partitions) {
+		return nil, status.Errorf(codes.InvalidArgument, "stream %q has %d partitions; partition %d does not exist", stream, len(sr.partitions), index)
+	}
+	pr := sr.partitions[index]
+	if pr == nil || len(pr.members) == 0 {
+		return nil, status.Errorf(codes.Unavailable, "partition %s/%d has no known chain", stream, index)
+	}
+	return pr, nil
+}
+
+// readFrom tries the members of a partition's chain, tail first, until one
+// answers. Every member serves committed records only.
+func (s *Server) readFrom(ctx context.Context, stream string, index uint32, call func(catenapb.ReplicaClient) error) error {
+	pr, err := s.partition(ctx, stream, index)
+	if err != nil {
+		return err
+	}
+	var last error
+	for _, m := range pr.readOrder() {
+		conn, err := s.pool.Get(m.GetAddr())
+		if err != nil {
+			last = err
+			continue
+		}
+		err = call(catenapb.NewReplicaClient(conn))
+		if err == nil {
+			return nil
+		}
+		last = err
+		switch status.Code(err) {
+		case codes.InvalidArgument, codes.OutOfRange, codes.Canceled, codes.DeadlineExceeded:
+			return err
+		}
+	}
+	s.disc.requestRefresh()
+	return last
+}
+
+// Fetch reads committed records of one partition.
+func (s *Server) Fetch(ctx context.Context, req *catenapb.FetchRequest) (*catenapb.FetchResponse, error) {
+	var resp *catenapb.FetchResponse
+	err := s.readFrom(ctx, req.GetStream(), req.GetPartition(), func(c catenapb.ReplicaClient) error {
+		var err error
+		resp, err = c.Read(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// Subscribe streams committed records as they commit, until the client
+// goes away. Replica failures are ridden out by trying other members.
+func (s *Server) Subscribe(req *catenapb.SubscribeRequest, stream catenapb.Ingest_SubscribeServer) error {
+	ctx := stream.Context()
+	next := req.GetOffset()
+	backoff := retryMin
+	for ctx.Err() == nil {
+		resp, err := s.Fetch(ctx, &catenapb.FetchRequest{Stream: req.GetStream(), Partition: req.GetPartition(), Offset: next, MaxBytes: req.GetMaxBytes(), MaxWaitMs: uint32(subscribeWait / time.Millisecond)})
+		if err != nil {
+			switch status.Code(err) {
+			case codes.InvalidArgument, codes.OutOfRange, codes.NotFound, codes.Canceled, codes.DataLoss:
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, retryMax)
+			continue
+		}
+		backoff = retryMin
+		if len(resp.GetRecords()) == 0 {
+			continue
+		}
+		next = resp.GetNextOffset()
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ListOffsets resolves earliest, latest or a timestamp on a member.
+func (s *Server) ListOffsets(ctx context.Context, req *catenapb.ListOffsetsRequest) (*catenapb.ListOffsetsResponse, error) {
+	var resp *catenapb.ListOffsetsResponse
+	err := s.readFrom(ctx, req.GetStream(), req.GetPartition(), func(c catenapb.ReplicaClient) error {
+		var err error
+		resp, err = c.ListOffsets(ctx, req)
+		return err
+	})
+	return resp, err
+}
+
+// DescribeStream reports each partition's chain with fresh member reports.
+func (s *Server) DescribeStream(ctx context.Context, req *catenapb.DescribeStreamRequest) (*catenapb.StreamDescription, error) {
+	if _, err := s.stream(ctx, req.GetStream()); err != nil {
+		return nil, err
+	}
+	select {
+	case <-s.disc.requestRefresh():
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	sr := s.disc.current().streams[req.GetStream()]
+	if sr == nil {
+		return nil, status.Errorf(codes.NotFound, "stream %q not found", req.GetStream())
+	}
+	out := &catenapb.StreamDescription{Stream: sr.name, Config: sr.config}
+	for i, pr := range sr.partitions {
+		pd := &catenapb.PartitionDescription{Partition: uint32(i)}
+		if pr != nil {
+			pd.Epoch, pd.Members = pr.epoch, pr.members
+			for _, m := range pr.members {
+				if rep := pr.reports[m.GetId()]; rep != nil {
+					pd.Replicas = append(pd.Replicas, rep)
+				}
+			}
+		}
+		out.Partitions = append(out.Partitions, pd)
+	}
+	return out, nil
+}
+
+// ListStreams lists the streams the replicas host.
+func (s *Server) ListStreams(ctx context.Context, _ *catenapb.ListStreamsRequest) (*catenapb.ListStreamsResponse, error) {
+	return &catenapb.ListStreamsResponse{Streams: s.disc.current().streamNames()}, nil
+}

@@ -1,0 +1,199 @@
+package ingest
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// routeTable is what ingestion knows of every stream's chains. It is
+// learned from the replicas themselves: each reports the chain it has
+// installed per partition, and the highest epoch reported wins. There is no
+// other membership service to ask, and none is needed: a member that is
+// behind reports an older epoch and loses to the others.
+type routeTable struct {
+	streams map[string]*streamRoute
+	// replicas: every replica address seen (seeds and members), by id.
+	replicas map[string]string
+}
+
+type streamRoute struct {
+	name       string
+	config     *catenapb.StreamConfig
+	partitions []*partitionRoute // index = partition; nil when unknown
+}
+
+type partitionRoute struct {
+	epoch   uint64
+	members []*catenapb.Member
+	// reports are the members' own status, by replica id.
+	reports map[string]*catenapb.PartitionStatus
+}
+
+func (r *partitionRoute) head() *catenapb.Member {
+	if r == nil || len(r.members) == 0 {
+		return nil
+	}
+	return r.members[0]
+}
+
+// readOrder lists members to read from, tail first: the tail learns of
+// commits first, so it serves the freshest committed data.
+func (r *partitionRoute) readOrder() []*catenapb.Member {
+	out := make([]*catenapb.Member, 0, len(r.members))
+	for i := len(r.members) - 1; i >= 0; i-- {
+		out = append(out, r.members[i])
+	}
+	return out
+}
+
+// buildRoutes merges status reports into a route table (pure).
+func buildRoutes(reports []*catenapb.StatusResponse, seeds []string) *routeTable {
+	t := &routeTable{streams: map[string]*streamRoute{}, replicas: map[string]string{}}
+	for _, rep := range reports {
+		for _, ps := range rep.GetPartitions() {
+			if ps.GetEpoch() == 0 || ps.GetConfig() == nil {
+				continue
+			}
+			for _, m := range ps.GetMembers() {
+				t.replicas[m.GetId()] = m.GetAddr()
+			}
+			sr := t.streams[ps.GetStream()]
+			if sr == nil {
+				sr = &streamRoute{name: ps.GetStream()}
+				t.streams[ps.GetStream()] = sr
+			}
+			n := int(ps.GetConfig().GetPartitions())
+			if sr.config == nil || n > len(sr.partitions) {
+				sr.config = ps.GetConfig()
+			}
+			for len(sr.partitions) < n {
+				sr.partitions = append(sr.partitions, nil)
+			}
+			idx := int(ps.GetPartition())
+			if idx >= len(sr.partitions) {
+				continue
+			}
+			pr := sr.partitions[idx]
+			if pr == nil {
+				pr = &partitionRoute{reports: map[string]*catenapb.PartitionStatus{}}
+				sr.partitions[idx] = pr
+			}
+			pr.reports[ps.GetReplicaId()] = ps
+			if ps.GetEpoch() > pr.epoch {
+				pr.epoch = ps.GetEpoch()
+				pr.members = ps.GetMembers()
+			}
+		}
+	}
+	return t
+}
+
+func (t *routeTable) streamNames() []string {
+	names := make([]string, 0, len(t.streams))
+	for n := range t.streams {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// discovery keeps the route table fresh by asking every known replica.
+type discovery struct {
+	srv      *Server
+	seeds    []string
+	interval time.Duration
+
+	mu      sync.Mutex
+	table   *routeTable
+	updated chan struct{} // closed and replaced after each refresh
+	kick    chan struct{}
+}
+
+func (d *discovery) current() *routeTable {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.table
+}
+
+// refresh asks every seed and every member seen so far for its status.
+func (d *discovery) refresh(ctx context.Context) {
+	d.mu.Lock()
+	addrs := map[string]bool{}
+	for _, s := range d.seeds {
+		addrs[s] = true
+	}
+	if d.table != nil {
+		for _, a := range d.table.replicas {
+			addrs[a] = true
+		}
+	}
+	d.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	var mu sync.Mutex
+	var reports []*catenapb.StatusResponse
+	var wg sync.WaitGroup
+	for addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := d.srv.pool.Get(addr)
+			if err != nil {
+				return
+			}
+			resp, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{})
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			reports = append(reports, resp)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	t := buildRoutes(reports, d.seeds)
+	d.mu.Lock()
+	d.table = t
+	close(d.updated)
+	d.updated = make(chan struct{})
+	d.mu.Unlock()
+}
+
+// updatedChan returns a channel closed after the next refresh.
+func (d *discovery) updatedChan() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.updated
+}
+
+// requestRefresh asks the loop for an early refresh and returns a channel
+// closed once the next refresh has finished.
+func (d *discovery) requestRefresh() <-chan struct{} {
+	d.mu.Lock()
+	ch := d.updated
+	d.mu.Unlock()
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+	return ch
+}
+
+func (d *discovery) loop(ctx context.Context) {
+	t := time.NewTicker(d.interval)
+	defer t.Stop()
+	for {
+		d.refresh(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-d.kick:
+		}
+	}
+}

@@ -1,0 +1,404 @@
+// Package devcluster is Catena's local all-in-one (`catena dev`): replica
+// child processes on loopback, each with its own data directory, an
+// ingestion endpoint in this process, and a default stream. It plays the
+// chain master for its local chains, as the operator does on Kubernetes.
+package devcluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+// StateFile is written into the data directory once everything is ready.
+const StateFile = "dev.json"
+
+const (
+	readyTimeout = 30 * time.Second
+	stopTimeout  = 10 * time.Second
+)
+
+// Spec describes the local cluster.
+type Spec struct {
+	DataDir     string
+	Listen      string // ingestion address; replicas take the ports after it
+	Replicas    int
+	Stream      string
+	Partitions  int
+	Replication int
+	Durability  catenapb.Durability
+	FsyncMs     uint32
+	// Binary is the catena executable to run replicas with (default: this one).
+	Binary string
+	Logger logr.Logger
+}
+
+// State is what dev.json holds.
+type State struct {
+	Ingest   string         `json:"ingest"`
+	Stream   string         `json:"stream"`
+	Replicas []ReplicaState `json:"replicas"`
+}
+
+// ReplicaState describes one replica child process.
+type ReplicaState struct {
+	ID      string `json:"id"`
+	Addr    string `json:"addr"`
+	Metrics string `json:"metrics"`
+	DataDir string `json:"data_dir"`
+	PID     int    `json:"pid"`
+}
+
+type child struct {
+	ReplicaState
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Validate checks a spec before anything starts.
+func (s *Spec) Validate() error {
+	switch {
+	case s.DataDir == "":
+		return errors.New("--data-dir is required")
+	case s.Replicas < 1 || s.Replicas > 9:
+		return fmt.Errorf("--replicas %d must be between 1 and 9", s.Replicas)
+	case s.Partitions < 1 || s.Partitions > 1024:
+		return fmt.Errorf("--partitions %d must be between 1 and 1024", s.Partitions)
+	case s.Replication < 1 || s.Replication > s.Replicas:
+		return fmt.Errorf("--replication %d must be between 1 and --replicas (%d)", s.Replication, s.Replicas)
+	}
+	if _, _, err := net.SplitHostPort(s.Listen); err != nil {
+		return fmt.Errorf("--listen %q: %w", s.Listen, err)
+	}
+	return nil
+}
+
+// Run starts everything, writes dev.json and serves until ctx ends.
+func Run(ctx context.Context, spec Spec, ready func(State)) error {
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	log := spec.Logger
+	if spec.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("failed to find the catena executable: %w", err)
+		}
+		spec.Binary = exe
+	}
+	if err := os.MkdirAll(spec.DataDir, 0o755); err != nil {
+		return fmt.Errorf("failed to create %s: %w", spec.DataDir, err)
+	}
+	// dev.json appears only once everything is ready; the previous one
+	// tells which addresses the chains were configured with.
+	prev, _ := readState(spec.DataDir)
+	_ = os.Remove(filepath.Join(spec.DataDir, StateFile))
+
+	ingestLis, err := net.Listen("tcp", spec.Listen)
+	if err != nil {
+		return fmt.Errorf("failed to listen on %s: %w", spec.Listen, err)
+	}
+	defer ingestLis.Close()
+	host, _, _ := net.SplitHostPort(ingestLis.Addr().String())
+	basePort := ingestLis.Addr().(*net.TCPAddr).Port
+
+	children := make([]*child, spec.Replicas)
+	defer func() { stopChildren(children, log) }()
+	for i := range spec.Replicas {
+		id := "r" + strconv.Itoa(i)
+		var want ReplicaState
+		if prev != nil && i < len(prev.Replicas) {
+			want = prev.Replicas[i]
+		}
+		addr := pickAddr(host, want.Addr, basePort+1+i)
+		metrics := pickAddr(host, want.Metrics, basePort+11+i)
+		c, err := startReplica(spec, id, addr, metrics)
+		if err != nil {
+			return err
+		}
+		children[i] = c
+		log.Info("Started replica", "id", id, "addr", addr, "pid", c.PID, "dataDir", c.DataDir)
+	}
+
+	pool := transport.NewPool(nil)
+	defer pool.Close()
+	if err := waitReady(ctx, pool, children); err != nil {
+		return err
+	}
+	if err := ensureStream(ctx, pool, spec, children, log); err != nil {
+		return err
+	}
+
+	ing, err := ingest.New(ingest.Options{Replicas: addrs(children), Logger: log.WithValues("role", "ingest")})
+	if err != nil {
+		return err
+	}
+	defer ing.Close()
+	g := grpc.NewServer(transport.ServerOptions(nil)...)
+	ing.Register(g)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- g.Serve(ingestLis) }()
+	defer g.Stop()
+
+	st := State{Ingest: ingestLis.Addr().String(), Stream: spec.Stream}
+	for _, c := range children {
+		st.Replicas = append(st.Replicas, c.ReplicaState)
+	}
+	if err := writeState(spec.DataDir, st); err != nil {
+		return err
+	}
+	if ready != nil {
+		ready(st)
+	}
+
+	exited := make(chan *child, len(children))
+	for _, c := range children {
+		go func() { <-c.done; exited <- c }()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-serveErr:
+			return fmt.Errorf("ingestion server stopped: %w", err)
+		case c := <-exited:
+			log.Error(c.err, "Replica process exited", "id", c.ID, "pid", c.PID)
+		}
+	}
+}
+
+// pickAddr prefers the address used last time (so chains keep their
+// members' addresses across restarts), then the conventional port, then any
+// free port.
+func pickAddr(host, previous string, port int) string {
+	for _, cand := range []string{previous, net.JoinHostPort(host, strconv.Itoa(port))} {
+		if cand == "" {
+			continue
+		}
+		if l, err := net.Listen("tcp", cand); err == nil {
+			l.Close()
+			return cand
+		}
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return net.JoinHostPort(host, strconv.Itoa(port))
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startReplica(spec Spec, id, addr, metrics string) (*child, error) {
+	dir := filepath.Join(spec.DataDir, id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("failed to create %s: %w", dir, err)
+	}
+	logf, err := os.OpenFile(filepath.Join(spec.DataDir, id+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("failed to open replica log: %w", err)
+	}
+	cmd := exec.Command(spec.Binary, "replica", "--id", id, "--listen", addr, "--data-dir", dir, "--metrics-listen", metrics)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// A replica must not outlive the dev process that is its chain master.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("failed to start replica %s: %w", id, err)
+	}
+	c := &child{ReplicaState: ReplicaState{ID: id, Addr: addr, Metrics: metrics, DataDir: dir, PID: cmd.Process.Pid}, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		c.err = cmd.Wait()
+		logf.Close()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+func stopChildren(children []*child, log logr.Logger) {
+	for _, c := range children {
+		if c != nil {
+			_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	deadline := time.After(stopTimeout)
+	for _, c := range children {
+		if c == nil {
+			continue
+		}
+		select {
+		case <-c.done:
+		case <-deadline:
+			log.Info("Replica did not stop in time; killing it", "id", c.ID, "pid", c.PID)
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
+}
+
+func addrs(children []*child) []string {
+	out := make([]string, len(children))
+	for i, c := range children {
+		out[i] = c.Addr
+	}
+	return out
+}
+
+// waitReady polls each replica's Status until it answers.
+func waitReady(ctx context.Context, pool *transport.Pool, children []*child) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	for _, c := range children {
+		conn, err := pool.Get(c.Addr)
+		if err != nil {
+			return err
+		}
+		for {
+			_, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{}, grpc.WaitForReady(true))
+			if err == nil {
+				break
+			}
+			select {
+			case <-c.done:
+				return fmt.Errorf("replica %s exited during start-up (see %s.log): %v", c.ID, filepath.Join(filepath.Dir(c.DataDir), c.ID), c.err)
+			case <-ctx.Done():
+				return fmt.Errorf("replica %s at %s did not become ready: %w", c.ID, c.Addr, err)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// ensureStream creates the stream, or re-installs its chains under a new
+// epoch when members' addresses changed since they were last configured.
+func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, children []*child, log logr.Logger) error {
+	byID := map[string]*child{}
+	ids := make([]string, len(children))
+	for i, c := range children {
+		byID[c.ID] = c
+		ids[i] = c.ID
+	}
+	// What each replica has installed, per partition.
+	installed := map[uint32][]*catenapb.PartitionStatus{}
+	for _, c := range children {
+		conn, err := pool.Get(c.Addr)
+		if err != nil {
+			return err
+		}
+		resp, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{Stream: spec.Stream})
+		if err != nil {
+			return fmt.Errorf("failed to read status of replica %s: %w", c.ID, err)
+		}
+		for _, ps := range resp.GetPartitions() {
+			installed[ps.GetPartition()] = append(installed[ps.GetPartition()], ps)
+		}
+	}
+	placement := Placement(spec.Partitions, spec.Replication, ids)
+	cfg := &catenapb.StreamConfig{Partitions: uint32(spec.Partitions), Durability: spec.Durability, FsyncIntervalMs: spec.FsyncMs}
+	for p := range spec.Partitions {
+		var latest *catenapb.PartitionStatus
+		for _, ps := range installed[uint32(p)] {
+			if latest == nil || ps.GetEpoch() > latest.GetEpoch() {
+				latest = ps
+			}
+		}
+		memberIDs := placement[p]
+		epoch := uint64(1)
+		if latest != nil && latest.GetEpoch() > 0 {
+			memberIDs = memberIDs[:0:0]
+			for _, m := range latest.GetMembers() {
+				memberIDs = append(memberIDs, m.GetId())
+			}
+			epoch = latest.GetEpoch()
+			if latest.GetConfig() != nil {
+				cfg = latest.GetConfig()
+			}
+			if upToDate(latest, installed[uint32(p)], byID) {
+				continue
+			}
+			epoch++
+		}
+		members := make([]*catenapb.Member, 0, len(memberIDs))
+		for _, id := range memberIDs {
+			c := byID[id]
+			if c == nil {
+				return fmt.Errorf("partition %s/%d names member %q that this dev cluster does not run; use a fresh --data-dir", spec.Stream, p, id)
+			}
+			members = append(members, &catenapb.Member{Id: id, Addr: c.Addr})
+		}
+		req := &catenapb.ConfigureRequest{Stream: spec.Stream, Partition: uint32(p), Epoch: epoch, Members: members, Config: cfg}
+		// Tail first: by the time a predecessor links, its successor
+		// already knows the epoch.
+		for i := len(members) - 1; i >= 0; i-- {
+			conn, err := pool.Get(members[i].GetAddr())
+			if err != nil {
+				return err
+			}
+			if _, err := catenapb.NewReplicaClient(conn).Configure(ctx, req); err != nil && status.Code(err) != codes.FailedPrecondition {
+				return fmt.Errorf("failed to configure partition %s/%d on %s: %w", spec.Stream, p, members[i].GetId(), err)
+			}
+		}
+		log.Info("Configured chain", "stream", spec.Stream, "partition", p, "epoch", epoch, "members", memberIDs)
+	}
+	return nil
+}
+
+// upToDate reports whether every member has installed the latest epoch with
+// the addresses the members have now.
+func upToDate(latest *catenapb.PartitionStatus, reports []*catenapb.PartitionStatus, byID map[string]*child) bool {
+	for _, m := range latest.GetMembers() {
+		c := byID[m.GetId()]
+		if c == nil || c.Addr != m.GetAddr() {
+			return false
+		}
+		found := false
+		for _, r := range reports {
+			if r.GetReplicaId() == m.GetId() && r.GetEpoch() == latest.GetEpoch() {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+func writeState(dir string, st State) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, StateFile+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("failed to write %s: %w", tmp, err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, StateFile))
+}
+
+func readState(dir string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	if err != nil {
+		return nil, err
+	}
+	st := &State{}
+	return st, json.Unmarshal(b, st)
+}

@@ -1,0 +1,414 @@
+package chain
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Replica is the chain state of one partition on one replica node.
+// Not safe for concurrent use: the driver serialises calls.
+type Replica struct {
+	self string
+
+	// Configuration under the current epoch.
+	epoch       uint64
+	members     []string
+	role        Role
+	predecessor string
+	successor   string
+
+	// Local log. logEnd >= durableEnd; both only grow.
+	logEnd     uint64
+	durableEnd uint64
+
+	// Successor link, reset by every new epoch. While linked, everything
+	// below forwardedEnd has been sent (or was already held by the
+	// successor at link time); inFlight is what was sent on this link and
+	// not yet acknowledged.
+	linked       bool
+	forwardedEnd uint64
+	inFlight     []Range
+	// successorAck is the successor's cumulative ack under the current
+	// epoch; an ack from an earlier epoch vouches for a different
+	// downstream membership, so it is not carried over.
+	successorAck uint64
+	// ackedUpstream is the last AckUpstream emitted under the current epoch.
+	ackedUpstream uint64
+
+	// noticed is the highest committed offset heard from a predecessor. A
+	// committed offset stays committed whatever the epoch, so it survives
+	// reconfiguration; it is applied only up to durableEnd.
+	noticed uint64
+	// committed only grows, independently of successorAck resets.
+	committed uint64
+}
+
+// New returns the state of a replica named self whose local log ends at
+// logEnd, all of it durable (recovered logs are durable by construction).
+// It starts with no configuration (epoch 0, RoleNone).
+func New(self string, logEnd uint64) *Replica {
+	return &Replica{self: self, logEnd: logEnd, durableEnd: logEnd}
+}
+
+// Configure installs cfg. An epoch below the current one is refused with
+// ErrStaleEpoch; the same epoch with different members with ErrConflict; the
+// same epoch and members is a no-op. Epoch 0, an empty member list or an
+// empty or repeated member name is ErrInvalidConfig. On a new epoch the
+// forwarding window is reset: nothing is forwarded until SuccessorLinked
+// reports the successor's log end, and successorAck starts again from 0 (the
+// committed offset does not move back). A replica that becomes tail (or
+// sole) commits what it holds durably, so Effects may carry Committed and
+// AckUpstream. A replica not in cfg.Members gets RoleNone.
+func (r *Replica) Configure(cfg Config) (Effects, error) {
+	if err := validateConfig(cfg); err != nil {
+		return Effects{}, err
+	}
+	switch {
+	case cfg.Epoch < r.epoch:
+		return Effects{}, fmt.Errorf("%w: configuration epoch %d, current %d", ErrStaleEpoch, cfg.Epoch, r.epoch)
+	case cfg.Epoch == r.epoch:
+		if slices.Equal(cfg.Members, r.members) {
+			return Effects{}, nil
+		}
+		return Effects{}, fmt.Errorf("%w: epoch %d has members %v, got %v", ErrConflict, cfg.Epoch, r.members, cfg.Members)
+	}
+
+	r.epoch = cfg.Epoch
+	r.members = slices.Clone(cfg.Members)
+	r.role, r.predecessor, r.successor = RoleNone, "", ""
+	if i := slices.Index(r.members, r.self); i >= 0 {
+		last := len(r.members) - 1
+		switch {
+		case last == 0:
+			r.role = RoleSole
+		case i == 0:
+			r.role = RoleHead
+		case i == last:
+			r.role = RoleTail
+		default:
+			r.role = RoleMiddle
+		}
+		if i > 0 {
+			r.predecessor = r.members[i-1]
+		}
+		if i < last {
+			r.successor = r.members[i+1]
+		}
+	}
+	r.linked = false
+	r.forwardedEnd = 0
+	r.inFlight = nil
+	r.successorAck = 0
+	r.ackedUpstream = 0
+
+	var eff Effects
+	r.advance(&eff)
+	return eff, nil
+}
+
+func validateConfig(cfg Config) error {
+	if cfg.Epoch == 0 {
+		return fmt.Errorf("%w: epoch 0 is reserved for an unconfigured replica", ErrInvalidConfig)
+	}
+	if len(cfg.Members) == 0 {
+		return fmt.Errorf("%w: epoch %d has no members", ErrInvalidConfig, cfg.Epoch)
+	}
+	seen := make(map[string]bool, len(cfg.Members))
+	for _, m := range cfg.Members {
+		if m == "" {
+			return fmt.Errorf("%w: epoch %d has an empty member name", ErrInvalidConfig, cfg.Epoch)
+		}
+		if seen[m] {
+			return fmt.Errorf("%w: epoch %d lists member %q twice", ErrInvalidConfig, cfg.Epoch, m)
+		}
+		seen[m] = true
+	}
+	return nil
+}
+
+// Propose assigns offsets [base, base+count) to count new records at the
+// head (or sole). It returns ErrNotHead at a middle or tail, and an error
+// matching both ErrNotMember and ErrNotHead at a non-member (so a driver
+// that only knows "redirect to the head" handles both). Effects.Append asks
+// the driver to persist them. Proposing zero records is a no-op that
+// returns the log end.
+func (r *Replica) Propose(count uint64) (base uint64, eff Effects, err error) {
+	switch r.role {
+	case RoleHead, RoleSole:
+	case RoleNone:
+		return 0, Effects{}, fmt.Errorf("%w (%w): %q under epoch %d", ErrNotMember, ErrNotHead, r.self, r.epoch)
+	default:
+		return 0, Effects{}, fmt.Errorf("%w: %q is %v under epoch %d", ErrNotHead, r.self, r.role, r.epoch)
+	}
+	base = r.logEnd
+	end := base + count
+	if end < base {
+		return 0, Effects{}, fmt.Errorf("%w: propose %d records at %d", ErrOverflow, count, base)
+	}
+	if count == 0 {
+		return base, Effects{}, nil
+	}
+	r.logEnd = end
+	return base, Effects{Append: &Range{Base: base, End: end}}, nil
+}
+
+// Durable reports that the local log is durable up to end (cumulative,
+// monotonic; smaller or repeated values are ignored). Newly durable ranges
+// are forwarded (if linked); at the tail or sole they commit. A report
+// beyond the log end is clamped to it: durability up to end implies it up
+// to the log end, and nothing beyond the log end was asked for. (The driver
+// must not deliver a durability report that predates a truncation.)
+func (r *Replica) Durable(end uint64) Effects {
+	end = min(end, r.logEnd)
+	if end <= r.durableEnd {
+		return Effects{}
+	}
+	r.durableEnd = end
+	var eff Effects
+	r.advance(&eff)
+	return eff
+}
+
+// Forwarded handles records [base, base+count) forwarded by the predecessor
+// from under epoch, with the predecessor's committed offset piggy-backed.
+// Duplicates (entirely below the local log end) append nothing; a range that
+// starts beyond the log end returns ErrGap (the link must resynchronise); a
+// range that overlaps the end appends only the new suffix. The piggy-backed
+// committed offset is applied even on a duplicate (it is monotone and
+// capped at durableEnd), so a duplicate can still yield Committed.
+func (r *Replica) Forwarded(epoch uint64, from string, base, count, committed uint64) (Effects, error) {
+	if err := r.checkMessage("forwarded", epoch); err != nil {
+		return Effects{}, err
+	}
+	if err := r.checkFrom("forwarded", from, r.predecessor, "predecessor"); err != nil {
+		return Effects{}, err
+	}
+	end := base + count
+	if end < base {
+		return Effects{}, fmt.Errorf("%w: forwarded %d records at %d", ErrOverflow, count, base)
+	}
+	if base > r.logEnd {
+		return Effects{}, fmt.Errorf("%w: forwarded [%d,%d), log end %d", ErrGap, base, end, r.logEnd)
+	}
+	var eff Effects
+	if end > r.logEnd {
+		eff.Append = &Range{Base: r.logEnd, End: end}
+		r.logEnd = end
+	}
+	r.noticed = max(r.noticed, committed)
+	r.advance(&eff)
+	return eff, nil
+}
+
+// Acked handles a cumulative acknowledgement from the successor. Old or
+// duplicate acks are ignored. An ack beyond the local durable end is
+// ErrAckBeyondEnd: the successor cannot hold durably what was never
+// durable here (see SuccessorLinked). Acks are accepted whether or not the link is up: they
+// are facts about the successor under the current epoch. At the head, this
+// advances the committed offset; at a middle, it may also produce
+// AckUpstream and Committed.
+func (r *Replica) Acked(epoch uint64, from string, ackEnd uint64) (Effects, error) {
+	if err := r.checkMessage("ack", epoch); err != nil {
+		return Effects{}, err
+	}
+	if err := r.checkFrom("ack", from, r.successor, "successor"); err != nil {
+		return Effects{}, err
+	}
+	if ackEnd > r.durableEnd {
+		return Effects{}, fmt.Errorf("%w: ack %d from %q, durable end %d", ErrAckBeyondEnd, ackEnd, from, r.durableEnd)
+	}
+	if ackEnd <= r.successorAck {
+		return Effects{}, nil
+	}
+	r.successorAck = ackEnd
+	r.trimInFlight()
+	var eff Effects
+	r.advance(&eff)
+	return eff, nil
+}
+
+// CommitNotice handles the committed offset sent down the chain by the
+// predecessor (also carried on Forwarded). It never moves committed
+// backwards and never beyond the local durable end; a notice above the
+// durable end takes effect as Durable catches up.
+func (r *Replica) CommitNotice(epoch uint64, from string, committed uint64) (Effects, error) {
+	if err := r.checkMessage("commit notice", epoch); err != nil {
+		return Effects{}, err
+	}
+	if err := r.checkFrom("commit notice", from, r.predecessor, "predecessor"); err != nil {
+		return Effects{}, err
+	}
+	r.noticed = max(r.noticed, committed)
+	var eff Effects
+	r.advance(&eff)
+	return eff, nil
+}
+
+// SuccessorLinked reports that a link to the successor under epoch is up
+// and the successor's log ends at succEnd. Everything durable here from
+// succEnd on is forwarded, and later Durable reports forward from there.
+//
+// succEnd beyond the local durable end is ErrBehind. (The stub said "beyond
+// the log end"; that is too weak. A successor only ever receives records
+// that were durable on a predecessor, and every earlier predecessor's
+// records reached this one's durable log first, so a correct successor
+// never holds more than this replica's durable end. One that does holds
+// records this replica could still lose in a crash, and as tail it would
+// already count them committed: it needs repair.) succEnd below what the
+// successor already acknowledged under this epoch is ErrSuccessorRegressed;
+// a tail or sole member has no successor (ErrNoSuccessor). succEnd is not
+// an acknowledgement (see the package doc); the handshake's ack goes
+// through Acked. A second SuccessorLinked replaces the first link.
+func (r *Replica) SuccessorLinked(epoch uint64, succEnd uint64) (Effects, error) {
+	if err := r.checkMessage("successor link", epoch); err != nil {
+		return Effects{}, err
+	}
+	if r.successor == "" {
+		return Effects{}, fmt.Errorf("%w: %q is %v under epoch %d", ErrNoSuccessor, r.self, r.role, r.epoch)
+	}
+	if succEnd > r.durableEnd {
+		return Effects{}, fmt.Errorf("%w: successor %q log end %d, local durable end %d", ErrBehind, r.successor, succEnd, r.durableEnd)
+	}
+	if succEnd < r.successorAck {
+		return Effects{}, fmt.Errorf("%w: successor %q log end %d, acknowledged %d", ErrSuccessorRegressed, r.successor, succEnd, r.successorAck)
+	}
+	r.linked = true
+	r.forwardedEnd = succEnd
+	r.inFlight = nil
+	var eff Effects
+	r.advance(&eff)
+	return eff, nil
+}
+
+// SuccessorLost reports that the link to the successor broke; forwarding
+// stops until the next SuccessorLinked and the in-flight window is
+// forgotten (the next link resumes from the successor's log end). A loss
+// reported for another epoch is ignored.
+func (r *Replica) SuccessorLost(epoch uint64) {
+	if epoch != r.epoch || !r.linked {
+		return
+	}
+	r.linked = false
+	r.inFlight = nil
+}
+
+// checkMessage applies the rules every message shares: its epoch must be
+// the current one, and this replica must be a member under it.
+func (r *Replica) checkMessage(what string, epoch uint64) error {
+	switch {
+	case epoch < r.epoch:
+		return fmt.Errorf("%w: %s under epoch %d, current %d", ErrStaleEpoch, what, epoch, r.epoch)
+	case epoch > r.epoch:
+		return fmt.Errorf("%w: %s under epoch %d, current %d", ErrFutureEpoch, what, epoch, r.epoch)
+	case r.role == RoleNone:
+		return fmt.Errorf("%w: %s for %q under epoch %d", ErrNotMember, what, r.self, epoch)
+	}
+	return nil
+}
+
+func (r *Replica) checkFrom(what, from, want, wantRole string) error {
+	if want == "" || from != want {
+		return fmt.Errorf("%w: %s from %q, %s under epoch %d is %q", ErrWrongSender, what, from, wantRole, r.epoch, want)
+	}
+	return nil
+}
+
+// trimInFlight drops the acknowledged part of the window.
+func (r *Replica) trimInFlight() {
+	i := 0
+	for i < len(r.inFlight) && r.inFlight[i].End <= r.successorAck {
+		i++
+	}
+	r.inFlight = r.inFlight[i:]
+	if len(r.inFlight) > 0 && r.inFlight[0].Base < r.successorAck {
+		r.inFlight[0].Base = r.successorAck
+	}
+	if len(r.inFlight) == 0 {
+		r.inFlight = nil
+	}
+}
+
+// ackValue is the offset below which everything is durable here and on
+// every member downstream (0 for a non-member).
+func (r *Replica) ackValue() uint64 {
+	switch r.role {
+	case RoleHead, RoleMiddle:
+		return min(r.durableEnd, r.successorAck)
+	case RoleTail, RoleSole:
+		return r.durableEnd
+	}
+	return 0
+}
+
+// advance derives the consequences of a state change: forward newly
+// durable data, acknowledge upstream, commit. Every mutating event ends
+// here, so the rules live in one place.
+func (r *Replica) advance(eff *Effects) {
+	if r.linked && r.durableEnd > r.forwardedEnd {
+		rg := Range{Base: r.forwardedEnd, End: r.durableEnd}
+		eff.Forward = append(eff.Forward, rg)
+		r.inFlight = append(r.inFlight, rg)
+		r.forwardedEnd = r.durableEnd
+	}
+	if r.role == RoleNone {
+		return
+	}
+	ack := r.ackValue()
+	if (r.role == RoleMiddle || r.role == RoleTail) && ack > r.ackedUpstream {
+		r.ackedUpstream = ack
+		eff.AckUpstream = &ack
+	}
+	// Everything in this log is durable on every member upstream (prefix
+	// order), so the ack value is committed chain-wide; a notice from the
+	// predecessor is committed by definition but only readable here up to
+	// durableEnd.
+	if c := max(ack, min(r.noticed, r.durableEnd)); c > r.committed {
+		r.committed = c
+		eff.Committed = &c
+	}
+}
+
+// Status is a snapshot for admin APIs and metrics.
+type Status struct {
+	Self         string
+	Epoch        uint64
+	Members      []string
+	Role         Role
+	Predecessor  string
+	Successor    string
+	LogEnd       uint64 // next offset to assign or receive
+	DurableEnd   uint64
+	SuccessorAck uint64
+	Committed    uint64
+	InFlight     []Range // forwarded, not yet acknowledged
+
+	// Linked reports whether the successor link is up under Epoch.
+	Linked bool
+	// ForwardedEnd is where forwarding resumes on the current link (the
+	// successor's log end at link time, then the end of the last Forward).
+	// Meaningless when not Linked.
+	ForwardedEnd uint64
+	// AckedUpstream is the last AckUpstream emitted under Epoch; the link
+	// handshake carries it to the predecessor (see the package doc).
+	AckedUpstream uint64
+}
+
+// Status returns a snapshot.
+func (r *Replica) Status() Status {
+	return Status{
+		Self:          r.self,
+		Epoch:         r.epoch,
+		Members:       slices.Clone(r.members),
+		Role:          r.role,
+		Predecessor:   r.predecessor,
+		Successor:     r.successor,
+		LogEnd:        r.logEnd,
+		DurableEnd:    r.durableEnd,
+		SuccessorAck:  r.successorAck,
+		Committed:     r.committed,
+		InFlight:      slices.Clone(r.inFlight),
+		Linked:        r.linked,
+		ForwardedEnd:  r.forwardedEnd,
+		AckedUpstream: r.ackedUpstream,
+	}
+}

@@ -1,0 +1,83 @@
+// Package partlog is the durable, append-only log of one partition replica:
+// segment files in one directory, batch frames checksummed with CRC32C, a
+// sparse in-memory index for reads by offset and by timestamp, retention by
+// time and bytes, and conservative recovery. docs/storage-format.md is the
+// specification; this package implements it.
+package partlog
+
+// The exported signatures in this file are the contract the replica server
+// codes against: add, don't change. Implementations live in frame.go (codec),
+// log.go (append, read, sync), recovery.go (Open), maintain.go (retention,
+// truncation) and fs.go (file-system seam).
+
+import (
+	"errors"
+	"time"
+)
+
+// Record is one record of a batch.
+type Record struct {
+	Offset      uint64 // assigned: batch base offset + index within the batch
+	TimestampMs int64  // producer or ingestion time, Unix milliseconds
+	ProducerID  uint64 // 0 = no idempotence
+	Sequence    uint64
+	Key         []byte
+	Value       []byte
+}
+
+// BatchHeader is the fixed header of a batch frame (see storage-format.md).
+type BatchHeader struct {
+	Epoch          uint64 // chain epoch of the head that wrote the batch
+	BaseOffset     uint64
+	Count          uint32
+	FirstTimestamp int64
+	MaxTimestamp   int64
+	FrameLen       uint32 // whole frame, header included
+	Type           FrameType
+	CRC            uint32 // CRC32C of the frame minus this field (storage-format.md §3.2)
+	// Magic, version and flags are constants of version 1: DecodeHeader
+	// rejects anything else, so they are not carried here.
+}
+
+// End is the exclusive end offset of the batch.
+func (h BatchHeader) End() uint64 { return h.BaseOffset + uint64(h.Count) }
+
+// Limits.
+const (
+	// MaxRecordBytes bounds key+value of one record.
+	MaxRecordBytes = 1 << 20
+	// MaxFrameBytes bounds one batch frame; checked before allocating.
+	MaxFrameBytes = 16 << 20
+	// MaxSegmentBytes caps Options.SegmentBytes so that a byte position in a
+	// segment (which may exceed SegmentBytes by one frame) fits in 32 bits.
+	MaxSegmentBytes = 1 << 30
+
+	// DefaultSegmentBytes and DefaultIndexIntervalBytes apply when the
+	// corresponding Options field is 0.
+	DefaultSegmentBytes       = 128 << 20
+	DefaultIndexIntervalBytes = 16 << 10
+)
+
+// Errors. Wrapped with details (file, offset) by the functions returning them.
+var (
+	ErrCorrupt       = errors.New("partition log is corrupt")          // refuse to serve
+	ErrFailed        = errors.New("partition log failed (crash-stop)") // fsync or write failed: stop
+	ErrBadFrame      = errors.New("malformed batch frame")
+	ErrOffsetGap     = errors.New("batch base offset is not the log end offset")
+	ErrOutOfRange    = errors.New("offset out of range")
+	ErrFrameTooLarge = errors.New("batch frame exceeds the maximum size")
+	ErrClosed        = errors.New("partition log closed")
+	ErrNotBoundary   = errors.New("offset is inside a batch")                  // Truncate: not a batch boundary
+	ErrEpochRegress  = errors.New("batch epoch is below the log's last epoch") // Append: epochs never decrease
+)
+
+// Options configure a Log.
+type Options struct {
+	Dir                string
+	FS                 FS               // nil = the real file system
+	SegmentBytes       int64            // roll to a new segment past this size
+	IndexIntervalBytes int64            // sparse index granularity
+	RetentionBytes     int64            // 0 = unlimited
+	RetentionTime      time.Duration    // 0 = unlimited
+	Now                func() time.Time // nil = time.Now (for retention by time)
+}

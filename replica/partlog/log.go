@@ -1,0 +1,422 @@
+package partlog
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Log is one partition's log. Safe for one writer and concurrent readers.
+//
+// Locking, in acquisition order:
+//   - syncMu serialises Sync's fsync with the operations that close or cut
+//     files (Truncate, EnforceRetention, Close), so Sync can fsync without
+//     holding wmu and Append can proceed while an fsync is in flight.
+//   - wmu serialises the mutating operations (Append, Truncate, retention,
+//     Close, and Sync's snapshot). State read only by mutators is read under
+//     wmu alone.
+//   - mu guards what readers see (segment list, sizes, index, next offset,
+//     rolling checksum, epochs, closed). Mutators hold it exclusively only to
+//     publish, never across a write or fsync syscall; readers hold it shared
+//     across their preads so a segment cannot be closed or cut under them.
+//
+// Append writes a frame past the published size of the active segment, and
+// only then publishes it, so readers only ever see whole frames.
+type Log struct {
+	fs        FS
+	dir       string
+	segBytes  int64
+	interval  int64
+	retBytes  int64
+	retTime   time.Duration
+	now       func() time.Time
+	recovered RecoveryInfo // set by Open, then immutable
+
+	syncMu sync.Mutex
+	wmu    sync.Mutex
+	mu     sync.RWMutex
+
+	segs    []*segment // oldest first; the last is active; never empty
+	next    uint64
+	rolling uint32
+	epochs  []EpochStart
+	closed  bool
+
+	durable atomic.Uint64
+	// fault is the first fatal error (wrapping ErrFailed or ErrCorrupt);
+	// once set, it is returned by every later call. Atomic so that readers
+	// holding mu shared can record corruption they find.
+	fault atomic.Pointer[error]
+}
+
+// EpochStart is a change of chain epoch in the log: batches from
+// StartOffset on (until the next EpochStart) were written under Epoch.
+type EpochStart struct {
+	Epoch       uint64
+	StartOffset uint64
+}
+
+// RecoveryInfo says what Open repaired, for the server to log.
+type RecoveryInfo struct {
+	TornSegment string // segment whose torn tail was cut; "" if none was
+	TornAt      int64  // byte position of the cut in TornSegment
+	TornBytes   int64  // number of bytes cut
+	Evidence    string // file holding the cut bytes
+	Reason      string // why the first cut byte did not start a valid frame
+}
+
+// fail records err as the log's permanent fault (if none is recorded yet)
+// and returns the recorded fault.
+func (l *Log) fail(kind error, format string, args ...any) error {
+	err := fmt.Errorf("%w: "+format, append([]any{kind}, args...)...)
+	l.fault.CompareAndSwap(nil, &err)
+	return *l.fault.Load()
+}
+
+// corrupt records corruption found at pos of s.
+func (l *Log) corrupt(s *segment, pos int64, cause error) error {
+	return l.fail(ErrCorrupt, "%s at byte %d: %w", s.path, pos, cause)
+}
+
+// readErr classifies a read failure: a file shorter than its published size
+// was cut under us (corrupt); anything else (EIO) is returned as is.
+func (l *Log) readErr(s *segment, pos int64, err error) error {
+	if errors.Is(err, errShort) {
+		return l.corrupt(s, pos, err)
+	}
+	return fmt.Errorf("partlog: read %s at byte %d: %w", s.path, pos, err)
+}
+
+// usable reports the fault or closed state. Call with mu or wmu held.
+func (l *Log) usable() error {
+	if p := l.fault.Load(); p != nil {
+		return *p
+	}
+	if l.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+func (l *Log) active() *segment { return l.segs[len(l.segs)-1] }
+
+// segmentFor returns the index of the last segment with base <= offset.
+func (l *Log) segmentFor(offset uint64) int {
+	return max(sort.Search(len(l.segs), func(i int) bool { return l.segs[i].base > offset })-1, 0)
+}
+
+func (l *Log) advanceDurable(end uint64) {
+	for {
+		d := l.durable.Load()
+		if d >= end || l.durable.CompareAndSwap(d, end) {
+			return
+		}
+	}
+}
+
+// Append appends one encoded frame whose BaseOffset must equal NextOffset()
+// (ErrOffsetGap otherwise) after validating it fully. It writes but does not
+// fsync; the data is readable at once by ReadFrames (the caller decides what
+// is visible to consumers).
+//
+// Exactly one write syscall per frame; no allocation unless the segment
+// rolls or the sparse index grows.
+func (l *Log) Append(frame []byte) error {
+	if p := l.fault.Load(); p != nil {
+		return *p
+	}
+	// Validate (CRC and record structure) before taking the lock: it is the
+	// expensive part and touches no shared state.
+	h, err := validateFrame(frame)
+	if err != nil {
+		return err
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if h.BaseOffset != l.next {
+		return fmt.Errorf("%w: frame base offset %d, log end offset %d", ErrOffsetGap, h.BaseOffset, l.next)
+	}
+	if n := len(l.epochs); n > 0 && h.Epoch < l.epochs[n-1].Epoch {
+		return fmt.Errorf("%w: frame at offset %d has epoch %d, log is at epoch %d",
+			ErrEpochRegress, h.BaseOffset, h.Epoch, l.epochs[n-1].Epoch)
+	}
+	s := l.active()
+	if !s.empty() && s.size+int64(len(frame)) > l.segBytes {
+		if s, err = l.roll(); err != nil {
+			return err
+		}
+	}
+	pos := s.size
+	if _, err := s.f.WriteAt(frame, pos); err != nil {
+		// Part of the frame may be on disk; the in-memory end did not move,
+		// and the log never writes again: recovery will cut the torn tail.
+		return l.fail(ErrFailed, "write %d bytes to %s at byte %d: %w", len(frame), s.path, pos, err)
+	}
+	l.mu.Lock()
+	s.addFrame(h, pos, l.interval)
+	l.next = h.End()
+	l.rolling = rollChecksum(l.rolling, h.CRC)
+	if n := len(l.epochs); n == 0 || l.epochs[n-1].Epoch != h.Epoch {
+		l.epochs = append(l.epochs, EpochStart{Epoch: h.Epoch, StartOffset: h.BaseOffset})
+	}
+	l.mu.Unlock()
+	return nil
+}
+
+// roll seals the active segment and creates the next one. The sealed
+// segment is fsynced first, so that every sealed segment is whole on disk
+// and a torn tail can only be in the last segment (storage-format.md §6).
+// Called with wmu held.
+func (l *Log) roll() (*segment, error) {
+	old := l.active()
+	if err := old.f.Sync(); err != nil {
+		return nil, l.fail(ErrFailed, "fsync %s before roll: %w", old.path, err)
+	}
+	l.advanceDurable(old.end)
+	s, err := createSegment(l.fs, l.dir, old.end, l.rolling)
+	if err != nil {
+		return nil, l.fail(ErrFailed, "roll: %w", err)
+	}
+	l.mu.Lock()
+	l.segs = append(l.segs, s)
+	l.mu.Unlock()
+	return s, nil
+}
+
+// Sync makes everything appended durable. Any failure moves the log to
+// ErrFailed for good: the process must crash-stop, never acknowledge.
+func (l *Log) Sync() error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.wmu.Lock()
+	if err := l.usable(); err != nil {
+		l.wmu.Unlock()
+		return err
+	}
+	// Only the active segment can hold unsynced data (roll fsyncs the one it
+	// seals). If Append rolls while we fsync, s is the sealed one and end is
+	// within it, so fsyncing s still covers end.
+	s, end := l.active(), l.next
+	l.wmu.Unlock()
+	if l.durable.Load() >= end {
+		return nil
+	}
+	if err := s.f.Sync(); err != nil {
+		return l.fail(ErrFailed, "fsync %s: %w", s.path, err)
+	}
+	l.advanceDurable(end)
+	return nil
+}
+
+// NextOffset is the log end offset: the offset the next batch must start at.
+func (l *Log) NextOffset() uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.next
+}
+
+// StartOffset is the first retained offset (the oldest segment's base).
+func (l *Log) StartOffset() uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.segs[0].base
+}
+
+// DurableOffset is the end of the prefix known to be fsynced.
+func (l *Log) DurableOffset() uint64 { return l.durable.Load() }
+
+// RollingChecksum returns the rolling checksum of the log up to NextOffset
+// (see storage-format.md): equal on two members iff their logs are equal.
+func (l *Log) RollingChecksum() uint32 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.rolling
+}
+
+// Recovery reports what Open repaired (zero value: nothing).
+func (l *Log) Recovery() RecoveryInfo { return l.recovered }
+
+// Epochs returns the epoch transitions of the retained log, oldest first.
+// The first entry's StartOffset is clamped to StartOffset after retention.
+func (l *Log) Epochs() []EpochStart {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return append([]EpochStart(nil), l.epochs...)
+}
+
+// EpochEndOffset returns the first offset written under an epoch greater
+// than epoch, or NextOffset if there is none: for chain repair, the end of
+// epoch's (and earlier epochs') part of the log. If retention has deleted the
+// batches that would answer (the oldest retained batch is already of a later
+// epoch), it returns ErrOutOfRange.
+func (l *Log) EpochEndOffset(epoch uint64) (uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if err := l.usable(); err != nil {
+		return 0, err
+	}
+	for i, e := range l.epochs {
+		if e.Epoch <= epoch {
+			continue
+		}
+		if start := l.segs[0].base; i == 0 && start > 0 && e.StartOffset == start {
+			return 0, fmt.Errorf("%w: epoch %d: the oldest retained batch (offset %d) is of epoch %d and older batches are deleted",
+				ErrOutOfRange, epoch, start, e.Epoch)
+		}
+		return e.StartOffset, nil
+	}
+	return l.next, nil
+}
+
+// ReadFrames returns whole raw frames starting with the one containing
+// offset from, stopping before maxEnd (exclusive offset bound) and after
+// roughly maxBytes (at least one frame if any is available). Frames are
+// CRC-checked; a mismatch moves the partition to ErrCorrupt.
+//
+// A frame is returned only if it ends at or before maxEnd. The frames are
+// slices of buffers private to this call (capacity clipped to each frame),
+// so they stay valid and unchanged after later appends. from == NextOffset
+// returns no frames and no error; from outside [StartOffset, NextOffset] is
+// ErrOutOfRange.
+func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if err := l.usable(); err != nil {
+		return nil, err
+	}
+	if start := l.segs[0].base; from < start || from > l.next {
+		return nil, fmt.Errorf("%w: read from offset %d, log holds [%d,%d)", ErrOutOfRange, from, start, l.next)
+	}
+	maxEnd = min(maxEnd, l.next)
+	if from >= maxEnd {
+		return nil, nil
+	}
+	// Remaining byte budget, clamped so that read-ahead sums cannot overflow
+	// (no read spans more than one segment anyway).
+	budget := func(total int) int64 { return min(int64(max(maxBytes-total, 0)), MaxSegmentBytes+MaxFrameBytes) }
+	var out [][]byte
+	total := 0
+	expect := from // base offset the next returned frame must have, once started
+	started := false
+	for si := l.segmentFor(from); si < len(l.segs); si++ {
+		s := l.segs[si]
+		r := segReader{s: s, limit: s.size}
+		pos := int64(SegmentHeaderSize)
+		skip := int64(0)
+		if !started {
+			// From the index entry to the wanted frame is less than one
+			// interval plus one frame: read that much ahead too.
+			pos, skip = s.lookup(from), l.interval
+		}
+		for pos < s.size {
+			hb, err := r.at(pos, FrameHeaderSize, budget(total)+skip+FrameHeaderSize)
+			if err != nil {
+				return nil, l.readErr(s, pos, err)
+			}
+			h, err := DecodeHeader(hb)
+			if err != nil {
+				return nil, l.corrupt(s, pos, err)
+			}
+			if !started && h.End() <= from {
+				pos += int64(h.FrameLen)
+				continue
+			}
+			if (started && h.BaseOffset != expect) || (!started && h.BaseOffset > from) {
+				return nil, l.corrupt(s, pos, fmt.Errorf("frame base offset %d, expected %d", h.BaseOffset, expect))
+			}
+			if h.End() > maxEnd || (len(out) > 0 && total+int(h.FrameLen) > maxBytes) {
+				return out, nil
+			}
+			fb, err := r.at(pos, int64(h.FrameLen), budget(total))
+			if err != nil {
+				return nil, l.readErr(s, pos, err)
+			}
+			if c := frameCRC(fb); c != h.CRC {
+				return nil, l.corrupt(s, pos, fmt.Errorf("%w: batch at offset %d: crc32c %08x, header says %08x",
+					ErrBadFrame, h.BaseOffset, c, h.CRC))
+			}
+			out = append(out, fb[:len(fb):len(fb)])
+			total += len(fb)
+			expect, started, skip = h.End(), true, 0
+			pos += int64(h.FrameLen)
+		}
+	}
+	return out, nil
+}
+
+// OffsetForTime returns the first offset whose batch MaxTimestamp >= ts,
+// or NextOffset if none. (The base offset of the first such batch; headers
+// are trusted here, CRCs are checked when the frames are read.)
+func (l *Log) OffsetForTime(ts int64) (uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if err := l.usable(); err != nil {
+		return 0, err
+	}
+	for _, s := range l.segs {
+		if s.empty() || s.maxTs < ts {
+			continue
+		}
+		// The last entry's prefixMax is s.maxTs >= ts, so i is in range, and
+		// entry i's interval holds the first batch with MaxTimestamp >= ts.
+		i := sort.Search(len(s.index), func(i int) bool { return s.index[i].prefixMax >= ts })
+		pos, limit := int64(s.index[i].pos), s.size
+		if i+1 < len(s.index) {
+			limit = int64(s.index[i+1].pos)
+		}
+		r := segReader{s: s, limit: s.size, reuse: true}
+		for pos < limit {
+			hb, err := r.at(pos, FrameHeaderSize, headerWalkReadahead)
+			if err != nil {
+				return 0, l.readErr(s, pos, err)
+			}
+			h, err := DecodeHeader(hb)
+			if err != nil {
+				return 0, l.corrupt(s, pos, err)
+			}
+			if h.MaxTimestamp >= ts {
+				return h.BaseOffset, nil
+			}
+			pos += int64(h.FrameLen)
+		}
+		return 0, l.corrupt(s, pos, fmt.Errorf("index promises a batch with max timestamp >= %d that the file lacks", ts))
+	}
+	return l.next, nil
+}
+
+// Close closes files (after a final Sync if healthy). It returns the log's
+// fault if it has one; later calls return ErrClosed.
+func (l *Log) Close() error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if l.closed {
+		return l.usable() // the fault if any: failed stays failed
+	}
+	var err error
+	if p := l.fault.Load(); p != nil {
+		err = *p
+	} else if s := l.active(); l.durable.Load() < l.next {
+		if serr := s.f.Sync(); serr != nil {
+			err = l.fail(ErrFailed, "fsync %s at close: %w", s.path, serr)
+		} else {
+			l.advanceDurable(l.next)
+		}
+	}
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	for _, s := range l.segs {
+		if cerr := s.f.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("partlog: close %s: %w", s.path, cerr)
+		}
+	}
+	return err
+}

@@ -1,0 +1,193 @@
+package partlog
+
+import (
+	"fmt"
+	"math"
+)
+
+// EnforceRetention deletes whole sealed segments past the time or byte
+// limits; the active segment is never deleted.
+//
+// Segments go oldest first, and retention stops at the first segment it
+// keeps, so the log stays contiguous; the directory is fsynced after each
+// deletion so that a crash can only leave a contiguous suffix behind
+// (storage-format.md §9).
+func (l *Log) EnforceRetention() (deletedSegments int, err error) {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.usable(); err != nil {
+		return 0, err
+	}
+	if l.retBytes == 0 && l.retTime == 0 {
+		return 0, nil
+	}
+	var total int64
+	for _, s := range l.segs {
+		total += s.size
+	}
+	cutoff := int64(math.MinInt64)
+	if l.retTime > 0 {
+		cutoff = l.now().Add(-l.retTime).UnixMilli()
+	}
+	for len(l.segs) > 1 {
+		s := l.segs[0]
+		overBytes := l.retBytes > 0 && total > l.retBytes
+		// maxTs is the newest record of the whole segment (>= its last
+		// batch's MaxTimestamp): never delete a record younger than the limit.
+		expired := l.retTime > 0 && s.maxTs < cutoff
+		if !overBytes && !expired {
+			break
+		}
+		// Unpublish first: readers hold mu shared across their reads, so once
+		// we have held it exclusively nobody is reading s.
+		l.mu.Lock()
+		l.segs = append([]*segment(nil), l.segs[1:]...)
+		l.trimEpochs()
+		l.mu.Unlock()
+		s.f.Close() // read-only from now on; its close error is of no use
+		if err := l.fs.Remove(s.path); err != nil {
+			return deletedSegments, l.fail(ErrFailed, "retention: remove %s: %w", s.path, err)
+		}
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return deletedSegments, l.fail(ErrFailed, "retention: fsync dir %s after removing %s: %w", l.dir, s.path, err)
+		}
+		total -= s.size
+		deletedSegments++
+	}
+	return deletedSegments, nil
+}
+
+// trimEpochs drops epoch transitions wholly before StartOffset, keeping the
+// one in effect there (clamped to StartOffset). Called with mu held.
+func (l *Log) trimEpochs() {
+	start := l.segs[0].base
+	i := 0
+	for i+1 < len(l.epochs) && l.epochs[i+1].StartOffset <= start {
+		i++
+	}
+	if i > 0 {
+		l.epochs = append([]EpochStart(nil), l.epochs[i:]...)
+	}
+	if len(l.epochs) > 0 && l.epochs[0].StartOffset < start {
+		l.epochs[0].StartOffset = start
+	}
+}
+
+// Truncate drops every offset >= to (rounded to a batch boundary; error if
+// to is inside a batch), durably. Used by chain repair.
+//
+// to must be a batch boundary in [StartOffset, NextOffset]: ErrNotBoundary
+// if it is inside a batch, ErrOutOfRange outside. Later segments are deleted
+// newest first (each followed by a directory fsync, so a crash leaves a
+// contiguous log that is merely longer), then the segment holding to is cut
+// and fsynced. On success DurableOffset = NextOffset = to.
+func (l *Log) Truncate(to uint64) error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if start := l.segs[0].base; to < start || to > l.next {
+		return fmt.Errorf("%w: truncate to %d, log holds [%d,%d)", ErrOutOfRange, to, start, l.next)
+	}
+	if to == l.next {
+		return nil
+	}
+	k := l.segmentFor(to)
+	s := l.segs[k]
+	pos, err := l.boundary(s, to)
+	if err != nil {
+		return err
+	}
+	// Rebuild s's state up to pos before touching the disk; the rolling
+	// checksum restarts from the value stored in s's header.
+	ns := newSegmentState(s.path, s.f, s.base, s.rollBase)
+	rolling := s.rollBase
+	r := segReader{s: s, limit: s.size, reuse: true}
+	for p := int64(SegmentHeaderSize); p < pos; {
+		h, bad, err := scanFrame(&r, p, pos)
+		if err != nil {
+			return l.readErr(s, p, err)
+		}
+		if bad != nil {
+			return l.corrupt(s, p, bad)
+		}
+		ns.addFrame(h, p, l.interval)
+		rolling = rollChecksum(rolling, h.CRC)
+		p += int64(h.FrameLen)
+	}
+	later := append([]*segment(nil), l.segs[k+1:]...)
+
+	l.mu.Lock()
+	*s = *ns
+	l.segs = l.segs[: k+1 : k+1]
+	l.next = to
+	l.rolling = rolling
+	n := 0
+	for n < len(l.epochs) && l.epochs[n].StartOffset < to {
+		n++
+	}
+	l.epochs = l.epochs[:n:n]
+	if l.durable.Load() > to {
+		l.durable.Store(to)
+	}
+	l.mu.Unlock()
+
+	for i := len(later) - 1; i >= 0; i-- {
+		d := later[i]
+		d.f.Close()
+		if err := l.fs.Remove(d.path); err != nil {
+			return l.fail(ErrFailed, "truncate: remove %s: %w", d.path, err)
+		}
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return l.fail(ErrFailed, "truncate: fsync dir %s after removing %s: %w", l.dir, d.path, err)
+		}
+	}
+	if err := s.f.Truncate(pos); err != nil {
+		return l.fail(ErrFailed, "truncate %s to byte %d: %w", s.path, pos, err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return l.fail(ErrFailed, "fsync %s after truncate: %w", s.path, err)
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return l.fail(ErrFailed, "fsync dir %s after truncate: %w", l.dir, err)
+	}
+	// Sealed segments were fsynced when sealed, s just now: all of [.., to)
+	// is durable.
+	l.durable.Store(to)
+	return nil
+}
+
+// boundary returns the byte position in s of the frame starting at offset
+// to, which must be a batch boundary within s. Called with wmu held.
+func (l *Log) boundary(s *segment, to uint64) (int64, error) {
+	if to == s.base {
+		return SegmentHeaderSize, nil
+	}
+	r := segReader{s: s, limit: s.size, reuse: true}
+	for pos := s.lookup(to); pos < s.size; {
+		hb, err := r.at(pos, FrameHeaderSize, headerWalkReadahead)
+		if err != nil {
+			return 0, l.readErr(s, pos, err)
+		}
+		h, err := DecodeHeader(hb)
+		if err != nil {
+			return 0, l.corrupt(s, pos, err)
+		}
+		switch {
+		case h.BaseOffset == to:
+			return pos, nil
+		case h.BaseOffset < to && to < h.End():
+			return 0, fmt.Errorf("%w: truncate to %d, inside batch [%d,%d) of %s",
+				ErrNotBoundary, to, h.BaseOffset, h.End(), s.path)
+		case h.BaseOffset > to:
+			return 0, l.corrupt(s, pos, fmt.Errorf("frame base offset %d past wanted offset %d", h.BaseOffset, to))
+		}
+		pos += int64(h.FrameLen)
+	}
+	return s.size, nil // to == s.end
+}

@@ -1,0 +1,351 @@
+package partlog
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Open recovers (or creates) the log in opts.Dir, following the numbered
+// steps of storage-format.md §7.
+func Open(opts Options) (*Log, error) {
+	l, err := newLog(opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.recover(); err != nil {
+		for _, s := range l.segs {
+			s.f.Close()
+		}
+		return nil, err
+	}
+	// A recovered log is durable by construction (step 8).
+	l.durable.Store(l.next)
+	return l, nil
+}
+
+func newLog(o Options) (*Log, error) {
+	switch {
+	case o.Dir == "":
+		return nil, errors.New("partlog: Options.Dir is empty")
+	case o.SegmentBytes < 0 || o.SegmentBytes > MaxSegmentBytes:
+		return nil, fmt.Errorf("partlog: SegmentBytes %d not in [0,%d]", o.SegmentBytes, MaxSegmentBytes)
+	case o.SegmentBytes > 0 && o.SegmentBytes < SegmentHeaderSize+FrameHeaderSize:
+		return nil, fmt.Errorf("partlog: SegmentBytes %d below the minimum %d", o.SegmentBytes, SegmentHeaderSize+FrameHeaderSize)
+	case o.IndexIntervalBytes < 0 || o.RetentionBytes < 0 || o.RetentionTime < 0:
+		return nil, errors.New("partlog: negative IndexIntervalBytes, RetentionBytes or RetentionTime")
+	}
+	l := &Log{
+		fs:       o.FS,
+		dir:      filepath.Clean(o.Dir),
+		segBytes: o.SegmentBytes,
+		interval: o.IndexIntervalBytes,
+		retBytes: o.RetentionBytes,
+		retTime:  o.RetentionTime,
+		now:      o.Now,
+	}
+	if l.fs == nil {
+		l.fs = OSFS{}
+	}
+	if l.segBytes == 0 {
+		l.segBytes = DefaultSegmentBytes
+	}
+	if l.interval == 0 {
+		l.interval = DefaultIndexIntervalBytes
+	}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	return l, nil
+}
+
+func corruptAt(path string, pos int64, format string, args ...any) error {
+	return fmt.Errorf("%w: %s at byte %d: %s", ErrCorrupt, path, pos, fmt.Sprintf(format, args...))
+}
+
+// recover runs recovery steps 1–8. On error, the segments opened so far are
+// in l.segs for the caller to close.
+func (l *Log) recover() error {
+	// Step 1.
+	if err := l.fs.MkdirAll(l.dir, 0o755); err != nil {
+		return fmt.Errorf("partlog: create %s: %w", l.dir, err)
+	}
+	names, err := l.fs.ReadDir(l.dir)
+	if err != nil {
+		return fmt.Errorf("partlog: list %s: %w", l.dir, err)
+	}
+	var bases []uint64
+	removed := false
+	for _, name := range names {
+		if strings.HasSuffix(name, segSuffix+tmpSuffix) {
+			if err := l.fs.Remove(filepath.Join(l.dir, name)); err != nil {
+				return fmt.Errorf("partlog: remove leftover %s: %w", name, err)
+			}
+			removed = true
+			continue
+		}
+		if base, ok := parseSegmentName(name); ok {
+			bases = append(bases, base) // names are sorted, hence bases are
+		}
+	}
+	if removed {
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
+		}
+	}
+	// Step 2.
+	if len(bases) == 0 {
+		s, err := createSegment(l.fs, l.dir, 0, 0)
+		if err != nil {
+			return fmt.Errorf("partlog: %w", err)
+		}
+		l.segs = []*segment{s}
+		return nil
+	}
+	// Steps 3–7.
+	for i, base := range bases {
+		path := filepath.Join(l.dir, segmentName(base))
+		f, err := l.fs.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("partlog: open %s: %w", path, err)
+		}
+		s := newSegmentState(path, f, base, 0)
+		l.segs = append(l.segs, s)
+		if err := l.loadSegment(s, i == 0, i == len(bases)-1); err != nil {
+			return err
+		}
+	}
+	// Step 8.
+	last := l.active()
+	if err := last.f.Sync(); err != nil {
+		return fmt.Errorf("partlog: fsync %s: %w", last.path, err)
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
+	}
+	return nil
+}
+
+// loadSegment verifies s's header and continuity (steps 3–4) and scans its
+// frames (step 5), repairing a torn tail if s is the last segment (6–7).
+func (l *Log) loadSegment(s *segment, first, last bool) error {
+	size, err := fileSize(s.f)
+	if err != nil {
+		return fmt.Errorf("partlog: stat %s: %w", s.path, err)
+	}
+	hdr := make([]byte, SegmentHeaderSize)
+	if size < SegmentHeaderSize {
+		return corruptAt(s.path, 0, "file of %d bytes has no whole segment header", size)
+	}
+	if _, err := s.f.ReadAt(hdr, 0); err != nil {
+		return fmt.Errorf("partlog: read header of %s: %w", s.path, err)
+	}
+	base, rolling, err := decodeSegmentHeader(hdr)
+	if err != nil {
+		return corruptAt(s.path, 0, "%v", err)
+	}
+	if base != s.base {
+		return corruptAt(s.path, 0, "header base offset %d does not match the file name", base)
+	}
+	s.rollBase = rolling
+	if first {
+		l.next, l.rolling = base, rolling
+	} else {
+		if base != l.next {
+			return corruptAt(s.path, 0, "segment starts at offset %d but the previous segment ends at %d", base, l.next)
+		}
+		if rolling != l.rolling {
+			return corruptAt(s.path, 0, "rolling checksum at base %08x, previous segments give %08x", rolling, l.rolling)
+		}
+	}
+
+	r := segReader{s: s, limit: size, reuse: true}
+	for pos := int64(SegmentHeaderSize); pos < size; {
+		h, bad, err := scanFrame(&r, pos, size)
+		if err != nil {
+			return fmt.Errorf("partlog: read %s at byte %d: %w", s.path, pos, err)
+		}
+		if bad != nil {
+			if !last {
+				return corruptAt(s.path, pos, "sealed segment: %v", bad)
+			}
+			return l.repairTail(s, pos, size, bad)
+		}
+		// A CRC-valid frame in the wrong place is not what a crash leaves.
+		if h.BaseOffset != l.next {
+			return corruptAt(s.path, pos, "frame base offset %d, expected %d", h.BaseOffset, l.next)
+		}
+		if n := len(l.epochs); n > 0 && h.Epoch < l.epochs[n-1].Epoch {
+			return corruptAt(s.path, pos, "frame epoch %d after epoch %d", h.Epoch, l.epochs[n-1].Epoch)
+		}
+		l.admit(s, h, pos)
+		pos += int64(h.FrameLen)
+	}
+	return nil
+}
+
+// admit adds a verified frame at pos of s to the in-memory state.
+func (l *Log) admit(s *segment, h BatchHeader, pos int64) {
+	s.addFrame(h, pos, l.interval)
+	l.next = h.End()
+	l.rolling = rollChecksum(l.rolling, h.CRC)
+	if n := len(l.epochs); n == 0 || l.epochs[n-1].Epoch != h.Epoch {
+		l.epochs = append(l.epochs, EpochStart{Epoch: h.Epoch, StartOffset: h.BaseOffset})
+	}
+}
+
+// scanFrame reads and fully validates the frame at pos of a file of size
+// bytes. bad says why the bytes at pos are not a valid frame; err is an I/O
+// error.
+func scanFrame(r *segReader, pos, size int64) (h BatchHeader, bad, err error) {
+	if left := size - pos; left < FrameHeaderSize {
+		return h, fmt.Errorf("%d bytes left, a frame header needs %d", left, FrameHeaderSize), nil
+	}
+	hb, err := r.at(pos, FrameHeaderSize, scanReadahead)
+	if err != nil {
+		return h, nil, err
+	}
+	if h, bad = DecodeHeader(hb); bad != nil {
+		return h, bad, nil
+	}
+	if pos+int64(h.FrameLen) > size {
+		return h, fmt.Errorf("frame of %d bytes extends past the end of the file (%d)", h.FrameLen, size), nil
+	}
+	fb, err := r.at(pos, int64(h.FrameLen), scanReadahead)
+	if err != nil {
+		return h, nil, err
+	}
+	if _, bad = validateFrame(fb); bad != nil {
+		return h, bad, nil
+	}
+	return h, nil, nil
+}
+
+// repairTail handles the first invalid frame at p of the last segment
+// (steps 6–7): mid-log damage if any valid frame follows, else a torn tail
+// that is cut, keeping the cut bytes as evidence.
+func (l *Log) repairTail(s *segment, p, size int64, why error) error {
+	var minEpoch uint64
+	if n := len(l.epochs); n > 0 {
+		minEpoch = l.epochs[n-1].Epoch
+	}
+	q, found, err := findValidFrame(s, p+1, size, l.next, minEpoch)
+	if err != nil {
+		return fmt.Errorf("partlog: search %s after byte %d: %w", s.path, p, err)
+	}
+	if found {
+		return corruptAt(s.path, p, "invalid frame (%v) followed by a valid frame at byte %d: damage in the middle of the log, not a torn tail", why, q)
+	}
+
+	evidence := s.path + tornInfix + strconv.FormatInt(l.now().UnixNano(), 10)
+	for i := 1; ; i++ {
+		err := copyToEvidence(l.fs, s, p, size, evidence)
+		if err == nil {
+			break
+		}
+		// Never overwrite earlier evidence (an injected or coarse clock can
+		// repeat): pick the next free name.
+		if !errors.Is(err, fs.ErrExist) || i > maxEvidenceNames {
+			return fmt.Errorf("partlog: keep torn tail of %s: %w", s.path, err)
+		}
+		evidence = fmt.Sprintf("%s%s%d-%d", s.path, tornInfix, l.now().UnixNano(), i)
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
+	}
+	if err := s.f.Truncate(p); err != nil {
+		return fmt.Errorf("partlog: truncate %s to %d: %w", s.path, p, err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return fmt.Errorf("partlog: fsync %s: %w", s.path, err)
+	}
+	if err := l.fs.SyncDir(l.dir); err != nil {
+		return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
+	}
+	l.recovered = RecoveryInfo{TornSegment: s.path, TornAt: p, TornBytes: size - p, Evidence: evidence, Reason: why.Error()}
+	return nil
+}
+
+// findValidFrame looks at every byte position in [from, size) for a frame
+// that decodes, verifies, has base offset >= minBase and epoch >= minEpoch
+// (the conditions a later frame of this log would meet; they keep frames
+// embedded in record values of older data from raising false alarms).
+func findValidFrame(s *segment, from, size int64, minBase, minEpoch uint64) (int64, bool, error) {
+	const window = scanReadahead
+	buf := make([]byte, window)
+	hdr := make([]byte, FrameHeaderSize)
+	for w := from; w+FrameHeaderSize <= size; {
+		n := min(int64(window), size-w)
+		if _, err := s.f.ReadAt(buf[:n], w); err != nil {
+			return 0, false, err
+		}
+		chunk := buf[:n]
+		for i := 0; ; {
+			j := bytes.Index(chunk[i:], frameMagic[:])
+			if j < 0 {
+				break
+			}
+			q := w + int64(i+j)
+			i += j + 1
+			if q+FrameHeaderSize > size {
+				break
+			}
+			if _, err := s.f.ReadAt(hdr, q); err != nil {
+				return 0, false, err
+			}
+			h, err := DecodeHeader(hdr)
+			if err != nil || h.BaseOffset < minBase || h.Epoch < minEpoch || q+int64(h.FrameLen) > size {
+				continue
+			}
+			fb := make([]byte, h.FrameLen) // ≤ MaxFrameBytes, checked by DecodeHeader
+			if _, err := s.f.ReadAt(fb, q); err != nil {
+				return 0, false, err
+			}
+			if _, err := validateFrame(fb); err == nil {
+				return q, true, nil
+			}
+		}
+		if w+n >= size {
+			break
+		}
+		// Overlap windows by len(magic)-1 so a magic split across two
+		// windows is still found.
+		w += n - int64(len(frameMagic)-1)
+	}
+	return 0, false, nil
+}
+
+// maxEvidenceNames bounds the search for a free evidence file name.
+const maxEvidenceNames = 1000
+
+// copyToEvidence durably copies bytes [from, to) of s to a new file.
+func copyToEvidence(fsys FS, s *segment, from, to int64, path string) error {
+	ef, err := fsys.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, min(to-from, scanReadahead))
+	for off := from; off < to; {
+		n := min(int64(len(buf)), to-off)
+		if _, err := s.f.ReadAt(buf[:n], off); err != nil {
+			ef.Close()
+			return err
+		}
+		if _, err := ef.WriteAt(buf[:n], off-from); err != nil {
+			ef.Close()
+			return err
+		}
+		off += n
+	}
+	if err := ef.Sync(); err != nil {
+		ef.Close()
+		return err
+	}
+	return ef.Close()
+}

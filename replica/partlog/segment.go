@@ -1,0 +1,233 @@
+package partlog
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Segment file layout (docs/storage-format.md §2).
+const (
+	// SegmentHeaderSize is the size of the header at the start of a segment.
+	SegmentHeaderSize = 24
+	segmentVersion    = 1
+	segSuffix         = ".seg"
+	tmpSuffix         = ".tmp"
+	tornInfix         = ".torn-"
+	segNameDigits     = 20
+
+	// scanReadahead is the chunk size of sequential scans (Open, Truncate):
+	// large enough that syscalls are negligible against CRC work.
+	scanReadahead = 1 << 20
+	// headerWalkReadahead is the chunk size when only frame headers are
+	// needed (offset and timestamp lookups within one index interval).
+	headerWalkReadahead = 16 << 10
+)
+
+var segMagic = [4]byte{'C', 'T', 'N', 'S'}
+
+// segmentName is the file name of the segment whose first offset is base.
+func segmentName(base uint64) string {
+	return fmt.Sprintf("%0*d%s", segNameDigits, base, segSuffix)
+}
+
+// parseSegmentName accepts exactly 20 digits + ".seg"; everything else in the
+// directory (tmp files, torn evidence, strangers) is not a segment.
+func parseSegmentName(name string) (uint64, bool) {
+	digits, ok := strings.CutSuffix(name, segSuffix)
+	if !ok || len(digits) != segNameDigits {
+		return 0, false
+	}
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	base, err := strconv.ParseUint(digits, 10, 64)
+	return base, err == nil
+}
+
+func encodeSegmentHeader(base uint64, rolling uint32) []byte {
+	b := make([]byte, SegmentHeaderSize)
+	copy(b, segMagic[:])
+	b[4] = segmentVersion
+	binary.LittleEndian.PutUint64(b[8:], base)
+	binary.LittleEndian.PutUint32(b[16:], rolling)
+	binary.LittleEndian.PutUint32(b[20:], crc32.Checksum(b[:20], castagnoli))
+	return b
+}
+
+func decodeSegmentHeader(b []byte) (base uint64, rolling uint32, err error) {
+	switch {
+	case len(b) < SegmentHeaderSize:
+		return 0, 0, fmt.Errorf("segment header: %d bytes, want %d", len(b), SegmentHeaderSize)
+	case [4]byte(b[:4]) != segMagic:
+		return 0, 0, fmt.Errorf("segment header: bad magic %x", b[:4])
+	case b[4] != segmentVersion:
+		return 0, 0, fmt.Errorf("segment header: version %d, want %d", b[4], segmentVersion)
+	case b[5] != 0 || b[6] != 0 || b[7] != 0:
+		return 0, 0, fmt.Errorf("segment header: reserved bytes not zero")
+	}
+	if c, want := crc32.Checksum(b[:20], castagnoli), binary.LittleEndian.Uint32(b[20:]); c != want {
+		return 0, 0, fmt.Errorf("segment header: crc32c %08x, header says %08x", c, want)
+	}
+	return binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint32(b[16:]), nil
+}
+
+// rollChecksum folds one batch CRC into the rolling checksum:
+// rolling' = crc32c(LE32(rolling) || LE32(batch crc)) (storage-format.md §5).
+// Computed bytewise with the Castagnoli table: an 8-byte buffer passed to
+// crc32.Checksum escapes to the heap, and this runs once per Append.
+func rollChecksum(rolling, batchCRC uint32) uint32 {
+	in := uint64(rolling) | uint64(batchCRC)<<32 // little-endian byte order
+	c := ^uint32(0)
+	for i := 0; i < 8; i++ {
+		c = castagnoli[byte(c)^byte(in>>(8*i))] ^ c>>8
+	}
+	return ^c
+}
+
+// indexEntry marks a frame start. prefixMax is the greatest batch
+// MaxTimestamp from the segment start through the last frame before the next
+// entry: non-decreasing, hence binary-searchable.
+type indexEntry struct {
+	offset    uint64
+	pos       uint32
+	prefixMax int64
+}
+
+// segment is one segment file. Once the segment is published in Log.segs,
+// its fields change only with Log.wmu and Log.mu (exclusive) held, and are
+// read under either.
+type segment struct {
+	path     string
+	f        File
+	base     uint64
+	rollBase uint32 // rolling checksum at base, from the header
+
+	size  int64  // bytes of header + whole published frames
+	end   uint64 // exclusive end offset
+	maxTs int64  // greatest batch MaxTimestamp; math.MinInt64 if empty
+	index []indexEntry
+}
+
+func newSegmentState(path string, f File, base uint64, rolling uint32) *segment {
+	return &segment{path: path, f: f, base: base, rollBase: rolling,
+		size: SegmentHeaderSize, end: base, maxTs: math.MinInt64}
+}
+
+func (s *segment) empty() bool { return s.end == s.base }
+
+// addFrame records a published frame at pos in the in-memory state.
+func (s *segment) addFrame(h BatchHeader, pos int64, interval int64) {
+	n := len(s.index)
+	if n == 0 || pos-int64(s.index[n-1].pos) >= interval {
+		prev := int64(math.MinInt64)
+		if n > 0 {
+			prev = s.index[n-1].prefixMax
+		}
+		s.index = append(s.index, indexEntry{offset: h.BaseOffset, pos: uint32(pos), prefixMax: max(prev, h.MaxTimestamp)})
+	} else {
+		s.index[n-1].prefixMax = max(s.index[n-1].prefixMax, h.MaxTimestamp)
+	}
+	s.size = pos + int64(h.FrameLen)
+	s.end = h.End()
+	s.maxTs = max(s.maxTs, h.MaxTimestamp)
+}
+
+// lookup returns the byte position of the last indexed frame starting at or
+// before offset (the segment header end if none).
+func (s *segment) lookup(offset uint64) int64 {
+	i := sort.Search(len(s.index), func(i int) bool { return s.index[i].offset > offset })
+	if i == 0 {
+		return SegmentHeaderSize
+	}
+	return int64(s.index[i-1].pos)
+}
+
+// segReader reads a segment through a window buffer so that walking many
+// small frames costs one pread per window, not per frame.
+type segReader struct {
+	s      *segment
+	limit  int64 // readable end (published size)
+	reuse  bool  // reuse the buffer: earlier slices become invalid
+	buf    []byte
+	bufPos int64
+}
+
+// errShort means the file ended before limit: it was truncated under us.
+var errShort = errors.New("file shorter than expected")
+
+// at returns bytes [pos, pos+n) of the segment, reading at least ra bytes
+// (clipped to limit) when the window has to move. Without reuse, every
+// returned slice stays valid: a new window is a new allocation.
+func (r *segReader) at(pos, n, ra int64) ([]byte, error) {
+	if pos < 0 || n < 0 || pos+n > r.limit {
+		return nil, fmt.Errorf("%w: want [%d,%d) of %d", errShort, pos, pos+n, r.limit)
+	}
+	if pos >= r.bufPos && pos+n <= r.bufPos+int64(len(r.buf)) {
+		return r.buf[pos-r.bufPos : pos-r.bufPos+n], nil
+	}
+	size := min(max(n, ra), r.limit-pos)
+	if r.reuse && int64(cap(r.buf)) >= size {
+		r.buf = r.buf[:size]
+	} else {
+		r.buf = make([]byte, size)
+	}
+	r.bufPos = pos
+	if m, err := r.s.f.ReadAt(r.buf, pos); int64(m) < size {
+		r.buf = r.buf[:0]
+		if err == nil || errors.Is(err, io.EOF) {
+			err = fmt.Errorf("%w: read %d of %d bytes at %d", errShort, m, size, pos)
+		}
+		return nil, err
+	}
+	return r.buf[:n], nil
+}
+
+// fileSize returns the current size of f.
+func fileSize(f File) (int64, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// createSegment durably creates the segment file for base: header written to
+// a .tmp file and fsynced, renamed into place, directory fsynced. A .seg file
+// therefore always has a whole header (storage-format.md §2.1).
+func createSegment(fsys FS, dir string, base uint64, rolling uint32) (*segment, error) {
+	path := filepath.Join(dir, segmentName(base))
+	tmp := path + tmpSuffix
+	f, err := fsys.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", tmp, err)
+	}
+	fail := func(what string, err error) (*segment, error) {
+		f.Close()
+		return nil, fmt.Errorf("%s %s: %w", what, tmp, err)
+	}
+	if _, err := f.WriteAt(encodeSegmentHeader(base, rolling), 0); err != nil {
+		return fail("write header of", err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail("fsync", err)
+	}
+	if err := fsys.Rename(tmp, path); err != nil {
+		return fail("rename", err)
+	}
+	if err := fsys.SyncDir(dir); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("fsync dir %s after creating %s: %w", dir, path, err)
+	}
+	return newSegmentState(path, f, base, rolling), nil
+}

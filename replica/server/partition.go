@@ -1,0 +1,345 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/chain"
+	"github.com/catena-streams/catena/replica/partlog"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// partition drives one partition replica: it owns the log, feeds the pure
+// chain core with events and carries out the effects the core returns, in
+// the core's order: persist, forward, acknowledge, publish.
+type partition struct {
+	srv    *Server
+	stream string
+	index  uint32
+	dir    string
+	log    *partlog.Log
+	logger logr.Logger
+	m      *partitionMetrics
+
+	syncReq chan struct{} // capacity 1: "something was appended"
+	stop    chan struct{} // closed when the partition shuts down
+	wg      sync.WaitGroup
+
+	mu        sync.Mutex
+	core      *chain.Replica
+	meta      *chainMeta
+	dedup     *dedupTable
+	committed uint64 // mirror of the core's committed offset, for readers
+	fwdEnd    uint64 // what the core has released for forwarding
+	ackUp     uint64 // what the core has released for acknowledging upstream
+	changed   chan struct{}
+	failed    error // non-nil: the partition refuses to serve (corrupt, crash-stopped)
+	linkStop  context.CancelFunc
+	scratch   []byte // frame encoding buffer, reused under mu
+	freshBuf  []partlog.Record
+	freshIdx  []int
+}
+
+type partitionStatus = catenapb.PartitionStatus
+
+// broadcast wakes everyone waiting for a change. Callers hold p.mu.
+func (p *partition) broadcast() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// apply carries out the publishing side of the core's effects. Append
+// effects are handled by the caller, which holds the bytes. Callers hold p.mu.
+func (p *partition) apply(eff chain.Effects) {
+	changed := false
+	for _, r := range eff.Forward {
+		if r.End > p.fwdEnd {
+			p.fwdEnd = r.End
+			changed = true
+		}
+	}
+	if eff.AckUpstream != nil && *eff.AckUpstream > p.ackUp {
+		p.ackUp = *eff.AckUpstream
+		changed = true
+	}
+	if eff.Committed != nil && *eff.Committed > p.committed {
+		p.committed = *eff.Committed
+		p.m.committed.Set(float64(p.committed))
+		changed = true
+	}
+	if changed {
+		p.broadcast()
+	}
+}
+
+func (p *partition) requestSync() {
+	select {
+	case p.syncReq <- struct{}{}:
+	default:
+	}
+}
+
+// syncLoop is the group commit: one fsync covers everything appended since
+// the previous one, however many batches that is. Under interval durability
+// it fsyncs on the interval instead and durability is reported at append.
+func (p *partition) syncLoop(interval time.Duration) {
+	defer p.wg.Done()
+	var tick <-chan time.Time
+	if interval > 0 {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-tick:
+			if err := p.log.Sync(); err != nil {
+				p.crashStop(fmt.Errorf("failed to fsync partition %s/%d: %w", p.stream, p.index, err))
+				return
+			}
+			continue
+		case <-p.syncReq:
+			if interval > 0 {
+				continue
+			}
+		}
+		end := p.log.NextOffset()
+		start := time.Now()
+		if err := p.log.Sync(); err != nil {
+			p.crashStop(fmt.Errorf("failed to fsync partition %s/%d: %w", p.stream, p.index, err))
+			return
+		}
+		p.m.syncSeconds.Observe(time.Since(start).Seconds())
+		p.mu.Lock()
+		p.apply(p.core.Durable(end))
+		p.mu.Unlock()
+	}
+}
+
+// appended is called, holding p.mu, after frames were written to the log.
+func (p *partition) appended() {
+	if p.meta.config.GetDurability() == catenapb.Durability_DURABILITY_INTERVAL {
+		// Written on every member is the durability this stream asked for.
+		p.apply(p.core.Durable(p.log.NextOffset()))
+		return
+	}
+	p.requestSync()
+}
+
+// crashStop handles a write or fsync failure: its outcome is unknown, so the
+// replica must never acknowledge again. The partition stops serving at once
+// and the server's fatal handler (by default: exit) takes the process down.
+func (p *partition) crashStop(err error) {
+	p.mu.Lock()
+	if p.failed == nil {
+		p.failed = err
+		p.broadcast()
+	}
+	p.mu.Unlock()
+	p.srv.fatal(err)
+}
+
+// usable returns an error status when the partition cannot serve. Callers hold p.mu.
+func (p *partition) usable() error {
+	if p.failed != nil {
+		if errors.Is(p.failed, partlog.ErrCorrupt) {
+			return status.Errorf(codes.DataLoss, "partition %s/%d refuses to serve: %v", p.stream, p.index, p.failed)
+		}
+		return status.Errorf(codes.Unavailable, "partition %s/%d is stopped: %v", p.stream, p.index, p.failed)
+	}
+	if p.core == nil || p.meta == nil {
+		return status.Errorf(codes.Unavailable, "partition %s/%d is not configured", p.stream, p.index)
+	}
+	return nil
+}
+
+// maxRecordBytes is the stream's record size limit (key plus value).
+func (p *partition) maxRecordBytes() int {
+	if n := p.meta.config.GetMaxRecordBytes(); n > 0 && int(n) <= partlog.MaxRecordBytes {
+		return int(n)
+	}
+	return partlog.MaxRecordBytes
+}
+
+// Append stores a batch at the head and returns once it is committed.
+func (p *partition) Append(ctx context.Context, req *catenapb.AppendRequest) (*catenapb.AppendResponse, error) {
+	start := time.Now()
+	p.mu.Lock()
+	resp, epoch, waitEnd, err := p.appendLocked(req)
+	if err != nil {
+		p.mu.Unlock()
+		return nil, err
+	}
+	if err := p.waitCommitted(ctx, epoch, waitEnd); err != nil {
+		return nil, err
+	}
+	resp.Committed = p.committed
+	p.mu.Unlock()
+	p.m.commitSeconds.Observe(time.Since(start).Seconds())
+	return resp, nil
+}
+
+// appendLocked validates a batch, drops records already stored (idempotent
+// retries, answered with their original offsets), assigns offsets to the
+// rest and writes them. It returns the response to send once every offset
+// below waitEnd is committed under the returned epoch. Nothing is written
+// unless every record is valid. Callers hold p.mu.
+func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.AppendResponse, epoch, waitEnd uint64, err error) {
+	n := len(req.GetRecords())
+	if n == 0 {
+		return nil, 0, 0, status.Error(codes.InvalidArgument, "append carries no records")
+	}
+	if err := p.usable(); err != nil {
+		return nil, 0, 0, err
+	}
+	limit := p.maxRecordBytes()
+	total := 0
+	for i, r := range req.GetRecords() {
+		sz := len(r.GetKey()) + len(r.GetValue())
+		if sz > limit {
+			return nil, 0, 0, status.Errorf(codes.InvalidArgument, "record %d is %d bytes (key plus value), above the stream's limit of %d bytes; nothing was stored", i, sz, limit)
+		}
+		total += sz
+	}
+	if total > maxAppendBytes {
+		return nil, 0, 0, status.Errorf(codes.InvalidArgument, "append of %d bytes exceeds the %d-byte batch limit; split it", total, maxAppendBytes)
+	}
+	epoch = p.meta.Epoch
+	if req.GetEpoch() != 0 && req.GetEpoch() != epoch {
+		return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "append for epoch %d, but partition %s/%d is at epoch %d", req.GetEpoch(), p.stream, p.index, epoch)
+	}
+	if role := p.core.Status().Role; role != chain.RoleHead && role != chain.RoleSole {
+		return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "replica %s is %s, not head, of partition %s/%d at epoch %d", p.srv.id, role, p.stream, p.index, epoch)
+	}
+
+	resp = &catenapb.AppendResponse{RequestId: req.GetRequestId(), Offsets: make([]uint64, n), Duplicate: make([]bool, n)}
+	fresh := p.freshBuf[:0]
+	freshIdx := p.freshIdx[:0]
+	type producerSeq struct{ producer, seq uint64 }
+	var inRequest map[producerSeq]int // repeats inside one request
+	now := time.Now().UnixMilli()
+	for i, r := range req.GetRecords() {
+		producer, seq := r.GetProducerId(), r.GetSequence()
+		if producer != 0 {
+			off, found, tooOld := p.dedup.lookup(producer, seq)
+			if found {
+				resp.Offsets[i], resp.Duplicate[i] = off, true
+				waitEnd = max(waitEnd, off+1)
+				continue
+			}
+			if tooOld {
+				return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "sequence %d of producer %d is older than the de-duplication window of partition %s/%d; it cannot be told apart from a stored record", seq, producer, p.stream, p.index)
+			}
+			if j, ok := inRequest[producerSeq{producer, seq}]; ok {
+				resp.Duplicate[i] = true
+				resp.Offsets[i] = uint64(j) // an index until offsets are known
+				continue
+			}
+			if inRequest == nil {
+				inRequest = map[producerSeq]int{}
+			}
+			inRequest[producerSeq{producer, seq}] = i
+		}
+		ts := r.GetTimestampMs()
+		if ts == 0 {
+			ts = now
+		}
+		fresh = append(fresh, partlog.Record{TimestampMs: ts, ProducerID: producer, Sequence: seq, Key: r.GetKey(), Value: r.GetValue()})
+		freshIdx = append(freshIdx, i)
+	}
+	// Keep the buffers, not the request's bytes they point to.
+	defer func() { clear(fresh); p.freshBuf, p.freshIdx = fresh[:0], freshIdx[:0] }()
+	if len(fresh) > 0 {
+		base, eff, err := p.core.Propose(uint64(len(fresh)))
+		if err != nil {
+			return nil, 0, 0, coreStatus(err, p)
+		}
+		frame, err := partlog.AppendBatch(p.scratch[:0], epoch, base, fresh)
+		if err != nil {
+			return nil, 0, 0, status.Errorf(codes.InvalidArgument, "failed to encode batch: %v", err)
+		}
+		p.scratch = frame
+		if err := p.log.Append(frame); err != nil {
+			// The offsets were assigned in the core but the write failed with
+			// an unknown outcome: only a crash-stop keeps the chain honest.
+			go p.crashStop(fmt.Errorf("failed to append to partition %s/%d: %w", p.stream, p.index, err))
+			return nil, 0, 0, status.Errorf(codes.Unavailable, "replica %s stopped: append failed", p.srv.id)
+		}
+		for k, idx := range freshIdx {
+			off := base + uint64(k)
+			resp.Offsets[idx] = off
+			p.dedup.add(fresh[k].ProducerID, fresh[k].Sequence, off)
+		}
+		waitEnd = max(waitEnd, base+uint64(len(fresh)))
+		p.m.recordsIn.Add(float64(len(fresh)))
+		p.m.bytesIn.Add(float64(len(frame)))
+		p.m.logEnd.Set(float64(base + uint64(len(fresh))))
+		p.apply(eff)
+		p.appended()
+	}
+	if inRequest != nil {
+		for i, r := range req.GetRecords() {
+			if j, ok := inRequest[producerSeq{r.GetProducerId(), r.GetSequence()}]; ok && j != i && resp.Duplicate[i] {
+				resp.Offsets[i] = resp.Offsets[j]
+			}
+		}
+	}
+	return resp, epoch, waitEnd, nil
+}
+
+// waitCommitted waits, holding p.mu on entry and on a nil return, until
+// offsets below end are committed. It gives up when this replica stops being
+// head under the epoch the append was made in: whether the records survive
+// is then for the new chain to decide, and the producer's idempotent retry
+// finds out.
+func (p *partition) waitCommitted(ctx context.Context, epoch, end uint64) error {
+	for p.committed < end {
+		if err := p.usable(); err != nil {
+			p.mu.Unlock()
+			return err
+		}
+		if p.meta.Epoch != epoch {
+			st := p.core.Status()
+			if st.Role != chain.RoleHead && st.Role != chain.RoleSole {
+				p.mu.Unlock()
+				return status.Errorf(codes.Unavailable, "chain of partition %s/%d was reconfigured (epoch %d to %d) before the write completed; retry", p.stream, p.index, epoch, p.meta.Epoch)
+			}
+		}
+		ch := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-p.stop:
+			return status.Errorf(codes.Unavailable, "replica %s is shutting down", p.srv.id)
+		}
+		p.mu.Lock()
+	}
+	return nil
+}
+
+// maxAppendBytes bounds the records of one Append; ingestion splits larger
+// produce requests. It stays well below partlog.MaxFrameBytes.
+const maxAppendBytes = 8 << 20
+
+// coreStatus maps a chain core error to a gRPC status naming the partition.
+func coreStatus(err error, p *partition) error {
+	code := codes.FailedPrecondition
+	switch {
+	case errors.Is(err, chain.ErrFutureEpoch):
+		code = codes.Unavailable
+	case errors.Is(err, chain.ErrGap), errors.Is(err, chain.ErrBehind):
+		code = codes.OutOfRange
+	}
+	return status.Errorf(code, "partition %s/%d on replica %s: %v", p.stream, p.index, p.srv.id, err)
+}

@@ -1,0 +1,576 @@
+// Package server is the replica process: it hosts partition replicas of
+// many streams, drives each one's chain core (replica/chain) over its
+// partition log (replica/partlog), and serves the Replica gRPC service:
+// chain configuration, appends at the head, the replication link between
+// neighbours, and committed reads.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/chain"
+	"github.com/catena-streams/catena/replica/partlog"
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+// Limits on names, validated on every configuration.
+const (
+	maxNameLen      = 63
+	maxMembers      = 16
+	maxPartitions   = 4096
+	retentionPeriod = 30 * time.Second
+	// defaultSegmentBytes rolls segments at 256 MiB.
+	defaultSegmentBytes = 256 << 20
+	indexIntervalBytes  = 64 << 10
+)
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// Options configure a replica server.
+type Options struct {
+	// ID names this replica in chain memberships. Required.
+	ID string
+	// DataDir holds one folder per hosted partition. Required.
+	DataDir string
+	// TLS for links to other replicas (nil: plaintext).
+	TLS *tls.Config
+	// Logger, default discard.
+	Logger logr.Logger
+	// Registerer for Prometheus metrics (nil: not registered).
+	Registerer prometheus.Registerer
+	// Fatal is called when an fsync or write fails: the outcome is unknown
+	// and the replica must stop rather than acknowledge. Default: exit(70).
+	Fatal func(error)
+}
+
+type partKey struct {
+	stream string
+	index  uint32
+}
+
+// Server hosts partition replicas.
+type Server struct {
+	catenapb.UnimplementedReplicaServer
+
+	id      string
+	dataDir string
+	logger  logr.Logger
+	pool    *transport.Pool
+	metrics *metrics
+	fatalFn func(error)
+
+	mu         sync.Mutex
+	partitions map[partKey]*partition
+	closed     bool
+	stop       chan struct{}
+	wg         sync.WaitGroup
+}
+
+// New opens every partition found under opts.DataDir (recovering its log and
+// reinstalling its last accepted chain configuration) and returns the server.
+func New(opts Options) (*Server, error) {
+	if !nameRE.MatchString(opts.ID) || len(opts.ID) > maxNameLen {
+		return nil, fmt.Errorf("replica id %q must be 1-%d lowercase letters, digits or '-'", opts.ID, maxNameLen)
+	}
+	if opts.DataDir == "" {
+		return nil, errors.New("replica data directory is required")
+	}
+	if err := os.MkdirAll(filepath.Join(opts.DataDir, "streams"), 0o755); err != nil {
+		return nil, fmt.Errorf("failed to create data directory %s: %w", opts.DataDir, err)
+	}
+	s := &Server{
+		id:         opts.ID,
+		dataDir:    opts.DataDir,
+		logger:     opts.Logger,
+		pool:       transport.NewPool(opts.TLS),
+		metrics:    newMetrics(opts.Registerer),
+		fatalFn:    opts.Fatal,
+		partitions: map[partKey]*partition{},
+		stop:       make(chan struct{}),
+	}
+	if s.fatalFn == nil {
+		s.fatalFn = func(err error) {
+			s.logger.Error(err, "Stopping the replica: a write or fsync failed and its outcome is unknown")
+			os.Exit(70)
+		}
+	}
+	if err := s.openExisting(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.wg.Add(1)
+	go s.retentionLoop()
+	return s, nil
+}
+
+// Register adds the Replica service to a gRPC server.
+func (s *Server) Register(g *grpc.Server) { catenapb.RegisterReplicaServer(g, s) }
+
+// ID returns the replica's id.
+func (s *Server) ID() string { return s.id }
+
+func (s *Server) fatal(err error) { s.fatalFn(err) }
+
+func (s *Server) partitionDir(stream string, index uint32) string {
+	return filepath.Join(s.dataDir, "streams", stream, fmt.Sprintf("%05d", index))
+}
+
+// openExisting reopens every partition directory on disk.
+func (s *Server) openExisting() error {
+	streams, err := os.ReadDir(filepath.Join(s.dataDir, "streams"))
+	if err != nil {
+		return fmt.Errorf("failed to list streams in %s: %w", s.dataDir, err)
+	}
+	for _, st := range streams {
+		if !st.IsDir() || !nameRE.MatchString(st.Name()) {
+			continue
+		}
+		parts, err := os.ReadDir(filepath.Join(s.dataDir, "streams", st.Name()))
+		if err != nil {
+			return fmt.Errorf("failed to list partitions of stream %s: %w", st.Name(), err)
+		}
+		for _, pd := range parts {
+			idx, err := strconv.ParseUint(pd.Name(), 10, 32)
+			if !pd.IsDir() || err != nil {
+				continue
+			}
+			if _, err := s.openPartition(st.Name(), uint32(idx), nil); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// openPartition opens (creating when absent) a partition's directory and
+// log. A corrupt log does not fail the server: the partition is kept in the
+// table, refusing to serve and reporting why in Status. Callers hold s.mu or
+// run before the server is shared.
+func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.StreamConfig) (*partition, error) {
+	dir := s.partitionDir(stream, index)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("failed to create partition directory %s: %w", dir, err)
+	}
+	meta, err := readMeta(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	if meta != nil {
+		cfg = meta.config
+	}
+	p := &partition{
+		srv:     s,
+		stream:  stream,
+		index:   index,
+		dir:     dir,
+		logger:  s.logger.WithValues("stream", stream, "partition", index),
+		m:       s.metrics.forPartition(stream, index),
+		syncReq: make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		changed: make(chan struct{}),
+		dedup:   newDedupTable(),
+	}
+	l, err := partlog.Open(logOptions(dir, cfg))
+	if err != nil {
+		if !errors.Is(err, partlog.ErrCorrupt) {
+			return nil, fmt.Errorf("failed to open partition %s/%d: %w", stream, index, err)
+		}
+		p.failed = err
+		p.logger.Error(err, "Partition log is corrupt; refusing to serve it")
+		s.partitions[partKey{stream, index}] = p
+		return p, nil
+	}
+	p.log = l
+	p.core = chain.New(s.id, l.NextOffset())
+	if err := p.rebuildDedup(); err != nil {
+		p.failed = err
+	}
+	if meta != nil {
+		eff, err := p.core.Configure(chain.Config{Epoch: meta.Epoch, Members: meta.memberIDs()})
+		if err != nil {
+			return nil, fmt.Errorf("failed to reinstall chain of partition %s/%d at epoch %d: %w", stream, index, meta.Epoch, err)
+		}
+		p.meta = meta
+		p.apply(eff)
+		p.m.epoch.Set(float64(meta.Epoch))
+		p.startLink()
+	}
+	p.m.logEnd.Set(float64(l.NextOffset()))
+	p.wg.Add(1)
+	go p.syncLoop(syncInterval(cfg))
+	s.partitions[partKey{stream, index}] = p
+	p.logger.Info("Opened partition", "logStart", l.StartOffset(), "logEnd", l.NextOffset(), "epoch", p.core.Status().Epoch)
+	return p, nil
+}
+
+func syncInterval(cfg *catenapb.StreamConfig) time.Duration {
+	if cfg.GetDurability() != catenapb.Durability_DURABILITY_INTERVAL {
+		return 0
+	}
+	return time.Duration(cfg.GetFsyncIntervalMs()) * time.Millisecond
+}
+
+func logOptions(dir string, cfg *catenapb.StreamConfig) partlog.Options {
+	seg := cfg.GetSegmentBytes()
+	if seg <= 0 {
+		seg = defaultSegmentBytes
+	}
+	return partlog.Options{
+		Dir:                dir,
+		SegmentBytes:       seg,
+		IndexIntervalBytes: indexIntervalBytes,
+		RetentionBytes:     cfg.GetRetentionBytes(),
+		RetentionTime:      time.Duration(cfg.GetRetentionMs()) * time.Millisecond,
+	}
+}
+
+// rebuildDedup reloads the idempotence table from the tail of the log.
+func (p *partition) rebuildDedup() error {
+	end := p.log.NextOffset()
+	from := p.log.StartOffset()
+	if end > dedupRebuildRecords && end-dedupRebuildRecords > from {
+		from = end - dedupRebuildRecords
+	}
+	for from < end {
+		frames, err := p.log.ReadFrames(from, end, 4<<20)
+		if err != nil {
+			return fmt.Errorf("failed to rebuild de-duplication table of %s/%d: %w", p.stream, p.index, err)
+		}
+		if len(frames) == 0 {
+			break
+		}
+		for _, fr := range frames {
+			h, recs, err := partlog.DecodeBatch(fr)
+			if err != nil {
+				return fmt.Errorf("failed to rebuild de-duplication table of %s/%d: %w", p.stream, p.index, err)
+			}
+			p.dedup.addBatch(recs)
+			from = h.End()
+		}
+	}
+	return nil
+}
+
+// startLink (re)starts the replication link for the current epoch. Callers
+// hold p.mu or own p exclusively.
+func (p *partition) startLink() {
+	if p.linkStop != nil {
+		p.linkStop()
+		p.linkStop = nil
+	}
+	st := p.core.Status()
+	if st.Successor == "" {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.linkStop = cancel
+	p.wg.Add(1)
+	go p.runLink(ctx, p.meta.Epoch, st.Successor, p.meta.addrOf(st.Successor))
+}
+
+func (s *Server) lookup(stream string, index uint32) (*partition, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.partitions[partKey{stream, index}]
+	if p == nil {
+		return nil, status.Errorf(codes.NotFound, "partition %s/%d is not hosted on replica %s", stream, index, s.id)
+	}
+	return p, nil
+}
+
+// validateConfigure checks a configuration request before anything is stored.
+func validateConfigure(req *catenapb.ConfigureRequest) error {
+	if !nameRE.MatchString(req.GetStream()) || len(req.GetStream()) > maxNameLen {
+		return fmt.Errorf("stream name %q must be 1-%d lowercase letters, digits or '-'", req.GetStream(), maxNameLen)
+	}
+	cfg := req.GetConfig()
+	if cfg == nil {
+		return errors.New("stream config is required")
+	}
+	if cfg.GetPartitions() == 0 || cfg.GetPartitions() > maxPartitions {
+		return fmt.Errorf("stream partitions %d must be between 1 and %d", cfg.GetPartitions(), maxPartitions)
+	}
+	if req.GetPartition() >= cfg.GetPartitions() {
+		return fmt.Errorf("partition %d is out of range for a stream of %d partitions", req.GetPartition(), cfg.GetPartitions())
+	}
+	if req.GetEpoch() == 0 {
+		return errors.New("epoch must be at least 1")
+	}
+	if n := len(req.GetMembers()); n == 0 || n > maxMembers {
+		return fmt.Errorf("a chain needs 1-%d members, got %d", maxMembers, n)
+	}
+	seen := map[string]bool{}
+	for i, m := range req.GetMembers() {
+		if !nameRE.MatchString(m.GetId()) || len(m.GetId()) > maxNameLen {
+			return fmt.Errorf("member %d: id %q must be 1-%d lowercase letters, digits or '-'", i, m.GetId(), maxNameLen)
+		}
+		if m.GetAddr() == "" {
+			return fmt.Errorf("member %d (%s): address is required", i, m.GetId())
+		}
+		if seen[m.GetId()] {
+			return fmt.Errorf("member %q appears twice in the chain", m.GetId())
+		}
+		seen[m.GetId()] = true
+	}
+	switch cfg.GetDurability() {
+	case catenapb.Durability_DURABILITY_UNSPECIFIED, catenapb.Durability_DURABILITY_FSYNC:
+	case catenapb.Durability_DURABILITY_INTERVAL:
+		if cfg.GetFsyncIntervalMs() == 0 || cfg.GetFsyncIntervalMs() > 60000 {
+			return fmt.Errorf("fsync interval %dms must be between 1 and 60000 with interval durability", cfg.GetFsyncIntervalMs())
+		}
+	default:
+		return fmt.Errorf("unknown durability %v", cfg.GetDurability())
+	}
+	if cfg.GetRetentionBytes() < 0 || cfg.GetRetentionMs() < 0 || cfg.GetSegmentBytes() < 0 {
+		return errors.New("retention and segment sizes must not be negative")
+	}
+	if cfg.GetSegmentBytes() != 0 && cfg.GetSegmentBytes() < 1<<20 {
+		return fmt.Errorf("segment size %d is below the 1 MiB minimum", cfg.GetSegmentBytes())
+	}
+	if cfg.GetMaxRecordBytes() > partlog.MaxRecordBytes {
+		return fmt.Errorf("max record size %d exceeds the %d-byte limit", cfg.GetMaxRecordBytes(), partlog.MaxRecordBytes)
+	}
+	return nil
+}
+
+// Configure installs a partition's chain under an epoch.
+func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) (*catenapb.PartitionStatus, error) {
+	if err := validateConfigure(req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "configure %s/%d: %v", req.GetStream(), req.GetPartition(), err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "replica is shutting down")
+	}
+	p := s.partitions[partKey{req.GetStream(), req.GetPartition()}]
+	if p == nil {
+		var err error
+		p, err = s.openPartition(req.GetStream(), req.GetPartition(), req.GetConfig())
+		if err != nil {
+			s.mu.Unlock()
+			return nil, status.Errorf(codes.Internal, "%v", err)
+		}
+	}
+	s.mu.Unlock()
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failed != nil {
+		return nil, p.usable()
+	}
+	meta, err := metaFromRequest(req)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if cur := p.meta; cur != nil {
+		switch {
+		case meta.Epoch < cur.Epoch:
+			return nil, status.Errorf(codes.FailedPrecondition, "configure %s/%d: epoch %d is older than the installed epoch %d", p.stream, p.index, meta.Epoch, cur.Epoch)
+		case meta.Epoch == cur.Epoch && !meta.sameMembers(cur):
+			return nil, status.Errorf(codes.FailedPrecondition, "configure %s/%d: epoch %d is already installed with members %v; a different membership needs a new epoch", p.stream, p.index, meta.Epoch, cur.memberIDs())
+		case meta.Epoch == cur.Epoch:
+			if string(meta.Config) != string(cur.Config) {
+				if err := writeMeta(p.dir, meta); err != nil {
+					return nil, status.Errorf(codes.Internal, "%v", err)
+				}
+				p.meta = meta
+			}
+			return p.statusLocked(), nil
+		}
+	}
+	// Persist before applying: an accepted epoch survives a restart.
+	if err := writeMeta(p.dir, meta); err != nil {
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	eff, err := p.core.Configure(chain.Config{Epoch: meta.Epoch, Members: meta.memberIDs()})
+	if err != nil {
+		return nil, coreStatus(err, p)
+	}
+	p.logger.Info("Installed chain configuration", "epoch", meta.Epoch, "members", meta.memberIDs(), "role", p.core.Status().Role.String())
+	p.meta = meta
+	// Forwarding and acknowledgement marks belong to the old neighbours.
+	p.fwdEnd, p.ackUp = 0, 0
+	p.apply(eff)
+	p.broadcast()
+	p.m.epoch.Set(float64(meta.Epoch))
+	p.startLink()
+	return p.statusLocked(), nil
+}
+
+// statusLocked reports the partition. Callers hold p.mu.
+func (p *partition) statusLocked() *catenapb.PartitionStatus {
+	ps := &catenapb.PartitionStatus{Stream: p.stream, Partition: p.index, ReplicaId: p.srv.id}
+	if p.failed != nil {
+		ps.Error = p.failed.Error()
+	}
+	if p.meta != nil {
+		ps.Members = p.meta.pbMembers()
+		ps.Config = p.meta.config
+	}
+	if p.log != nil {
+		ps.LogStart = p.log.StartOffset()
+		ps.LogEnd = p.log.NextOffset()
+		ps.Checksum = p.log.RollingChecksum()
+	}
+	if p.core != nil {
+		st := p.core.Status()
+		ps.Epoch = st.Epoch
+		ps.Role = catenapb.Role(st.Role)
+		ps.Durable = st.DurableEnd
+		ps.Committed = max(st.Committed, p.committed)
+		ps.SuccessorAck = st.SuccessorAck
+	}
+	return ps
+}
+
+// Status reports hosted partitions.
+func (s *Server) Status(ctx context.Context, req *catenapb.StatusRequest) (*catenapb.StatusResponse, error) {
+	s.mu.Lock()
+	parts := make([]*partition, 0, len(s.partitions))
+	for k, p := range s.partitions {
+		if req.GetStream() != "" && k.stream != req.GetStream() {
+			continue
+		}
+		if req.Partition != nil && k.index != req.GetPartition() {
+			continue
+		}
+		parts = append(parts, p)
+	}
+	s.mu.Unlock()
+	sort.Slice(parts, func(i, j int) bool {
+		if parts[i].stream != parts[j].stream {
+			return parts[i].stream < parts[j].stream
+		}
+		return parts[i].index < parts[j].index
+	})
+	resp := &catenapb.StatusResponse{ReplicaId: s.id}
+	for _, p := range parts {
+		p.mu.Lock()
+		resp.Partitions = append(resp.Partitions, p.statusLocked())
+		p.mu.Unlock()
+	}
+	if req.GetStream() != "" && req.Partition != nil && len(resp.Partitions) == 0 {
+		return nil, status.Errorf(codes.NotFound, "partition %s/%d is not hosted on replica %s", req.GetStream(), req.GetPartition(), s.id)
+	}
+	return resp, nil
+}
+
+// Append stores a batch at the head of a partition's chain.
+func (s *Server) Append(ctx context.Context, req *catenapb.AppendRequest) (*catenapb.AppendResponse, error) {
+	p, err := s.lookup(req.GetStream(), req.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	return p.Append(ctx, req)
+}
+
+// Read serves committed records.
+func (s *Server) Read(ctx context.Context, req *catenapb.FetchRequest) (*catenapb.FetchResponse, error) {
+	p, err := s.lookup(req.GetStream(), req.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	return p.read(ctx, req)
+}
+
+// ListOffsets resolves an offset spec on this member.
+func (s *Server) ListOffsets(ctx context.Context, req *catenapb.ListOffsetsRequest) (*catenapb.ListOffsetsResponse, error) {
+	p, err := s.lookup(req.GetStream(), req.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	return p.listOffsets(req)
+}
+
+func (s *Server) retentionLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(retentionPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		parts := make([]*partition, 0, len(s.partitions))
+		for _, p := range s.partitions {
+			parts = append(parts, p)
+		}
+		s.mu.Unlock()
+		for _, p := range parts {
+			p.enforceRetention()
+		}
+	}
+}
+
+func (p *partition) enforceRetention() {
+	p.mu.Lock()
+	ok := p.failed == nil && p.log != nil
+	p.mu.Unlock()
+	if !ok {
+		return
+	}
+	n, err := p.log.EnforceRetention()
+	if err != nil {
+		p.logger.Error(err, "Retention failed")
+		return
+	}
+	if n > 0 {
+		p.logger.Info("Deleted segments past retention", "segments", n, "logStart", p.log.StartOffset())
+	}
+}
+
+// Close stops every partition and closes its log.
+func (s *Server) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	close(s.stop)
+	parts := make([]*partition, 0, len(s.partitions))
+	for _, p := range s.partitions {
+		parts = append(parts, p)
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	for _, p := range parts {
+		p.close()
+	}
+	s.pool.Close()
+}
+
+func (p *partition) close() {
+	p.mu.Lock()
+	if p.linkStop != nil {
+		p.linkStop()
+	}
+	close(p.stop)
+	p.mu.Unlock()
+	p.wg.Wait()
+	if p.log != nil {
+		if err := p.log.Close(); err != nil {
+			p.logger.Error(err, "Failed to close partition log")
+		}
+	}
+}
