@@ -38,10 +38,12 @@ and serves until interrupted. Data is kept across restarts on the same --data-di
 			spec.Logger = newLogger(verbosity).WithValues("role", "dev")
 			ctx, cancel := signalContext()
 			defer cancel()
+			reg := newRegistry()
+			spec.ServeMetrics = func(addr string) error { return serveMetrics(ctx, addr, reg, spec.Logger) }
 			out := cmd.OutOrStdout()
 			return devcluster.Run(ctx, spec, func(st devcluster.State) {
 				fmt.Fprintf(out, "Catena dev cluster is ready (state in %s/%s)\n", spec.DataDir, devcluster.StateFile)
-				fmt.Fprintf(out, "  ingestion: %s  stream: %s\n", st.Ingest, st.Stream)
+				fmt.Fprintf(out, "  ingestion: %s  stream: %s  metrics http://%s/metrics\n", st.Ingest, st.Stream, st.Metrics)
 				for _, r := range st.Replicas {
 					fmt.Fprintf(out, "  replica %s: %s  pid %d  metrics http://%s/metrics  data %s\n", r.ID, r.Addr, r.PID, r.Metrics, r.DataDir)
 				}

@@ -48,11 +48,15 @@ type Spec struct {
 	// Binary is the catena executable to run replicas with (default: this one).
 	Binary string
 	Logger logr.Logger
+	// ServeMetrics, when set, is called with the address chosen for this
+	// process's own metrics and profiles (ingestion).
+	ServeMetrics func(addr string) error
 }
 
 // State is what dev.json holds.
 type State struct {
 	Ingest   string         `json:"ingest"`
+	Metrics  string         `json:"metrics,omitempty"`
 	Stream   string         `json:"stream"`
 	Replicas []ReplicaState `json:"replicas"`
 }
@@ -159,6 +163,16 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	defer g.Stop()
 
 	st := State{Ingest: ingestLis.Addr().String(), Stream: spec.Stream}
+	if spec.ServeMetrics != nil {
+		var prevMetrics string
+		if prev != nil {
+			prevMetrics = prev.Metrics
+		}
+		st.Metrics = pickAddr(host, prevMetrics, basePort+10)
+		if err := spec.ServeMetrics(st.Metrics); err != nil {
+			return err
+		}
+	}
 	for _, c := range children {
 		st.Replicas = append(st.Replicas, c.ReplicaState)
 	}
