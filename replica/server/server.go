@@ -58,6 +58,9 @@ type Options struct {
 	// Fatal is called when an fsync or write fails: the outcome is unknown
 	// and the replica must stop rather than acknowledge. Default: exit(70).
 	Fatal func(error)
+	// FS is the file system under partition logs (nil: the real one). Tests
+	// inject faults through it.
+	FS partlog.FS
 }
 
 type partKey struct {
@@ -75,6 +78,7 @@ type Server struct {
 	pool    *transport.Pool
 	metrics *metrics
 	fatalFn func(error)
+	fs      partlog.FS
 
 	mu         sync.Mutex
 	partitions map[partKey]*partition
@@ -102,6 +106,7 @@ func New(opts Options) (*Server, error) {
 		pool:       transport.NewPool(opts.TLS),
 		metrics:    newMetrics(opts.Registerer),
 		fatalFn:    opts.Fatal,
+		fs:         opts.FS,
 		partitions: map[partKey]*partition{},
 		stop:       make(chan struct{}),
 	}
@@ -187,7 +192,9 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		changed: make(chan struct{}),
 		dedup:   newDedupTable(),
 	}
-	l, err := partlog.Open(logOptions(dir, cfg))
+	lopts := logOptions(dir, cfg)
+	lopts.FS = s.fs
+	l, err := partlog.Open(lopts)
 	if err != nil {
 		if !errors.Is(err, partlog.ErrCorrupt) {
 			return nil, fmt.Errorf("failed to open partition %s/%d: %w", stream, index, err)

@@ -1,0 +1,121 @@
+package server
+
+import (
+	"testing"
+
+	"github.com/catena-streams/catena/replica/partlog"
+)
+
+func TestDedupTable(t *testing.T) {
+	type step struct {
+		op                 string // "add", "lookup", "truncate"
+		producer, seq, off uint64
+		wantFound, wantOld bool
+		wantOff            uint64
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"unknown producer is new", []step{
+			{op: "lookup", producer: 7, seq: 1},
+		}},
+		{"stored sequence is found with its offset", []step{
+			{op: "add", producer: 7, seq: 1, off: 10},
+			{op: "add", producer: 7, seq: 2, off: 11},
+			{op: "lookup", producer: 7, seq: 1, wantFound: true, wantOff: 10},
+			{op: "lookup", producer: 7, seq: 2, wantFound: true, wantOff: 11},
+			{op: "lookup", producer: 7, seq: 3},
+		}},
+		{"producer zero is never de-duplicated", []step{
+			{op: "add", producer: 0, seq: 1, off: 10},
+			{op: "lookup", producer: 0, seq: 1},
+		}},
+		{"producers are independent", []step{
+			{op: "add", producer: 1, seq: 5, off: 1},
+			{op: "lookup", producer: 2, seq: 5},
+		}},
+		{"re-adding keeps the first offset", []step{
+			{op: "add", producer: 1, seq: 5, off: 1},
+			{op: "add", producer: 1, seq: 5, off: 9},
+			{op: "lookup", producer: 1, seq: 5, wantFound: true, wantOff: 1},
+		}},
+		{"gaps and out-of-order sequences inside the window", []step{
+			{op: "add", producer: 1, seq: 10, off: 0},
+			{op: "add", producer: 1, seq: 4, off: 1},
+			{op: "lookup", producer: 1, seq: 4, wantFound: true, wantOff: 1},
+			{op: "lookup", producer: 1, seq: 5},
+		}},
+		{"truncation forgets records at and past the cut", []step{
+			{op: "add", producer: 1, seq: 1, off: 5},
+			{op: "add", producer: 1, seq: 2, off: 6},
+			{op: "truncate", off: 6},
+			{op: "lookup", producer: 1, seq: 1, wantFound: true, wantOff: 5},
+			{op: "lookup", producer: 1, seq: 2},
+			{op: "add", producer: 1, seq: 2, off: 6},
+			{op: "lookup", producer: 1, seq: 2, wantFound: true, wantOff: 6},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDedupTable()
+			for i, s := range tc.steps {
+				switch s.op {
+				case "add":
+					d.add(s.producer, s.seq, s.off)
+				case "truncate":
+					d.truncate(s.off)
+				case "lookup":
+					off, found, old := d.lookup(s.producer, s.seq)
+					if found != s.wantFound || old != s.wantOld || (found && off != s.wantOff) {
+						t.Fatalf("step %d lookup(%d, %d) = (%d, %v, %v), want (%d, %v, %v)", i, s.producer, s.seq, off, found, old, s.wantOff, s.wantFound, s.wantOld)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestDedupWindowEvictsOldestAndRefusesThem(t *testing.T) {
+	d := newDedupTable()
+	n := uint64(dedupWindowPerProducer + 10)
+	for seq := uint64(1); seq <= n; seq++ {
+		d.add(3, seq, seq*2)
+	}
+	// The 10 oldest are gone and reported as too old to tell apart.
+	for seq := uint64(1); seq <= 10; seq++ {
+		if _, found, old := d.lookup(3, seq); found || !old {
+			t.Fatalf("seq %d: found=%v tooOld=%v, want evicted and too old", seq, found, old)
+		}
+	}
+	for seq := uint64(11); seq <= n; seq++ {
+		if off, found, _ := d.lookup(3, seq); !found || off != seq*2 {
+			t.Fatalf("seq %d: found=%v off=%d, want %d", seq, found, off, seq*2)
+		}
+	}
+}
+
+func TestDedupEvictsLeastRecentProducer(t *testing.T) {
+	d := newDedupTable()
+	for p := uint64(1); p <= dedupMaxProducers; p++ {
+		d.add(p, 1, p) // producer 1 has the lowest offset: least recent
+	}
+	d.add(dedupMaxProducers+1, 1, dedupMaxProducers+1)
+	if _, found, _ := d.lookup(1, 1); found {
+		t.Fatal("least recent producer should have been evicted")
+	}
+	if _, found, _ := d.lookup(2, 1); !found {
+		t.Fatal("producer 2 should still be tracked")
+	}
+	if len(d.producers) != dedupMaxProducers {
+		t.Fatalf("tracking %d producers, want %d", len(d.producers), dedupMaxProducers)
+	}
+}
+
+func TestDedupAddBatch(t *testing.T) {
+	d := newDedupTable()
+	d.addBatch([]partlog.Record{{Offset: 4, ProducerID: 9, Sequence: 1}, {Offset: 5, ProducerID: 9, Sequence: 2}, {Offset: 6}})
+	if off, found, _ := d.lookup(9, 2); !found || off != 5 {
+		t.Fatalf("lookup = %d, %v; want 5, true", off, found)
+	}
+}

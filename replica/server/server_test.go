@@ -1,0 +1,403 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/partlog"
+	"github.com/catena-streams/catena/replica/partlog/faultfs"
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+// node is one in-process replica server on a loopback port.
+type node struct {
+	id    string
+	addr  string
+	srv   *Server
+	g     *grpc.Server
+	fatal chan error
+	fs    *faultfs.FS
+}
+
+func startNode(t *testing.T, id string, fs *faultfs.FS) *node {
+	t.Helper()
+	n := &node{id: id, fatal: make(chan error, 4), fs: fs}
+	opts := Options{ID: id, DataDir: t.TempDir(), Logger: logr.Discard(), Fatal: func(err error) { n.fatal <- err }}
+	if fs != nil {
+		opts.FS = fs
+	}
+	srv, err := New(opts)
+	if err != nil {
+		t.Fatalf("New(%s): %v", id, err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.srv, n.addr = srv, lis.Addr().String()
+	n.g = grpc.NewServer(transport.ServerOptions(nil)...)
+	srv.Register(n.g)
+	go func() { _ = n.g.Serve(lis) }()
+	t.Cleanup(func() {
+		n.g.Stop()
+		srv.Close()
+	})
+	return n
+}
+
+func client(t *testing.T, addr string) catenapb.ReplicaClient {
+	t.Helper()
+	conn, err := transport.Dial(addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return catenapb.NewReplicaClient(conn)
+}
+
+func members(nodes ...*node) []*catenapb.Member {
+	out := make([]*catenapb.Member, len(nodes))
+	for i, n := range nodes {
+		out[i] = &catenapb.Member{Id: n.id, Addr: n.addr}
+	}
+	return out
+}
+
+var testConfig = &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC}
+
+// configure installs the chain on every node, tail first.
+func configure(t *testing.T, epoch uint64, chain ...*node) {
+	t.Helper()
+	req := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: epoch, Members: members(chain...), Config: testConfig}
+	for i := len(chain) - 1; i >= 0; i-- {
+		if _, err := client(t, chain[i].addr).Configure(context.Background(), req); err != nil {
+			t.Fatalf("configure %s: %v", chain[i].id, err)
+		}
+	}
+}
+
+func records(producer, firstSeq uint64, n int) []*catenapb.AppendRecord {
+	out := make([]*catenapb.AppendRecord, n)
+	for i := range out {
+		out[i] = &catenapb.AppendRecord{Key: []byte(fmt.Sprintf("k%d", i%7)), Value: []byte(fmt.Sprintf("v-%d-%d", producer, firstSeq+uint64(i))), ProducerId: producer, Sequence: firstSeq + uint64(i)}
+	}
+	return out
+}
+
+func status0(t *testing.T, n *node) *catenapb.PartitionStatus {
+	t.Helper()
+	p := uint32(0)
+	resp, err := client(t, n.addr).Status(context.Background(), &catenapb.StatusRequest{Stream: "s", Partition: &p})
+	if err != nil {
+		t.Fatalf("status of %s: %v", n.id, err)
+	}
+	return resp.GetPartitions()[0]
+}
+
+// eventually polls f until it returns nil or the deadline passes.
+func eventually(t *testing.T, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %v: %v", timeout, err)
+		}
+		<-time.After(10 * time.Millisecond) // poll interval
+	}
+}
+
+// converged waits until every member holds and has committed the same log.
+func converged(t *testing.T, nodes ...*node) *catenapb.PartitionStatus {
+	t.Helper()
+	var last *catenapb.PartitionStatus
+	eventually(t, 10*time.Second, func() error {
+		first := status0(t, nodes[0])
+		for _, n := range nodes {
+			st := status0(t, n)
+			if st.GetLogEnd() != first.GetLogEnd() || st.GetCommitted() != st.GetLogEnd() || st.GetChecksum() != first.GetChecksum() {
+				return fmt.Errorf("%s: end %d committed %d checksum %08x; %s: end %d checksum %08x", n.id, st.GetLogEnd(), st.GetCommitted(), st.GetChecksum(), nodes[0].id, first.GetLogEnd(), first.GetChecksum())
+			}
+		}
+		last = first
+		return nil
+	})
+	return last
+}
+
+func TestChainOfThreeCommitsInOrderAndMembersAgree(t *testing.T) {
+	a, b, c := startNode(t, "a", nil), startNode(t, "b", nil), startNode(t, "c", nil)
+	configure(t, 1, a, b, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := client(t, a.addr).AppendStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const requests, perRequest = 200, 5
+	go func() {
+		for i := range requests {
+			_ = stream.Send(&catenapb.AppendRequest{Stream: "s", Partition: 0, Epoch: 1, RequestId: uint64(i + 1), Records: records(42, uint64(i*perRequest+1), perRequest)})
+		}
+		_ = stream.CloseSend()
+	}()
+	var next uint64
+	for i := range requests {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		if resp.GetRequestId() != uint64(i+1) || resp.GetErrorCode() != 0 {
+			t.Fatalf("answer %d: id %d code %d %s", i, resp.GetRequestId(), resp.GetErrorCode(), resp.GetErrorMessage())
+		}
+		for k, off := range resp.GetOffsets() {
+			if off != next || resp.GetDuplicate()[k] {
+				t.Fatalf("answer %d record %d: offset %d dup %v, want %d (answers in order, offsets dense)", i, k, off, resp.GetDuplicate()[k], next)
+			}
+			next++
+		}
+		if resp.GetCommitted() < next {
+			t.Fatalf("answered before commit: committed %d, records up to %d", resp.GetCommitted(), next)
+		}
+	}
+	st := converged(t, a, b, c)
+	if st.GetLogEnd() != requests*perRequest {
+		t.Fatalf("log end %d, want %d", st.GetLogEnd(), requests*perRequest)
+	}
+	// Every member serves the same committed records, in order.
+	for _, n := range []*node{a, b, c} {
+		resp, err := client(t, n.addr).Read(ctx, &catenapb.FetchRequest{Stream: "s", Partition: 0, Offset: 0, MaxBytes: 1 << 20})
+		if err != nil {
+			t.Fatalf("read from %s: %v", n.id, err)
+		}
+		if len(resp.GetRecords()) == 0 || resp.GetRecords()[0].GetOffset() != 0 {
+			t.Fatalf("read from %s returned %d records", n.id, len(resp.GetRecords()))
+		}
+		for i, r := range resp.GetRecords() {
+			if want := fmt.Sprintf("v-42-%d", i+1); r.GetOffset() != uint64(i) || string(r.GetValue()) != want {
+				t.Fatalf("%s offset %d: %q, want %q", n.id, r.GetOffset(), r.GetValue(), want)
+			}
+		}
+	}
+}
+
+func TestRetryIsStoredOnceWithOriginalOffsets(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 1, a, b)
+	ctx := context.Background()
+	head := client(t, a.addr)
+	first, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(7, 1, 10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := converged(t, a, b)
+	// The same records again, plus two new ones and a repeat inside the request.
+	retry := append(records(7, 1, 10), records(7, 11, 2)...)
+	retry = append(retry, records(7, 11, 1)...)
+	second, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: retry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if !second.GetDuplicate()[i] || second.GetOffsets()[i] != first.GetOffsets()[i] {
+			t.Fatalf("record %d: dup %v offset %d, want duplicate at %d", i, second.GetDuplicate()[i], second.GetOffsets()[i], first.GetOffsets()[i])
+		}
+	}
+	if second.GetDuplicate()[10] || second.GetOffsets()[10] != before.GetLogEnd() || second.GetOffsets()[11] != before.GetLogEnd()+1 {
+		t.Fatalf("new records: %v %v", second.GetOffsets()[10:], second.GetDuplicate()[10:])
+	}
+	if !second.GetDuplicate()[12] || second.GetOffsets()[12] != second.GetOffsets()[10] {
+		t.Fatalf("repeat inside the request: dup %v offset %d, want duplicate of %d", second.GetDuplicate()[12], second.GetOffsets()[12], second.GetOffsets()[10])
+	}
+	if st := converged(t, a, b); st.GetLogEnd() != before.GetLogEnd()+2 {
+		t.Fatalf("log end %d, want %d: the retry was stored again", st.GetLogEnd(), before.GetLogEnd()+2)
+	}
+}
+
+func TestNewHeadDeduplicatesFromItsOwnLog(t *testing.T) {
+	// Scenario 4: the head dies after forwarding; the producer retries at the
+	// new head, which must recognise the records from the log it holds.
+	a, b, c := startNode(t, "a", nil), startNode(t, "b", nil), startNode(t, "c", nil)
+	configure(t, 1, a, b, c)
+	ctx := context.Background()
+	first, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(9, 1, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	converged(t, a, b, c)
+	configure(t, 2, b, c)
+	again, err := client(t, b.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: records(9, 1, 5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if !again.GetDuplicate()[i] || again.GetOffsets()[i] != first.GetOffsets()[i] {
+			t.Fatalf("record %d at the new head: dup %v offset %d, want the original %d", i, again.GetDuplicate()[i], again.GetOffsets()[i], first.GetOffsets()[i])
+		}
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 2, a, b)
+	ctx := context.Background()
+	head, tail := client(t, a.addr), client(t, b.addr)
+	if _, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: records(1, 1, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	before := converged(t, a, b)
+	big := records(1, 100, 1)
+	big[0].Value = make([]byte, partlog.MaxRecordBytes+1)
+	tests := []struct {
+		name string
+		call func() error
+		code codes.Code
+	}{
+		{"older epoch configuration", func() error {
+			_, err := head.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Members: members(a, b), Config: testConfig})
+			return err
+		}, codes.FailedPrecondition},
+		{"same epoch, other members", func() error {
+			_, err := head.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Epoch: 2, Members: members(b, a), Config: testConfig})
+			return err
+		}, codes.FailedPrecondition},
+		{"duplicate member", func() error {
+			_, err := head.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Epoch: 3, Members: members(a, a), Config: testConfig})
+			return err
+		}, codes.InvalidArgument},
+		{"bad stream name", func() error {
+			_, err := head.Configure(ctx, &catenapb.ConfigureRequest{Stream: "Bad_Name", Epoch: 3, Members: members(a), Config: testConfig})
+			return err
+		}, codes.InvalidArgument},
+		{"append at the tail", func() error {
+			_, err := tail.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: records(1, 50, 1)})
+			return err
+		}, codes.FailedPrecondition},
+		{"append under a stale epoch", func() error {
+			_, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 50, 1)})
+			return err
+		}, codes.FailedPrecondition},
+		{"oversized record", func() error {
+			_, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: append(records(1, 60, 2), big...)})
+			return err
+		}, codes.InvalidArgument},
+		{"unknown partition", func() error {
+			_, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Partition: 9, Epoch: 2, Records: records(1, 50, 1)})
+			return err
+		}, codes.NotFound},
+		{"empty append", func() error {
+			_, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2})
+			return err
+		}, codes.InvalidArgument},
+		{"replication link of a stale epoch", func() error {
+			return replicateOnce(ctx, tail, &catenapb.ReplicateFrame{Epoch: 1, Stream: "s", From: "a", Body: &catenapb.ReplicateFrame_Hello{Hello: &catenapb.LinkHello{}}}, nil)
+		}, codes.FailedPrecondition},
+		{"replication link from a non-neighbour", func() error {
+			return replicateOnce(ctx, tail, &catenapb.ReplicateFrame{Epoch: 2, Stream: "s", From: "x", Body: &catenapb.ReplicateFrame_Hello{Hello: &catenapb.LinkHello{}}}, nil)
+		}, codes.FailedPrecondition},
+		{"malformed frame on the link", func() error {
+			garbage := &catenapb.ReplicateFrame{Epoch: 2, Stream: "s", From: "a", Body: &catenapb.ReplicateFrame_Data{Data: &catenapb.BatchData{Frames: [][]byte{[]byte("definitely not a batch frame, but long enough to have a header of fifty-two bytes")}}}}
+			return replicateOnce(ctx, tail, &catenapb.ReplicateFrame{Epoch: 2, Stream: "s", From: "a", Body: &catenapb.ReplicateFrame_Hello{Hello: &catenapb.LinkHello{}}}, garbage)
+		}, codes.InvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if status.Code(err) != tc.code {
+				t.Fatalf("got %v, want code %v", err, tc.code)
+			}
+			if status.Convert(err).Message() == "" {
+				t.Fatal("error carries no reason")
+			}
+			for _, n := range []*node{a, b} {
+				st := status0(t, n)
+				if st.GetLogEnd() != before.GetLogEnd() || st.GetChecksum() != before.GetChecksum() || st.GetEpoch() != 2 {
+					t.Fatalf("%s changed: end %d checksum %08x epoch %d, before end %d checksum %08x", n.id, st.GetLogEnd(), st.GetChecksum(), st.GetEpoch(), before.GetLogEnd(), before.GetChecksum())
+				}
+			}
+		})
+	}
+}
+
+// replicateOnce opens a replication stream with hello, optionally sends one
+// more frame, and returns the error that ends the stream.
+func replicateOnce(ctx context.Context, c catenapb.ReplicaClient, hello, next *catenapb.ReplicateFrame) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := c.Replicate(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.Send(hello); err != nil {
+		return err
+	}
+	if _, err := s.Recv(); err != nil {
+		return err
+	}
+	if next == nil {
+		return nil
+	}
+	if err := s.Send(next); err != nil {
+		return err
+	}
+	for {
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+	}
+}
+
+func TestFsyncFailureStopsWithoutAcknowledging(t *testing.T) {
+	fs := faultfs.New()
+	a, b := startNode(t, "a", nil), startNode(t, "b", fs)
+	configure(t, 1, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	before := converged(t, a, b)
+	fs.FailSyncs(0, -1, syscall.EIO)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var appendErr error
+	go func() {
+		defer wg.Done()
+		_, appendErr = client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 3, 2)})
+	}()
+	select {
+	case err := <-b.fatal:
+		if !errors.Is(err, partlog.ErrFailed) {
+			t.Fatalf("fatal error %v does not wrap partlog.ErrFailed", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the tail did not crash-stop on a failed fsync")
+	}
+	// The tail never acknowledges: the head's commit stays where it was.
+	if st := status0(t, a); st.GetCommitted() != before.GetCommitted() {
+		t.Fatalf("head committed %d after the tail's fsync failed, want %d", st.GetCommitted(), before.GetCommitted())
+	}
+	if st := status0(t, b); st.GetError() == "" {
+		t.Fatal("the failed tail reports no error in its status")
+	}
+	cancel()
+	wg.Wait()
+	if appendErr == nil {
+		t.Fatal("the append was acknowledged although the tail's fsync failed")
+	}
+}
