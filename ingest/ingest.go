@@ -226,13 +226,16 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 		a := s.appenderFor(req.GetStream(), g.partition)
 		for _, idx := range splitChunks(g.idx, recs) {
 			c := &chunk{recs: make([]*catenapb.AppendRecord, len(idx)), deadline: deadline, done: make(chan struct{})}
+			ars := make([]catenapb.AppendRecord, len(idx)) // one allocation per chunk
 			for k, i := range idx {
 				r := recs[i]
 				ts := r.GetTimestampMs()
 				if ts == 0 {
 					ts = now
 				}
-				c.recs[k] = &catenapb.AppendRecord{Key: r.GetKey(), Value: r.GetValue(), TimestampMs: ts, ProducerId: producer, Sequence: seqs[i]}
+				ar := &ars[k]
+				ar.Key, ar.Value, ar.TimestampMs, ar.ProducerId, ar.Sequence = r.GetKey(), r.GetValue(), ts, producer, seqs[i]
+				c.recs[k] = ar
 				c.bytes += len(r.GetKey()) + len(r.GetValue())
 			}
 			a.enqueue(c)
@@ -243,6 +246,7 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	release()
 
 	results := make([]*catenapb.ProduceResult, len(recs))
+	resultBuf := make([]catenapb.ProduceResult, len(recs))
 	for ci, c := range queued {
 		select {
 		case <-c.done:
@@ -250,7 +254,8 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 		for k, i := range owners[ci] {
-			res := &catenapb.ProduceResult{Partition: partitionOf[i]}
+			res := &resultBuf[i]
+			res.Partition = partitionOf[i]
 			if c.err != nil {
 				st := status.Convert(c.err)
 				res.ErrorCode, res.ErrorMessage = int32(st.Code()), st.Message()

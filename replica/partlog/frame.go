@@ -193,6 +193,21 @@ func DecodeBatch(frame []byte) (BatchHeader, []Record, error) {
 	return h, recs, nil
 }
 
+// DecodeBatchInto is DecodeBatch appending the records to recs, so that a
+// caller on a hot path can reuse one slice across frames.
+func DecodeBatchInto(frame []byte, recs []Record) (BatchHeader, []Record, error) {
+	h, err := checkFrame(frame)
+	if err != nil {
+		return BatchHeader{}, recs, err
+	}
+	n := len(recs)
+	recs = append(recs, make([]Record, h.Count)...)
+	if err := walkRecords(frame, h, recs[n:]); err != nil {
+		return BatchHeader{}, recs[:n], err
+	}
+	return h, recs, nil
+}
+
 // checkFrame decodes the header and verifies length and CRC, without parsing
 // records.
 func checkFrame(frame []byte) (BatchHeader, error) {

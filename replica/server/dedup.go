@@ -1,6 +1,11 @@
 package server
 
-import "github.com/catena-streams/catena/replica/partlog"
+import (
+	"slices"
+	"sort"
+
+	"github.com/catena-streams/catena/replica/partlog"
+)
 
 // Idempotence: every record carries its producer id and sequence in the log
 // (partlog.Record), so every member, not only the head, maintains this table
@@ -9,7 +14,7 @@ import "github.com/catena-streams/catena/replica/partlog"
 // the log (dedupRebuildRecords).
 const (
 	// dedupWindowPerProducer is how many recent sequences per producer and
-	// partition are remembered. Producers keep a handful of requests in
+	// partition are remembered at least (up to twice as many are). Producers keep a handful of requests in
 	// flight, so a retry always falls well inside it.
 	dedupWindowPerProducer = 4096
 	// dedupMaxProducers bounds the table per partition; the producer seen
@@ -19,12 +24,24 @@ const (
 	dedupRebuildRecords = 1 << 20
 )
 
+// producerWindow holds a producer's recent sequences in one partition,
+// sorted by sequence. Producers send increasing sequences, so an add is
+// nearly always an append; the slice is compacted once it holds twice the
+// window, which keeps adds amortised O(1) and lookups a binary search.
 type producerWindow struct {
-	seqs     map[uint64]uint64 // sequence -> offset
-	ring     []uint64          // sequences in insertion order, for eviction
-	next     int
+	entries  []seqEntry
 	minSeq   uint64 // sequences below this were evicted (or never seen)
 	lastSeen uint64 // log offset of the last record, for producer eviction
+}
+
+type seqEntry struct {
+	seq, offset uint64
+}
+
+// find returns the index of seq in w.entries, or where it would go.
+func (w *producerWindow) find(seq uint64) (int, bool) {
+	i := sort.Search(len(w.entries), func(i int) bool { return w.entries[i].seq >= seq })
+	return i, i < len(w.entries) && w.entries[i].seq == seq
 }
 
 type dedupTable struct {
@@ -45,8 +62,8 @@ func (t *dedupTable) lookup(producer, seq uint64) (offset uint64, found, tooOld 
 	if w == nil {
 		return 0, false, false
 	}
-	if off, ok := w.seqs[seq]; ok {
-		return off, true, false
+	if i, ok := w.find(seq); ok {
+		return w.entries[i].offset, true, false
 	}
 	return 0, false, seq < w.minSeq
 }
@@ -61,25 +78,24 @@ func (t *dedupTable) add(producer, seq, offset uint64) {
 		if len(t.producers) >= dedupMaxProducers {
 			t.evictOldest()
 		}
-		w = &producerWindow{seqs: make(map[uint64]uint64, 64), ring: make([]uint64, 0, 64)}
+		w = &producerWindow{entries: make([]seqEntry, 0, 64)}
 		t.producers[producer] = w
 	}
-	if _, dup := w.seqs[seq]; dup {
-		return
-	}
-	if len(w.ring) < dedupWindowPerProducer {
-		w.ring = append(w.ring, seq)
-	} else {
-		old := w.ring[w.next]
-		delete(w.seqs, old)
-		if old+1 > w.minSeq {
-			w.minSeq = old + 1
-		}
-		w.ring[w.next] = seq
-		w.next = (w.next + 1) % dedupWindowPerProducer
-	}
-	w.seqs[seq] = offset
 	w.lastSeen = offset
+	if n := len(w.entries); n == 0 || seq > w.entries[n-1].seq {
+		w.entries = append(w.entries, seqEntry{seq, offset})
+	} else {
+		i, ok := w.find(seq)
+		if ok {
+			return
+		}
+		w.entries = slices.Insert(w.entries, i, seqEntry{seq, offset})
+	}
+	if n := len(w.entries); n > 2*dedupWindowPerProducer {
+		drop := n - dedupWindowPerProducer
+		w.minSeq = max(w.minSeq, w.entries[drop-1].seq+1)
+		w.entries = append(w.entries[:0], w.entries[drop:]...)
+	}
 }
 
 // addBatch records every idempotent record of a decoded batch.
@@ -92,25 +108,10 @@ func (t *dedupTable) addBatch(recs []partlog.Record) {
 // truncate forgets entries at offsets >= end (after a log truncation).
 func (t *dedupTable) truncate(end uint64) {
 	for id, w := range t.producers {
-		for seq, off := range w.seqs {
-			if off >= end {
-				delete(w.seqs, seq)
-			}
-		}
-		if len(w.seqs) == 0 {
+		w.entries = slices.DeleteFunc(w.entries, func(e seqEntry) bool { return e.offset >= end })
+		if len(w.entries) == 0 && w.minSeq == 0 {
 			delete(t.producers, id)
-			continue
 		}
-		// Keep the ring in insertion order, oldest first, without the
-		// forgotten sequences, so later evictions stay exact.
-		kept := make([]uint64, 0, len(w.seqs))
-		for i := range w.ring {
-			seq := w.ring[(w.next+i)%len(w.ring)]
-			if _, ok := w.seqs[seq]; ok {
-				kept = append(kept, seq)
-			}
-		}
-		w.ring, w.next = kept, 0
 	}
 }
 

@@ -78,17 +78,22 @@ func TestDedupTable(t *testing.T) {
 
 func TestDedupWindowEvictsOldestAndRefusesThem(t *testing.T) {
 	d := newDedupTable()
-	n := uint64(dedupWindowPerProducer + 10)
+	// Up to twice the window is kept; one more compacts down to the window.
+	n := uint64(2*dedupWindowPerProducer + 1)
 	for seq := uint64(1); seq <= n; seq++ {
+		if _, found, _ := d.lookup(3, 1); seq <= 2*dedupWindowPerProducer && seq > 1 && !found {
+			t.Fatalf("seq 1 forgotten after only %d adds", seq-1)
+		}
 		d.add(3, seq, seq*2)
 	}
-	// The 10 oldest are gone and reported as too old to tell apart.
-	for seq := uint64(1); seq <= 10; seq++ {
+	evicted := n - dedupWindowPerProducer
+	// The oldest are gone and reported as too old to tell apart.
+	for seq := uint64(1); seq <= evicted; seq++ {
 		if _, found, old := d.lookup(3, seq); found || !old {
 			t.Fatalf("seq %d: found=%v tooOld=%v, want evicted and too old", seq, found, old)
 		}
 	}
-	for seq := uint64(11); seq <= n; seq++ {
+	for seq := evicted + 1; seq <= n; seq++ {
 		if off, found, _ := d.lookup(3, seq); !found || off != seq*2 {
 			t.Fatalf("seq %d: found=%v off=%d, want %d", seq, found, off, seq*2)
 		}

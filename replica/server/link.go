@@ -131,18 +131,25 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 			p.mu.Lock()
 		}
 		fwdEnd, committed, failed := p.fwdEnd, p.committed, p.failed
+		var frames [][]byte
+		if fwdEnd > sent {
+			frames = p.takeRecent(sent, fwdEnd, linkMaxSendBytes)
+		}
 		p.mu.Unlock()
 		if failed != nil {
 			return failed
 		}
 		f := hdr()
 		if fwdEnd > sent {
-			frames, err := p.log.ReadFrames(sent, fwdEnd, linkMaxSendBytes)
-			if err != nil {
-				if errors.Is(err, partlog.ErrCorrupt) {
-					p.markCorrupt(err)
+			if frames == nil {
+				var err error
+				frames, err = p.log.ReadFrames(sent, fwdEnd, linkMaxSendBytes)
+				if err != nil {
+					if errors.Is(err, partlog.ErrCorrupt) {
+						p.markCorrupt(err)
+					}
+					return fmt.Errorf("failed to read frames from %d for %s: %w", sent, succID, err)
 				}
-				return fmt.Errorf("failed to read frames from %d for %s: %w", sent, succID, err)
 			}
 			var bytes int
 			for _, fr := range frames {
@@ -270,7 +277,8 @@ func (p *partition) receive(epoch uint64, from string, f *catenapb.ReplicateFram
 	case *catenapb.ReplicateFrame_Data:
 		wrote := false
 		for _, fr := range body.Data.GetFrames() {
-			h, recs, err := partlog.DecodeBatch(fr)
+			h, recs, err := partlog.DecodeBatchInto(fr, p.recBuf[:0])
+			p.recBuf = recs[:0]
 			if err != nil {
 				return status.Errorf(codes.InvalidArgument, "partition %s/%d: malformed frame from %s: %v", p.stream, p.index, from, err)
 			}
@@ -289,6 +297,8 @@ func (p *partition) receive(epoch uint64, from string, f *catenapb.ReplicateFram
 					return status.Errorf(codes.Unavailable, "replica %s stopped: append failed", p.srv.id)
 				}
 				p.dedup.addBatch(recs)
+				clear(recs) // keep the buffer, not the frame it points into
+				p.remember(h.BaseOffset, h.End(), fr)
 				p.m.recordsIn.Add(float64(h.Count))
 				p.m.bytesIn.Add(float64(len(fr)))
 				wrote = true

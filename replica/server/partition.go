@@ -42,12 +42,68 @@ type partition struct {
 	changed   chan struct{}
 	failed    error // non-nil: the partition refuses to serve (corrupt, crash-stopped)
 	linkStop  context.CancelFunc
-	scratch   []byte // frame encoding buffer, reused under mu
 	freshBuf  []partlog.Record
 	freshIdx  []int
+	recBuf    []partlog.Record // decoded records of a forwarded frame, reused
+	// recent holds frames appended here and not yet sent to the successor,
+	// so the link forwards them from memory rather than reading them back
+	// from the log; it falls back to the log (catch-up, a reset link) when
+	// the frames it needs are not here.
+	recent       []recentFrame
+	recentBytes  int
+	hasSuccessor bool // under the current epoch; set with the link
 }
 
 type partitionStatus = catenapb.PartitionStatus
+
+type recentFrame struct {
+	base, end uint64
+	b         []byte
+}
+
+// recentMaxBytes bounds the frames kept for forwarding from memory.
+const recentMaxBytes = 64 << 20
+
+// remember keeps a frame for the link if this member has a successor.
+// Callers hold p.mu.
+func (p *partition) remember(base, end uint64, frame []byte) {
+	if !p.hasSuccessor {
+		return
+	}
+	p.recent = append(p.recent, recentFrame{base, end, frame})
+	p.recentBytes += len(frame)
+	for p.recentBytes > recentMaxBytes && len(p.recent) > 0 {
+		p.recentBytes -= len(p.recent[0].b)
+		p.recent[0] = recentFrame{}
+		p.recent = p.recent[1:]
+	}
+}
+
+// takeRecent returns remembered frames starting exactly at from and ending
+// at or before end, up to about maxBytes, and forgets frames before from.
+// Callers hold p.mu.
+func (p *partition) takeRecent(from, end uint64, maxBytes int) [][]byte {
+	i := 0
+	for i < len(p.recent) && p.recent[i].end <= from {
+		p.recentBytes -= len(p.recent[i].b)
+		p.recent[i] = recentFrame{}
+		i++
+	}
+	p.recent = p.recent[i:]
+	if len(p.recent) == 0 || p.recent[0].base != from {
+		return nil
+	}
+	var out [][]byte
+	size := 0
+	for _, f := range p.recent {
+		if f.end > end || (len(out) > 0 && size+len(f.b) > maxBytes) {
+			break
+		}
+		out = append(out, f.b)
+		size += len(f.b)
+	}
+	return out
+}
 
 // broadcast wakes everyone waiting for a change. Callers hold p.mu.
 func (p *partition) broadcast() {
@@ -263,11 +319,11 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 		if err != nil {
 			return nil, 0, 0, coreStatus(err, p)
 		}
-		frame, err := partlog.AppendBatch(p.scratch[:0], epoch, base, fresh)
+		// A fresh buffer per frame: the link may forward it from memory.
+		frame, err := partlog.AppendBatch(make([]byte, 0, frameSizeHint(fresh)), epoch, base, fresh)
 		if err != nil {
 			return nil, 0, 0, status.Errorf(codes.InvalidArgument, "failed to encode batch: %v", err)
 		}
-		p.scratch = frame
 		if err := p.log.Append(frame); err != nil {
 			// The offsets were assigned in the core but the write failed with
 			// an unknown outcome: only a crash-stop keeps the chain honest.
@@ -279,6 +335,7 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 			resp.Offsets[idx] = off
 			p.dedup.add(fresh[k].ProducerID, fresh[k].Sequence, off)
 		}
+		p.remember(base, base+uint64(len(fresh)), frame)
 		waitEnd = max(waitEnd, base+uint64(len(fresh)))
 		p.m.recordsIn.Add(float64(len(fresh)))
 		p.m.bytesIn.Add(float64(len(frame)))
@@ -294,6 +351,16 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 		}
 	}
 	return resp, epoch, waitEnd, nil
+}
+
+// frameSizeHint estimates the encoded size of a batch (header plus a
+// generous per-record overhead), so encoding rarely grows the buffer.
+func frameSizeHint(recs []partlog.Record) int {
+	n := partlog.FrameHeaderSize
+	for i := range recs {
+		n += len(recs[i].Key) + len(recs[i].Value) + 48
+	}
+	return n
 }
 
 // waitCommitted waits, holding p.mu on entry and on a nil return, until

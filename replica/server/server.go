@@ -283,6 +283,8 @@ func (p *partition) startLink() {
 		p.linkStop = nil
 	}
 	st := p.core.Status()
+	p.hasSuccessor = st.Successor != ""
+	p.recent, p.recentBytes = nil, 0
 	if st.Successor == "" {
 		return
 	}

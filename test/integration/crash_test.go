@@ -21,12 +21,12 @@ import (
 // appended after the old ones.
 func TestKillNineAllAndRestart(t *testing.T) {
 	const (
-		producers   = 3
-		keys        = 30
-		killAfter   = 4000 // acks received in all before the kill
-		window      = 1500 // unresolved futures per producer
-		partitions  = 4
-		maxPerProdu = 20000
+		producers      = 3
+		keys           = 30
+		killAfter      = 4000 // acks received in all before the kill
+		window         = 1500 // unresolved futures per producer
+		partitions     = 4
+		maxPerProducer = 20000
 	)
 	dataDir := t.TempDir()
 	d := startDev(t, dataDir)
@@ -63,7 +63,7 @@ func TestKillNineAllAndRestart(t *testing.T) {
 					killOnce.Do(func() { close(killed) })
 				}
 			}
-			for i := 0; i < maxPerProdu && sendCtx.Err() == nil; i++ {
+			for i := 0; i < maxPerProducer && sendCtx.Err() == nil; i++ {
 				k := i % keys
 				counters[k]++
 				s := &sent{producer: pi, key: k, counter: counters[k], keyB: keyOf(pi, k), val: valueOf(pi, k, counters[k])}
