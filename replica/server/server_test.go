@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -399,5 +400,138 @@ func TestFsyncFailureStopsWithoutAcknowledging(t *testing.T) {
 	wg.Wait()
 	if appendErr == nil {
 		t.Fatal("the append was acknowledged although the tail's fsync failed")
+	}
+}
+
+func TestIntervalDurabilityCommitsWithoutWaitingForFsync(t *testing.T) {
+	fs := faultfs.New()
+	a := startNode(t, "a", fs)
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_INTERVAL, FsyncIntervalMs: 60000}
+	if _, err := client(t, a.addr).Configure(context.Background(), &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Members: members(a), Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	syncsBefore := fs.Syncs()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetCommitted() != 3 {
+		t.Fatalf("committed %d, want 3", resp.GetCommitted())
+	}
+	if fs.Syncs() != syncsBefore {
+		t.Fatalf("%d fsyncs during an append under interval durability (interval 60s), want none", fs.Syncs()-syncsBefore)
+	}
+}
+
+func TestReadsByOffsetAndTimestamp(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 1, a, b)
+	ctx := context.Background()
+	head := client(t, a.addr)
+	for i := range 5 {
+		recs := records(1, uint64(i*2+1), 2)
+		for _, r := range recs {
+			r.TimestampMs = int64(1000 * (i + 1))
+		}
+		if _, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	converged(t, a, b)
+	tail := client(t, b.addr)
+	for _, tc := range []struct {
+		spec catenapb.OffsetSpec
+		ts   int64
+		want uint64
+	}{
+		{catenapb.OffsetSpec_OFFSET_SPEC_EARLIEST, 0, 0},
+		{catenapb.OffsetSpec_OFFSET_SPEC_LATEST, 0, 10},
+		{catenapb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, 3000, 4},
+		{catenapb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, 2500, 4},
+		{catenapb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, 99999, 10},
+	} {
+		resp, err := tail.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: "s", Spec: tc.spec, TimestampMs: tc.ts})
+		if err != nil || resp.GetOffset() != tc.want {
+			t.Fatalf("ListOffsets(%v, %d) = %d, %v; want %d", tc.spec, tc.ts, resp.GetOffset(), err, tc.want)
+		}
+	}
+	// A read from inside a batch starts at the requested offset.
+	resp, err := tail.Read(ctx, &catenapb.FetchRequest{Stream: "s", Offset: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetRecords()) != 5 || resp.GetRecords()[0].GetOffset() != 5 || resp.GetNextOffset() != 10 {
+		t.Fatalf("read from 5: %d records from %d, next %d", len(resp.GetRecords()), resp.GetRecords()[0].GetOffset(), resp.GetNextOffset())
+	}
+	// A long poll at the end returns when a new record commits.
+	done := make(chan *catenapb.FetchResponse, 1)
+	go func() {
+		r, _ := tail.Read(ctx, &catenapb.FetchRequest{Stream: "s", Offset: 10, MaxWaitMs: 10000})
+		done <- r
+	}()
+	if _, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 100, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if len(r.GetRecords()) != 1 || r.GetRecords()[0].GetOffset() != 10 {
+			t.Fatalf("long poll returned %v", r.GetRecords())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("long poll did not return the new record")
+	}
+}
+
+func TestMetricsAreExported(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	srv, err := New(Options{ID: "m", DataDir: t.TempDir(), Logger: logr.Discard(), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx := context.Background()
+	if _, err := srv.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Epoch: 4, Members: []*catenapb.Member{{Id: "m", Addr: "127.0.0.1:1"}}, Config: testConfig}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 4, Records: records(1, 1, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Read(ctx, &catenapb.FetchRequest{Stream: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.GetCounter() != nil:
+				got[f.GetName()] += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[f.GetName()] += m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				got[f.GetName()] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	for name, want := range map[string]float64{
+		"catena_replica_records_in_total":    3,
+		"catena_replica_records_out_total":   3,
+		"catena_replica_committed_offset":    3,
+		"catena_replica_chain_epoch":         4,
+		"catena_replica_log_end_offset":      3,
+		"catena_replica_commit_seconds":      1,
+		"catena_replica_append_sync_seconds": 1,
+	} {
+		if got[name] < want {
+			t.Errorf("%s = %v, want at least %v", name, got[name], want)
+		}
+	}
+	if got["catena_replica_bytes_in_total"] == 0 || got["catena_replica_bytes_out_total"] == 0 {
+		t.Errorf("byte counters not counting: in %v out %v", got["catena_replica_bytes_in_total"], got["catena_replica_bytes_out_total"])
 	}
 }
