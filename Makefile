@@ -59,7 +59,7 @@ build: ## Build bin/catena and bin/catenactl.
 ##@ Test
 
 .PHONY: test
-test: build lint ## Run unit and integration tests, and a short fuzz run.
+test: build lint verify ## Run unit and integration tests, and a short fuzz run.
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./replica/partlog/
 

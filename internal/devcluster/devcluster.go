@@ -280,6 +280,22 @@ func waitReady(ctx context.Context, pool *transport.Pool, children []*child) err
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	for _, c := range children {
+		// Wait for the port before the first gRPC dial, so that gRPC's
+		// reconnect back-off (a second or more) never delays start-up.
+		for {
+			conn, err := net.DialTimeout("tcp", c.Addr, time.Second)
+			if err == nil {
+				conn.Close()
+				break
+			}
+			select {
+			case <-c.done:
+				return fmt.Errorf("replica %s exited during start-up (see %s.log): %v", c.ID, filepath.Join(filepath.Dir(c.DataDir), c.ID), c.err)
+			case <-ctx.Done():
+				return fmt.Errorf("replica %s at %s did not start listening: %w", c.ID, c.Addr, err)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
 		conn, err := pool.Get(c.Addr)
 		if err != nil {
 			return err
