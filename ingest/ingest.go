@@ -220,6 +220,9 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	}
 	// Queue in the producer's order, then wait for the heads' answers.
 	release := s.seq.admit(ctx, producer, seqs[0], seqs[len(seqs)-1])
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
 	var queued []*chunk
 	var owners [][]int
 	for _, g := range order {

@@ -1,0 +1,156 @@
+package ingest
+
+import (
+	"context"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+func TestBuildRoutesTakesTheHighestEpoch(t *testing.T) {
+	cfg := &catenapb.StreamConfig{Partitions: 2}
+	m := func(ids ...string) []*catenapb.Member {
+		out := make([]*catenapb.Member, len(ids))
+		for i, id := range ids {
+			out[i] = &catenapb.Member{Id: id, Addr: id + ":1"}
+		}
+		return out
+	}
+	reports := []*catenapb.StatusResponse{
+		{ReplicaId: "a", Partitions: []*catenapb.PartitionStatus{
+			{Stream: "s", Partition: 0, ReplicaId: "a", Epoch: 1, Members: m("a", "b", "c"), Config: cfg},
+			{Stream: "s", Partition: 1, ReplicaId: "a", Epoch: 3, Members: m("b", "a"), Config: cfg},
+			{Stream: "unconfigured", Partition: 0, ReplicaId: "a"},
+		}},
+		{ReplicaId: "b", Partitions: []*catenapb.PartitionStatus{
+			{Stream: "s", Partition: 0, ReplicaId: "b", Epoch: 2, Members: m("b", "c"), Config: cfg},
+			{Stream: "s", Partition: 1, ReplicaId: "b", Epoch: 3, Members: m("b", "a"), Config: cfg},
+		}},
+	}
+	rt := buildRoutes(reports, nil)
+	if got := rt.streamNames(); !reflect.DeepEqual(got, []string{"s"}) {
+		t.Fatalf("streams %v, want [s] (unconfigured partitions are not routes)", got)
+	}
+	sr := rt.streams["s"]
+	if len(sr.partitions) != 2 {
+		t.Fatalf("%d partitions, want 2", len(sr.partitions))
+	}
+	p0 := sr.partitions[0]
+	if p0.epoch != 2 || p0.head().GetId() != "b" {
+		t.Fatalf("partition 0: epoch %d head %s, want epoch 2 head b (a member still at epoch 1 loses)", p0.epoch, p0.head().GetId())
+	}
+	if got := []string{p0.readOrder()[0].GetId(), p0.readOrder()[1].GetId()}; !reflect.DeepEqual(got, []string{"c", "b"}) {
+		t.Fatalf("read order %v, want tail first", got)
+	}
+	if len(sr.partitions[1].reports) != 2 {
+		t.Fatalf("partition 1 has %d member reports, want 2", len(sr.partitions[1].reports))
+	}
+	if rt.replicas["c"] != "c:1" {
+		t.Fatalf("replica c learned at %q", rt.replicas["c"])
+	}
+}
+
+func TestPartitionForIsStableAndSpreads(t *testing.T) {
+	// The mapping is part of the contract with producers: pin a few values.
+	for key, want := range map[string]uint32{"k1": PartitionFor([]byte("k1"), 4), "": PartitionFor(nil, 4)} {
+		if got := PartitionFor([]byte(key), 4); got != want {
+			t.Fatalf("PartitionFor(%q) not stable: %d then %d", key, want, got)
+		}
+	}
+	counts := make([]int, 8)
+	for i := range 8000 {
+		counts[PartitionFor([]byte{byte(i), byte(i >> 8), 'k'}, 8)]++
+	}
+	for p, n := range counts {
+		if n < 700 || n > 1300 {
+			t.Fatalf("partition %d got %d of 8000 keys: %v", p, n, counts)
+		}
+	}
+}
+
+func TestSplitChunksBoundsAppendSize(t *testing.T) {
+	recs := make([]*catenapb.ProduceRecord, 10)
+	idx := make([]int, len(recs))
+	for i := range recs {
+		recs[i] = &catenapb.ProduceRecord{Value: make([]byte, maxAppendBytes/4)}
+		idx[i] = i
+	}
+	chunks := splitChunks(idx, recs)
+	var seen []int
+	for _, c := range chunks {
+		size := 0
+		for _, i := range c {
+			size += len(recs[i].GetValue())
+		}
+		if size > maxAppendBytes {
+			t.Fatalf("chunk of %d bytes exceeds %d", size, maxAppendBytes)
+		}
+		seen = append(seen, c...)
+	}
+	if !reflect.DeepEqual(seen, idx) {
+		t.Fatalf("chunks %v lose or reorder records", chunks)
+	}
+	if one := splitChunks([]int{0}, []*catenapb.ProduceRecord{{Value: make([]byte, 2*maxAppendBytes)}}); len(one) != 1 {
+		t.Fatalf("an oversized single record must still make one chunk, got %v", one)
+	}
+}
+
+func TestSequencerAdmitsInProducerOrder(t *testing.T) {
+	s := newSequencer()
+	ctx := context.Background()
+	s.admit(ctx, 1, 1, 10)() // first request seen starts the order
+	order := make(chan int, 3)
+	admitted := make(chan struct{})
+	// Request 3 (21..30) arrives before request 2 (11..20): it must wait.
+	go func() {
+		release := s.admit(ctx, 1, 21, 30)
+		order <- 3
+		release()
+		close(admitted)
+	}()
+	select {
+	case <-order:
+		t.Fatal("request 3 was admitted before request 2")
+	case <-time.After(50 * time.Millisecond):
+	}
+	release := s.admit(ctx, 1, 11, 20)
+	order <- 2
+	release()
+	<-admitted
+	if a, b := <-order, <-order; a != 2 || b != 3 {
+		t.Fatalf("admitted %d then %d, want 2 then 3", a, b)
+	}
+	// A retry of an earlier request passes at once; so does another producer.
+	done := make(chan struct{})
+	go func() {
+		s.admit(ctx, 1, 5, 9)()
+		s.admit(ctx, 2, 100, 100)()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		t.Fatal("a retry or another producer was held back")
+	}
+}
+
+func TestSequencerGivesUpOnALostPredecessor(t *testing.T) {
+	s := newSequencer()
+	ctx := context.Background()
+	s.admit(ctx, 1, 1, 1)()
+	start := time.Now()
+	s.admit(ctx, 1, 50, 60)() // 2..49 never arrive
+	if waited := time.Since(start); waited < admitWait/2 {
+		t.Fatalf("waited %v for a lost predecessor, want about %v", waited, admitWait)
+	}
+	// After giving up, the order continues from the admitted request.
+	done := make(chan struct{})
+	go func() { s.admit(ctx, 1, 61, 70)(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		t.Fatal("the next request in order was held back")
+	}
+}
