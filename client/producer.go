@@ -191,6 +191,10 @@ func (f *Future) Sequence() uint64 { return f.pr.Sequence }
 
 // batch is one Produce request's worth of records.
 type batch struct {
+	// prev is the last sequence of the batch dispatched before this one if
+	// that was still unanswered then (ProduceRequest.prev_sequence).
+	prev    uint64
+	lastSeq uint64 // set by the flusher at dispatch
 	futs    []*Future
 	bytes   int
 	created time.Time
@@ -230,6 +234,8 @@ type Producer struct {
 	kick chan struct{}
 	sem  chan struct{}
 	wg   sync.WaitGroup
+
+	lastSent *batch // owned by the flusher goroutine
 }
 
 // NewProducer starts a producer for stream with a random non-zero
@@ -419,6 +425,18 @@ func (p *Producer) flusher() {
 			p.lastCap = min(n, p.opts.MaxBatchRecords)
 		}
 		p.mu.Unlock()
+		// Requests travel on their own goroutines and may overtake one
+		// another; naming the unanswered predecessor lets ingestion
+		// restore the order.
+		if last := p.lastSent; last != nil {
+			select {
+			case <-last.done:
+			default:
+				b.prev = last.lastSeq
+			}
+		}
+		b.lastSeq = b.futs[len(b.futs)-1].pr.Sequence
+		p.lastSent = b
 		p.wg.Add(1)
 		go p.sendBatch(b)
 	}
@@ -479,7 +497,7 @@ func (p *Producer) sendBatch(b *batch) {
 		p.wg.Done()
 	}()
 	todo := b.futs
-	req := &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, Records: make([]*catenapb.ProduceRecord, len(todo))}
+	req := &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, PrevSequence: b.prev, Records: make([]*catenapb.ProduceRecord, len(todo))}
 	for i, f := range todo {
 		req.Records[i] = &f.pr
 	}
@@ -494,6 +512,7 @@ func (p *Producer) sendBatch(b *batch) {
 		}
 		resp, err := p.c.ingest.Produce(ctx, req)
 		cancel()
+		req.PrevSequence = 0 // a retry waits for no one
 		now := time.Now()
 		if err != nil {
 			if !retryableRPC(status.Code(err)) || p.ctx.Err() != nil {

@@ -287,7 +287,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			s := inflight[0]
 			if code := codes.Code(resp.GetErrorCode()); code != codes.OK {
 				err := status.Error(code, resp.GetErrorMessage())
-				if code != codes.InvalidArgument {
+				if code != codes.InvalidArgument && code != codes.OutOfRange {
 					return inflight, err // the head ends the stream too
 				}
 				for _, c := range s.chunks {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,7 +72,8 @@ type Server struct {
 	// Records produced without a producer id are given this one, so that
 	// ingestion's own retries are idempotent too.
 	ownProducer uint64
-	ownSeq      atomic.Uint64
+	ownMu       sync.Mutex
+	ownSeq      uint64
 	rr          atomic.Uint64
 }
 
@@ -179,10 +181,15 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	producer := req.GetProducerId()
 	seqs := make([]uint64, len(recs))
 	if producer == 0 {
+		// Ingestion's own sequences are drawn and queued under one lock,
+		// so each partition receives them in increasing order.
 		producer = s.ownProducer
-		base := s.ownSeq.Add(uint64(len(recs))) - uint64(len(recs))
+		s.ownMu.Lock()
+		defer s.ownMu.Unlock()
+		base := s.ownSeq
+		s.ownSeq += uint64(len(recs))
 		for i := range seqs {
-			seqs[i] = base + uint64(i)
+			seqs[i] = base + uint64(i) + 1
 		}
 	} else {
 		for i, r := range recs {
@@ -219,7 +226,11 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 		deadline = d
 	}
 	// Queue in the producer's order, then wait for the heads' answers.
-	release := s.seq.admit(ctx, producer, seqs[0], seqs[len(seqs)-1])
+	prev := req.GetPrevSequence()
+	if req.GetProducerId() == 0 {
+		prev = 0 // ingestion's own ids: no producer order to keep
+	}
+	release := s.seq.admit(ctx, producer, prev, slices.Max(seqs))
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}

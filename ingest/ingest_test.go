@@ -100,12 +100,13 @@ func TestSplitChunksBoundsAppendSize(t *testing.T) {
 func TestSequencerAdmitsInProducerOrder(t *testing.T) {
 	s := newSequencer()
 	ctx := context.Background()
-	s.admit(ctx, 1, 1, 10)() // first request seen starts the order
+	s.admit(ctx, 1, 0, 10)() // first request: no predecessor
 	order := make(chan int, 3)
 	admitted := make(chan struct{})
-	// Request 3 (21..30) arrives before request 2 (11..20): it must wait.
+	// Request 3 (21..30, predecessor ends at 20) arrives before request 2
+	// (11..20, predecessor ends at 10): it must wait.
 	go func() {
-		release := s.admit(ctx, 1, 21, 30)
+		release := s.admit(ctx, 1, 20, 30)
 		order <- 3
 		release()
 		close(admitted)
@@ -115,18 +116,18 @@ func TestSequencerAdmitsInProducerOrder(t *testing.T) {
 		t.Fatal("request 3 was admitted before request 2")
 	case <-time.After(50 * time.Millisecond):
 	}
-	release := s.admit(ctx, 1, 11, 20)
+	release := s.admit(ctx, 1, 10, 20)
 	order <- 2
 	release()
 	<-admitted
 	if a, b := <-order, <-order; a != 2 || b != 3 {
 		t.Fatalf("admitted %d then %d, want 2 then 3", a, b)
 	}
-	// A retry of an earlier request passes at once; so does another producer.
+	// A retry (no predecessor named) passes at once; so does another producer.
 	done := make(chan struct{})
 	go func() {
-		s.admit(ctx, 1, 5, 9)()
-		s.admit(ctx, 2, 100, 100)()
+		s.admit(ctx, 1, 0, 9)()
+		s.admit(ctx, 2, 0, 100)()
 		close(done)
 	}()
 	select {
@@ -136,18 +137,38 @@ func TestSequencerAdmitsInProducerOrder(t *testing.T) {
 	}
 }
 
+func TestSequencerFirstRequestsOutOfOrder(t *testing.T) {
+	// A new producer's second request reaching ingestion before its first
+	// (the bug the integration suite caught) must wait for the first.
+	s := newSequencer()
+	ctx := context.Background()
+	second := make(chan struct{})
+	go func() { s.admit(ctx, 7, 5, 9)(); close(second) }()
+	select {
+	case <-second:
+		t.Fatal("the second request was admitted before the first")
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.admit(ctx, 7, 0, 5)()
+	select {
+	case <-second:
+	case <-time.After(time.Second):
+		t.Fatal("the second request was not admitted after the first")
+	}
+}
+
 func TestSequencerGivesUpOnALostPredecessor(t *testing.T) {
 	s := newSequencer()
 	ctx := context.Background()
-	s.admit(ctx, 1, 1, 1)()
+	s.admit(ctx, 1, 0, 1)()
 	start := time.Now()
-	s.admit(ctx, 1, 50, 60)() // 2..49 never arrive
+	s.admit(ctx, 1, 49, 60)() // the request ending at 49 never arrives
 	if waited := time.Since(start); waited < admitWait/2 {
 		t.Fatalf("waited %v for a lost predecessor, want about %v", waited, admitWait)
 	}
 	// After giving up, the order continues from the admitted request.
 	done := make(chan struct{})
-	go func() { s.admit(ctx, 1, 61, 70)(); close(done) }()
+	go func() { s.admit(ctx, 1, 60, 70)(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(time.Second):

@@ -7,12 +7,14 @@ import (
 )
 
 // sequencer admits each producer's requests into the partition queues in
-// sequence order. A producer numbers its records 1, 2, 3... and keeps
+// the producer's order. A producer numbers its records 1, 2, 3... and keeps
 // several requests in flight; gRPC may hand them to handlers in any order,
 // and records of one key must reach their partition in the order they were
-// produced. A request whose first sequence is beyond the next expected one
-// waits (briefly) for its predecessors; retries (sequences already seen)
-// pass at once, and the partition log's de-duplication answers them.
+// produced. Each request names the last sequence of its still-unanswered
+// predecessor (ProduceRequest.prev_sequence); it waits (briefly) until a
+// request holding that sequence has been admitted. Requests naming none
+// (the first, retries, a producer whose previous request was answered)
+// pass at once, and the partition log's de-duplication answers retries.
 type sequencer struct {
 	mu        sync.Mutex
 	producers map[uint64]*producerOrder
@@ -20,7 +22,7 @@ type sequencer struct {
 }
 
 type producerOrder struct {
-	next     uint64 // first sequence not yet admitted
+	next     uint64 // one past the highest sequence admitted
 	changed  chan struct{}
 	lastUsed time.Time
 }
@@ -37,21 +39,21 @@ func newSequencer() *sequencer {
 	return &sequencer{producers: map[uint64]*producerOrder{}}
 }
 
-// admit waits until the request holding sequences [first, last] is next in
-// its producer's order, and returns a func to call once its records are
-// queued. A producer seen for the first time starts its order here.
-func (s *sequencer) admit(ctx context.Context, producer, first, last uint64) func() {
+// admit waits until the request whose predecessor ends at sequence prev
+// (zero: none) may go, and returns a func to call once its records, up to
+// sequence last, are queued.
+func (s *sequencer) admit(ctx context.Context, producer, prev, last uint64) func() {
 	now := time.Now()
 	s.mu.Lock()
 	s.sweep(now)
 	po := s.producers[producer]
 	if po == nil {
-		po = &producerOrder{next: first, changed: make(chan struct{})}
+		po = &producerOrder{changed: make(chan struct{})}
 		s.producers[producer] = po
 	}
 	po.lastUsed = now
 	var timer *time.Timer
-	for first > po.next {
+	for prev != 0 && prev >= po.next {
 		if timer == nil {
 			timer = time.NewTimer(admitWait)
 			defer timer.Stop()
@@ -61,8 +63,9 @@ func (s *sequencer) admit(ctx context.Context, producer, first, last uint64) fun
 		select {
 		case <-ch:
 		case <-timer.C:
+			// The predecessor is lost (its sender gave up); go on.
 			s.mu.Lock()
-			po.next = max(po.next, first)
+			po.next = max(po.next, prev+1)
 			continue
 		case <-ctx.Done():
 			return func() {}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -79,7 +78,7 @@ func (s *Server) receiveAppends(ctx context.Context, stream catenapb.Replica_App
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		if pa.err != nil && status.Code(pa.err) != codes.InvalidArgument {
+		if pa.err != nil && !permanent(pa.err) {
 			return nil // it is answered, then the stream ends
 		}
 	}
@@ -105,7 +104,7 @@ func (s *Server) answerAppends(ctx context.Context, stream catenapb.Replica_Appe
 		if err := stream.Send(pa.resp); err != nil {
 			return err
 		}
-		if pa.err != nil && status.Code(pa.err) != codes.InvalidArgument {
+		if pa.err != nil && !permanent(pa.err) {
 			return nil
 		}
 	}

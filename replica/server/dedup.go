@@ -52,20 +52,28 @@ func newDedupTable() *dedupTable {
 	return &dedupTable{producers: map[uint64]*producerWindow{}}
 }
 
-// lookup returns the offset at which (producer, seq) was stored, and whether
-// the sequence is too old to tell (evicted from the window).
-func (t *dedupTable) lookup(producer, seq uint64) (offset uint64, found, tooOld bool) {
+// lookup returns the offset at which (producer, seq) was stored; whether
+// the sequence is too old to tell (evicted from the window); and whether it
+// is out of order: never stored, but below a sequence that was. A
+// producer's records reach a partition in sequence order (ingestion keeps
+// it), so such a record is a late retry of one that failed, and storing it
+// now would put it after records produced later.
+func (t *dedupTable) lookup(producer, seq uint64) (offset uint64, found, tooOld, outOfOrder bool) {
 	if producer == 0 {
-		return 0, false, false
+		return 0, false, false, false
 	}
 	w := t.producers[producer]
 	if w == nil {
-		return 0, false, false
+		return 0, false, false, false
 	}
-	if i, ok := w.find(seq); ok {
-		return w.entries[i].offset, true, false
+	i, ok := w.find(seq)
+	if ok {
+		return w.entries[i].offset, true, false, false
 	}
-	return 0, false, seq < w.minSeq
+	if seq < w.minSeq {
+		return 0, false, true, false
+	}
+	return 0, false, false, i < len(w.entries)
 }
 
 // add records that (producer, seq) is stored at offset.

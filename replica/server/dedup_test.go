@@ -11,6 +11,7 @@ func TestDedupTable(t *testing.T) {
 		op                 string // "add", "lookup", "truncate"
 		producer, seq, off uint64
 		wantFound, wantOld bool
+		wantOutOfOrder     bool
 		wantOff            uint64
 	}
 	tests := []struct {
@@ -40,11 +41,12 @@ func TestDedupTable(t *testing.T) {
 			{op: "add", producer: 1, seq: 5, off: 9},
 			{op: "lookup", producer: 1, seq: 5, wantFound: true, wantOff: 1},
 		}},
-		{"gaps and out-of-order sequences inside the window", []step{
-			{op: "add", producer: 1, seq: 10, off: 0},
-			{op: "add", producer: 1, seq: 4, off: 1},
-			{op: "lookup", producer: 1, seq: 4, wantFound: true, wantOff: 1},
-			{op: "lookup", producer: 1, seq: 5},
+		{"gaps are fine, a lower unseen sequence is out of order", []step{
+			{op: "add", producer: 1, seq: 4, off: 0},
+			{op: "add", producer: 1, seq: 10, off: 1},
+			{op: "lookup", producer: 1, seq: 4, wantFound: true, wantOff: 0},
+			{op: "lookup", producer: 1, seq: 11},
+			{op: "lookup", producer: 1, seq: 5, wantOutOfOrder: true},
 		}},
 		{"truncation forgets records at and past the cut", []step{
 			{op: "add", producer: 1, seq: 1, off: 5},
@@ -66,9 +68,9 @@ func TestDedupTable(t *testing.T) {
 				case "truncate":
 					d.truncate(s.off)
 				case "lookup":
-					off, found, old := d.lookup(s.producer, s.seq)
-					if found != s.wantFound || old != s.wantOld || (found && off != s.wantOff) {
-						t.Fatalf("step %d lookup(%d, %d) = (%d, %v, %v), want (%d, %v, %v)", i, s.producer, s.seq, off, found, old, s.wantOff, s.wantFound, s.wantOld)
+					off, found, old, ooo := d.lookup(s.producer, s.seq)
+					if found != s.wantFound || old != s.wantOld || ooo != s.wantOutOfOrder || (found && off != s.wantOff) {
+						t.Fatalf("step %d lookup(%d, %d) = (%d, %v, %v, %v), want (%d, %v, %v, %v)", i, s.producer, s.seq, off, found, old, ooo, s.wantOff, s.wantFound, s.wantOld, s.wantOutOfOrder)
 					}
 				}
 			}
@@ -81,7 +83,7 @@ func TestDedupWindowEvictsOldestAndRefusesThem(t *testing.T) {
 	// Up to twice the window is kept; one more compacts down to the window.
 	n := uint64(2*dedupWindowPerProducer + 1)
 	for seq := uint64(1); seq <= n; seq++ {
-		if _, found, _ := d.lookup(3, 1); seq <= 2*dedupWindowPerProducer && seq > 1 && !found {
+		if _, found, _, _ := d.lookup(3, 1); seq <= 2*dedupWindowPerProducer && seq > 1 && !found {
 			t.Fatalf("seq 1 forgotten after only %d adds", seq-1)
 		}
 		d.add(3, seq, seq*2)
@@ -89,12 +91,12 @@ func TestDedupWindowEvictsOldestAndRefusesThem(t *testing.T) {
 	evicted := n - dedupWindowPerProducer
 	// The oldest are gone and reported as too old to tell apart.
 	for seq := uint64(1); seq <= evicted; seq++ {
-		if _, found, old := d.lookup(3, seq); found || !old {
+		if _, found, old, _ := d.lookup(3, seq); found || !old {
 			t.Fatalf("seq %d: found=%v tooOld=%v, want evicted and too old", seq, found, old)
 		}
 	}
 	for seq := evicted + 1; seq <= n; seq++ {
-		if off, found, _ := d.lookup(3, seq); !found || off != seq*2 {
+		if off, found, _, _ := d.lookup(3, seq); !found || off != seq*2 {
 			t.Fatalf("seq %d: found=%v off=%d, want %d", seq, found, off, seq*2)
 		}
 	}
@@ -106,10 +108,10 @@ func TestDedupEvictsLeastRecentProducer(t *testing.T) {
 		d.add(p, 1, p) // producer 1 has the lowest offset: least recent
 	}
 	d.add(dedupMaxProducers+1, 1, dedupMaxProducers+1)
-	if _, found, _ := d.lookup(1, 1); found {
+	if _, found, _, _ := d.lookup(1, 1); found {
 		t.Fatal("least recent producer should have been evicted")
 	}
-	if _, found, _ := d.lookup(2, 1); !found {
+	if _, found, _, _ := d.lookup(2, 1); !found {
 		t.Fatal("producer 2 should still be tracked")
 	}
 	if len(d.producers) != dedupMaxProducers {
@@ -120,7 +122,7 @@ func TestDedupEvictsLeastRecentProducer(t *testing.T) {
 func TestDedupAddBatch(t *testing.T) {
 	d := newDedupTable()
 	d.addBatch([]partlog.Record{{Offset: 4, ProducerID: 9, Sequence: 1}, {Offset: 5, ProducerID: 9, Sequence: 2}, {Offset: 6}})
-	if off, found, _ := d.lookup(9, 2); !found || off != 5 {
+	if off, found, _, _ := d.lookup(9, 2); !found || off != 5 {
 		t.Fatalf("lookup = %d, %v; want 5, true", off, found)
 	}
 }

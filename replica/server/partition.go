@@ -286,14 +286,17 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 	for i, r := range req.GetRecords() {
 		producer, seq := r.GetProducerId(), r.GetSequence()
 		if producer != 0 {
-			off, found, tooOld := p.dedup.lookup(producer, seq)
+			off, found, tooOld, outOfOrder := p.dedup.lookup(producer, seq)
 			if found {
 				resp.Offsets[i], resp.Duplicate[i] = off, true
 				waitEnd = max(waitEnd, off+1)
 				continue
 			}
 			if tooOld {
-				return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "sequence %d of producer %d is older than the de-duplication window of partition %s/%d; it cannot be told apart from a stored record", seq, producer, p.stream, p.index)
+				return nil, 0, 0, status.Errorf(codes.OutOfRange, "sequence %d of producer %d is older than the de-duplication window of partition %s/%d; it cannot be told apart from a stored record; nothing was stored", seq, producer, p.stream, p.index)
+			}
+			if outOfOrder {
+				return nil, 0, 0, status.Errorf(codes.OutOfRange, "sequence %d of producer %d arrived after a later sequence of the same producer was stored in partition %s/%d; storing it would break the producer's order; nothing was stored", seq, producer, p.stream, p.index)
 			}
 			if j, ok := inRequest[producerSeq{producer, seq}]; ok {
 				resp.Duplicate[i] = true
@@ -395,6 +398,18 @@ func (p *partition) waitCommitted(ctx context.Context, epoch, end uint64) error 
 	return nil
 }
 
+// permanent reports whether an append error is final for the records it
+// names (bad input, an out-of-order or too old sequence): a retry would
+// fail the same way. Other errors (not head, another epoch, stopping) are
+// cured by re-learning the chain and retrying.
+func permanent(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.OutOfRange:
+		return true
+	}
+	return false
+}
+
 // maxAppendBytes bounds the records of one Append; ingestion splits larger
 // produce requests. It stays well below partlog.MaxFrameBytes.
 const maxAppendBytes = 8 << 20
@@ -406,7 +421,7 @@ func coreStatus(err error, p *partition) error {
 	case errors.Is(err, chain.ErrFutureEpoch):
 		code = codes.Unavailable
 	case errors.Is(err, chain.ErrGap), errors.Is(err, chain.ErrBehind):
-		code = codes.OutOfRange
+		code = codes.Aborted
 	}
 	return status.Errorf(code, "partition %s/%d on replica %s: %v", p.stream, p.index, p.srv.id, err)
 }

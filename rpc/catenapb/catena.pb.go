@@ -443,8 +443,14 @@ type ProduceRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
 	// Zero disables idempotence.
-	ProducerId    uint64           `protobuf:"varint,2,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
-	Records       []*ProduceRecord `protobuf:"bytes,3,rep,name=records,proto3" json:"records,omitempty"`
+	ProducerId uint64           `protobuf:"varint,2,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Records    []*ProduceRecord `protobuf:"bytes,3,rep,name=records,proto3" json:"records,omitempty"`
+	// The last sequence of this producer's previous request when that
+	// request is still unanswered as this one is sent; zero otherwise (and on
+	// retries). Ingestion admits a request only after its predecessor, so a
+	// producer's records keep their order with several requests in flight,
+	// however gRPC delivers them.
+	PrevSequence  uint64 `protobuf:"varint,4,opt,name=prev_sequence,json=prevSequence,proto3" json:"prev_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -498,6 +504,13 @@ func (x *ProduceRequest) GetRecords() []*ProduceRecord {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *ProduceRequest) GetPrevSequence() uint64 {
+	if x != nil {
+		return x.PrevSequence
+	}
+	return 0
 }
 
 type ProduceResult struct {
@@ -2220,12 +2233,13 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\bsequence\x18\x04 \x01(\x04R\bsequence\x12!\n" +
 	"\tpartition\x18\x05 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
 	"\n" +
-	"_partition\"}\n" +
+	"_partition\"\xa2\x01\n" +
 	"\x0eProduceRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
 	"producerId\x122\n" +
-	"\arecords\x18\x03 \x03(\v2\x18.catena.v1.ProduceRecordR\arecords\"\xa7\x01\n" +
+	"\arecords\x18\x03 \x03(\v2\x18.catena.v1.ProduceRecordR\arecords\x12#\n" +
+	"\rprev_sequence\x18\x04 \x01(\x04R\fprevSequence\"\xa7\x01\n" +
 	"\rProduceResult\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1c\n" +
