@@ -10,6 +10,9 @@ import (
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
+// readAttemptSlack is what a read attempt may take beyond its long-poll.
+const readAttemptSlack = 2 * time.Second
+
 // partitionRoute returns the route of one partition or a clear error.
 func (s *Server) partition(ctx context.Context, stream string, index uint32) (*partitionRoute, error) {
 	sr, err := s.stream(ctx, stream)
@@ -28,7 +31,11 @@ func (s *Server) partition(ctx context.Context, stream string, index uint32) (*p
 
 // readFrom tries the members of a partition's chain, tail first, until one
 // answers. Every member serves committed records only.
-func (s *Server) readFrom(ctx context.Context, stream string, index uint32, call func(catenapb.ReplicaClient) error) error {
+//
+// Each attempt is bounded by the read's own wait plus readAttemptSlack, so
+// a member that hangs (paused, partitioned) costs one attempt, not the
+// caller's whole deadline.
+func (s *Server) readFrom(ctx context.Context, stream string, index uint32, wait time.Duration, call func(context.Context, catenapb.ReplicaClient) error) error {
 	pr, err := s.partition(ctx, stream, index)
 	if err != nil {
 		return err
@@ -40,13 +47,18 @@ func (s *Server) readFrom(ctx context.Context, stream string, index uint32, call
 			last = err
 			continue
 		}
-		err = call(catenapb.NewReplicaClient(conn))
+		actx, cancel := context.WithTimeout(ctx, wait+readAttemptSlack)
+		err = call(actx, catenapb.NewReplicaClient(conn))
+		cancel()
 		if err == nil {
 			return nil
 		}
 		last = err
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
 		switch status.Code(err) {
-		case codes.InvalidArgument, codes.OutOfRange, codes.Canceled, codes.DeadlineExceeded:
+		case codes.InvalidArgument, codes.OutOfRange, codes.Canceled:
 			return err
 		}
 	}
@@ -57,7 +69,8 @@ func (s *Server) readFrom(ctx context.Context, stream string, index uint32, call
 // Fetch reads committed records of one partition.
 func (s *Server) Fetch(ctx context.Context, req *catenapb.FetchRequest) (*catenapb.FetchResponse, error) {
 	var resp *catenapb.FetchResponse
-	err := s.readFrom(ctx, req.GetStream(), req.GetPartition(), func(c catenapb.ReplicaClient) error {
+	wait := time.Duration(req.GetMaxWaitMs()) * time.Millisecond
+	err := s.readFrom(ctx, req.GetStream(), req.GetPartition(), wait, func(ctx context.Context, c catenapb.ReplicaClient) error {
 		var err error
 		resp, err = c.Read(ctx, req)
 		return err
@@ -101,7 +114,7 @@ func (s *Server) Subscribe(req *catenapb.SubscribeRequest, stream catenapb.Inges
 // ListOffsets resolves earliest, latest or a timestamp on a member.
 func (s *Server) ListOffsets(ctx context.Context, req *catenapb.ListOffsetsRequest) (*catenapb.ListOffsetsResponse, error) {
 	var resp *catenapb.ListOffsetsResponse
-	err := s.readFrom(ctx, req.GetStream(), req.GetPartition(), func(c catenapb.ReplicaClient) error {
+	err := s.readFrom(ctx, req.GetStream(), req.GetPartition(), 0, func(ctx context.Context, c catenapb.ReplicaClient) error {
 		var err error
 		resp, err = c.ListOffsets(ctx, req)
 		return err

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -42,7 +43,7 @@ func newIngestCommand() *cobra.Command {
 			g := grpc.NewServer(transport.ServerOptions(tlsConfig)...)
 			srv.Register(g)
 			logger.Info("Ingestion serving", "addr", lis.Addr().String(), "replicas", replicas)
-			return serveGRPC(ctx, lis, g)
+			return serveGRPC(ctx, lis, g, 5*time.Second)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7070", "gRPC listen address")

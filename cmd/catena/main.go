@@ -64,9 +64,10 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
-// serveGRPC listens on addr and serves until ctx ends, then stops
-// gracefully (bounded).
-func serveGRPC(ctx context.Context, lis net.Listener, g *grpc.Server) error {
+// serveGRPC serves until ctx ends, then stops gracefully for at most
+// grace: long-lived streams (replication links, subscriptions) never end on
+// their own, so a bounded grace is the norm, not a failure.
+func serveGRPC(ctx context.Context, lis net.Listener, g *grpc.Server, grace time.Duration) error {
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
 	select {
@@ -78,7 +79,7 @@ func serveGRPC(ctx context.Context, lis net.Listener, g *grpc.Server) error {
 	go func() { g.GracefulStop(); close(stopped) }()
 	select {
 	case <-stopped:
-	case <-time.After(5 * time.Second):
+	case <-time.After(grace):
 		g.Stop()
 	}
 	return nil

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -45,7 +46,7 @@ func newReplicaCommand() *cobra.Command {
 			g := grpc.NewServer(transport.ServerOptions(tlsConfig)...)
 			srv.Register(g)
 			logger.Info("Replica serving", "addr", lis.Addr().String(), "dataDir", dataDir)
-			return serveGRPC(ctx, lis, g)
+			return serveGRPC(ctx, lis, g, time.Second)
 		},
 	}
 	cmd.Flags().StringVar(&id, "id", "", "this replica's id in chain memberships (required)")
