@@ -7,56 +7,66 @@
 // Offsets are exclusive ends throughout: a log whose end is 10 holds
 // offsets 0..9; "committed = 10" means offsets below 10 are committed.
 //
-// The core forwards only what is durable locally, so every member's durable
-// log is a prefix of its predecessor's. It follows that the tail's durable
-// end is the chain's committed offset, and that an acknowledgement flowing
-// back up the chain (min of own durable end and the successor's ack) tells
-// the head exactly what is committed.
+// Forwarding is pipelined: a member forwards what it has written as soon as
+// it has written it, durable or not, and every member fsyncs in parallel, so
+// a write costs one fsync of latency rather than one per member in series.
+// Safety rests on acknowledgements and commit, which still require
+// durability everywhere: an acknowledgement flowing back up the chain (min
+// of own durable end and the successor's ack) vouches for durability here
+// and downstream, so at the head it is the minimum of every member's durable
+// end, which is the committed offset. The head sends it down the chain as a
+// commit notice; that is how every other member learns it.
 //
 // # Protocol
 //
 // A partition's chain under epoch E is an ordered member list, head first.
 // The head (or a sole member) assigns offsets with Propose; every member
-// appends what it is given, and reports back with Durable once its log is
-// durable up to some end. Data moves down the chain and acknowledgements
-// move up it:
+// writes what it is given, forwards it at once, and reports back with
+// Durable once its log is durable up to some end. Data moves down the chain
+// and acknowledgements move up it; commit notices follow the data down:
 //
 //	head --Forward[b,e)+committed--> middle --Forward--> tail
 //	head <------------AckUpstream--- middle <--Ack------ tail
 //	head --CommitNotice------------> middle --Notice---> tail
 //
-// Per member the core keeps logEnd (next offset), durableEnd (the driver's
-// last Durable report), successorAck (the successor's cumulative ack under
-// E), committed, and, while the successor link is up, forwardedEnd and the
-// window of forwarded-but-unacknowledged ranges.
+// Per member the core keeps logEnd (next offset: what the driver has been
+// asked to write), durableEnd (the driver's last Durable report),
+// successorAck (the successor's cumulative ack under E), committed, and,
+// while the successor link is up, forwardedEnd and the window of
+// forwarded-but-unacknowledged ranges.
 //
-//   - Forwarding. A member forwards [forwardedEnd, durableEnd) whenever
-//     durableEnd grows (Durable) or a link comes up (SuccessorLinked, which
-//     sets forwardedEnd to the successor's log end). Never anything that is
-//     not durable here, which is what keeps the durable logs prefix-ordered.
+//   - Forwarding. A member forwards [forwardedEnd, logEnd) whenever logEnd
+//     grows (Propose at the head, Forwarded at a middle: the same Effects
+//     carry Append and Forward, and the driver writes before it sends) or a
+//     link comes up (SuccessorLinked, which sets forwardedEnd to the
+//     successor's log end). Durable forwards nothing. Forwarded records are
+//     written, not necessarily durable, here: each member's written log is
+//     a prefix of its predecessor's, but a successor's durable end may be
+//     ahead of its predecessor's.
 //   - Acknowledging. A member's ack value is durableEnd at the tail and
 //     min(durableEnd, successorAck) elsewhere: everything below it is durable
 //     here and on every member downstream. A middle or tail sends it
-//     upstream (AckUpstream) each time it grows within the epoch.
-//   - Committing. Because everything in a member's log is durable on every
-//     member upstream of it (prefix order), a member's ack value is durable
-//     on every member, i.e. committed. Each member's committed offset is
-//     therefore max(committed, ack value, min(notice, durableEnd)) where
-//     notice is the highest committed offset heard from the predecessor
-//     (CommitNotice, or piggy-backed on Forwarded). It never goes backwards
-//     and never exceeds durableEnd. Committed is emitted each time it grows;
-//     the driver publishes it to readers and sends it downstream as a notice.
-//     Within an epoch a middle learns of a commit from its own ack value
-//     before the head does; notices matter across reconfigurations (a new
-//     successor, a member that starts again from successorAck = 0).
-//   - Guarding the prefix order. A successor can only hold records that
-//     were durable on a predecessor, so a successor whose log end at link
-//     time exceeds the local durable end (ErrBehind), or whose ack does
-//     (ErrAckBeyondEnd), holds records that did not come from this chain, or
-//     that this replica could still lose: it needs repair. The core cannot
-//     check a member's own log: the operator must only add a member whose
-//     log is a prefix of its predecessor's durable log, because on entering
-//     at the tail it counts its durable log committed.
+//     upstream (AckUpstream) each time it grows within the epoch. Nothing
+//     is acknowledged that is not durable here.
+//   - Committing. The head's ack value is durable on every member, i.e.
+//     committed; so is a sole member's durable end. A middle's or tail's
+//     ack value is not: its predecessors may not have made those records
+//     durable yet. A middle or tail therefore commits only what it hears
+//     from its predecessor (CommitNotice, or piggy-backed on Forwarded),
+//     capped at its own durable end. Every member's committed offset is
+//     max(committed, min(notice, durableEnd)), plus the ack value at the
+//     head or sole; it never goes backwards and never exceeds durableEnd.
+//     Committed is emitted each time it grows; the driver publishes it to
+//     readers and sends it downstream as a notice. Everything reported
+//     committed anywhere is durable on every current member.
+//   - Guarding the prefix order. A successor can only hold records that a
+//     predecessor wrote first, so a successor whose log end at link time
+//     exceeds the local log end (ErrBehind), or whose ack does
+//     (ErrAckBeyondEnd), holds records that did not come from this chain
+//     through this replica: it needs repair. Beyond the local durable end
+//     is normal under pipelining and accepted. The core cannot check a
+//     member's own log: the operator must only add a member whose log is a
+//     prefix of its predecessor's log.
 //   - Epochs. Every message carries the sender's epoch. Older epochs are
 //     refused (ErrStaleEpoch), newer ones too (ErrFutureEpoch: the driver
 //     should fetch the newer configuration). Neither changes any state, so
@@ -64,17 +74,25 @@
 //   - Reconfiguration. Configure with a newer epoch resets everything tied
 //     to the old links: the link is down, the window is empty, successorAck
 //     and the last ack sent upstream are zero (an ack vouches for the
-//     downstream membership of the epoch it was sent in). Log, durable end
-//     and committed survive. A member that becomes tail or sole commits what
-//     it holds durably and acks it upstream at once; appends still in flight
-//     are kept and commit when Durable covers them. A new head proposes from
-//     its own log end.
+//     downstream membership of the epoch it was sent in). Log, durable end,
+//     the last notice heard and committed survive. A member that becomes
+//     (or stays) tail acknowledges its durable end upstream at once but
+//     does NOT commit it: a middle that becomes tail may hold records
+//     forwarded before they were durable upstream. Every new predecessor
+//     was upstream of it before, so holds them written; they commit once
+//     durable on every current member, which the head computes from the
+//     acks of the new epoch and notifies down. A member that becomes sole
+//     commits its durable end. Appends still in flight are kept and commit
+//     when Durable covers them. A new head proposes from its own log end.
 //
 // # What the driver must do
 //
-//   - Carry out Effects in order: persist Append, send Forward (with the
-//     current committed offset piggy-backed), send AckUpstream, publish
-//     Committed (and send it downstream as a commit notice).
+//   - Carry out Effects in order: write Append (fsync later and report with
+//     Durable), send Forward (with the current committed offset
+//     piggy-backed; the records were just written, so they can be read
+//     back or forwarded from memory), send AckUpstream, publish Committed
+//     (and send it downstream as a commit notice). Commit notices are not
+//     an optimisation: without them the tail and middles never commit.
 //   - Link handshake. When a member connects to its successor under epoch E,
 //     the successor answers with its log end, its latest ack under E
 //     (Status().AckedUpstream) and the predecessor sends its committed
@@ -89,9 +107,21 @@
 //   - On ErrFutureEpoch, fetch the newer configuration; on ErrBehind,
 //     ErrAckBeyondEnd or ErrSuccessorRegressed, report the successor to the
 //     operator (it needs repair: truncation or a full copy) rather than
-//     retry.
+//     retry, unless this replica is a middle that lost unsynced records in
+//     a crash and is catching up from its predecessor (see below).
 //   - Never report durability from before a truncation (there is no
 //     truncation here yet: repair is a later step).
+//   - Crash recovery. New counts the recovered log durable, which is true,
+//     but a machine crash (not a process crash: written data survives that
+//     in the page cache) loses what was written and not yet synced, and
+//     under pipelining the successor may hold those records. A recovered
+//     middle refills them from its predecessor (its link to its successor
+//     fails with ErrBehind until it has caught up). A recovered head must
+//     not propose under its old epoch before knowing its successor's log
+//     end: it would assign offsets the successor already holds with other
+//     records. The operator must give it a new epoch (and repair the
+//     successor's divergent suffix) or the driver must not serve appends
+//     until a handshake shows the successor is not ahead.
 //
 // The successor's log end at link time is deliberately not treated as an
 // acknowledgement: it says what the successor holds, not that it is durable
@@ -111,7 +141,8 @@ const (
 	RoleHead
 	// RoleMiddle appends what its predecessor forwards and forwards on.
 	RoleMiddle
-	// RoleTail completes writes: its durable end is the committed offset.
+	// RoleTail is the last member: it acknowledges its durable end upstream
+	// and learns the committed offset from its predecessor's notices.
 	RoleTail
 	// RoleSole is head and tail at once (a chain of one).
 	RoleSole
@@ -144,14 +175,17 @@ type Range struct {
 }
 
 // Effects is what the driver must do after an event, in this order:
-// persist Append, then send Forward to the successor, then send AckUpstream
+// write Append (durability is reported later, with Durable), then send
+// Forward to the successor (it may cover the records just written, not yet
+// durable), then send AckUpstream
 // to the predecessor, then publish Committed to readers and to producers
 // waiting on completion (head) and as a commit notice downstream.
 type Effects struct {
 	// Append asks the driver to write these offsets to the local log (the
 	// driver holds the bytes); it reports durability back with Durable.
 	Append *Range
-	// Forward lists ranges to send to the successor, in order.
+	// Forward lists ranges to send to the successor, in order. They are
+	// written here, not necessarily durable.
 	Forward []Range
 	// AckUpstream, when set, is the new cumulative acknowledgement to send
 	// to the predecessor: everything below it is durable here and on every
@@ -170,13 +204,18 @@ var (
 	ErrWrongSender = errors.New("message from a member that is not this replica's neighbour")
 	ErrGap         = errors.New("forwarded range starts beyond the local log end")
 	ErrConflict    = errors.New("configuration conflicts with the one already installed for this epoch")
-	ErrBehind      = errors.New("successor's log end is beyond this replica's durable log end")
+	// ErrBehind: the successor's log end at link time is beyond this
+	// replica's log end (beyond its durable end is normal: forwarding does
+	// not wait for durability).
+	ErrBehind = errors.New("successor's log end is beyond this replica's log end")
 
 	// ErrInvalidConfig: epoch 0, no members, an empty or duplicate member.
 	ErrInvalidConfig = errors.New("invalid chain configuration")
-	// ErrAckBeyondEnd: the successor acknowledged offsets that are not
-	// durable here, so it cannot have had them from this chain.
-	ErrAckBeyondEnd = errors.New("acknowledgement beyond this replica's durable end")
+	// ErrAckBeyondEnd: the successor acknowledged offsets that were never
+	// written here, so it cannot have had them from this chain. (Offsets
+	// written but not yet durable here may be acknowledged: the successor
+	// may sync first.)
+	ErrAckBeyondEnd = errors.New("acknowledgement beyond this replica's log end")
 	// ErrNoSuccessor: SuccessorLinked on a tail or sole member.
 	ErrNoSuccessor = errors.New("replica has no successor under the current epoch")
 	// ErrSuccessorRegressed: the successor's log end at link time is below

@@ -66,6 +66,9 @@ type cluster struct {
 	// proposed counts records proposed per node, to give each record a
 	// globally unique id ("a7" is a's eighth record).
 	proposed map[string]int
+	// fwdBeforeDurable counts Forward ranges that reached beyond the
+	// sender's durable end: evidence that forwarding is pipelined.
+	fwdBeforeDurable int
 }
 
 func newCluster(tb fataler) *cluster {
@@ -91,7 +94,7 @@ func (c *cluster) node(name string) *simNode {
 	return n
 }
 
-// apply carries out eff for node name as a driver would: persist Append
+// apply carries out eff for node name as a driver would: write Append
 // (recs supplies the records of a range), queue Forward, AckUpstream and
 // the commit notice. Harness-level inconsistencies (the core asking for
 // something no correct driver could do) fail the test.
@@ -108,8 +111,13 @@ func (c *cluster) apply(name string, eff Effects, recs func(Range) []string) {
 		}
 	}
 	for _, f := range eff.Forward {
-		if f.End > st.DurableEnd || f.Base >= f.End {
-			c.tb.Fatalf("%s: forwards %v, durable end %d", name, f, st.DurableEnd)
+		// Forwarding is pipelined: what is written may be forwarded before
+		// it is durable, but never what is not written.
+		if f.End > st.LogEnd || f.End > uint64(len(n.log)) || f.Base >= f.End {
+			c.tb.Fatalf("%s: forwards %v, log end %d (driver holds %d)", name, f, st.LogEnd, len(n.log))
+		}
+		if f.End > st.DurableEnd {
+			c.fwdBeforeDurable++
 		}
 		c.net = append(c.net, message{kind: msgForward, from: name, to: st.Successor, epoch: st.Epoch,
 			base: f.Base, recs: slices.Clone(n.log[f.Base:f.End]), value: st.Committed})

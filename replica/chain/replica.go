@@ -17,14 +17,16 @@ type Replica struct {
 	predecessor string
 	successor   string
 
-	// Local log. logEnd >= durableEnd; both only grow.
+	// Local log. logEnd >= durableEnd; both only grow. logEnd is what the
+	// driver has been asked to write (and is forwarded at once); durableEnd
+	// is what it has reported durable.
 	logEnd     uint64
 	durableEnd uint64
 
 	// Successor link, reset by every new epoch. While linked, everything
 	// below forwardedEnd has been sent (or was already held by the
 	// successor at link time); inFlight is what was sent on this link and
-	// not yet acknowledged.
+	// not yet acknowledged. Forwarding follows logEnd, not durableEnd.
 	linked       bool
 	forwardedEnd uint64
 	inFlight     []Range
@@ -37,7 +39,10 @@ type Replica struct {
 
 	// noticed is the highest committed offset heard from a predecessor. A
 	// committed offset stays committed whatever the epoch, so it survives
-	// reconfiguration; it is applied only up to durableEnd.
+	// reconfiguration; it is applied only up to durableEnd. It is the only
+	// way a middle or tail learns what is committed: its own ack value
+	// says nothing about the members upstream, which may not have made
+	// those records durable yet.
 	noticed uint64
 	// committed only grows, independently of successorAck resets.
 	committed uint64
@@ -56,9 +61,14 @@ func New(self string, logEnd uint64) *Replica {
 // empty or repeated member name is ErrInvalidConfig. On a new epoch the
 // forwarding window is reset: nothing is forwarded until SuccessorLinked
 // reports the successor's log end, and successorAck starts again from 0 (the
-// committed offset does not move back). A replica that becomes tail (or
-// sole) commits what it holds durably, so Effects may carry Committed and
-// AckUpstream. A replica not in cfg.Members gets RoleNone.
+// committed offset does not move back). A replica that becomes (or stays)
+// tail acknowledges its durable end upstream at once (AckUpstream), but does
+// not commit it: records it holds may not be durable on its predecessors,
+// and it learns what is committed from the new head's notices. A replica
+// that becomes sole commits its durable end (Committed). A commit notice
+// heard under an earlier epoch may also take effect (it is capped at the
+// durable end, which may have grown since). A replica not in cfg.Members
+// gets RoleNone.
 func (r *Replica) Configure(cfg Config) (Effects, error) {
 	if err := validateConfig(cfg); err != nil {
 		return Effects{}, err
@@ -130,8 +140,10 @@ func validateConfig(cfg Config) error {
 // head (or sole). It returns ErrNotHead at a middle or tail, and an error
 // matching both ErrNotMember and ErrNotHead at a non-member (so a driver
 // that only knows "redirect to the head" handles both). Effects.Append asks
-// the driver to persist them. Proposing zero records is a no-op that
-// returns the log end.
+// the driver to write them; if the successor link is up, Effects.Forward
+// sends them on at once, before they are durable here (the driver writes
+// first, then forwards, and reports durability later with Durable).
+// Proposing zero records is a no-op that returns the log end.
 func (r *Replica) Propose(count uint64) (base uint64, eff Effects, err error) {
 	switch r.role {
 	case RoleHead, RoleSole:
@@ -149,12 +161,17 @@ func (r *Replica) Propose(count uint64) (base uint64, eff Effects, err error) {
 		return base, Effects{}, nil
 	}
 	r.logEnd = end
-	return base, Effects{Append: &Range{Base: base, End: end}}, nil
+	eff = Effects{Append: &Range{Base: base, End: end}}
+	r.advance(&eff)
+	return base, eff, nil
 }
 
 // Durable reports that the local log is durable up to end (cumulative,
-// monotonic; smaller or repeated values are ignored). Newly durable ranges
-// are forwarded (if linked); at the tail or sole they commit. A report
+// monotonic; smaller or repeated values are ignored). Nothing is forwarded
+// here (records were forwarded when they were appended). A middle or tail
+// may acknowledge more upstream; the head may commit more (up to its
+// successor's ack), a sole member commits up to end, and a middle or tail
+// may apply a commit notice it could not apply in full before. A report
 // beyond the log end is clamped to it: durability up to end implies it up
 // to the log end, and nothing beyond the log end was asked for. (The driver
 // must not deliver a durability report that predates a truncation.)
@@ -173,7 +190,9 @@ func (r *Replica) Durable(end uint64) Effects {
 // from under epoch, with the predecessor's committed offset piggy-backed.
 // Duplicates (entirely below the local log end) append nothing; a range that
 // starts beyond the log end returns ErrGap (the link must resynchronise); a
-// range that overlaps the end appends only the new suffix. The piggy-backed
+// range that overlaps the end appends only the new suffix. What is appended
+// is also forwarded at once if the successor link is up (Effects.Append and
+// Effects.Forward together: write, then send). The piggy-backed
 // committed offset is applied even on a duplicate (it is monotone and
 // capped at durableEnd), so a duplicate can still yield Committed.
 func (r *Replica) Forwarded(epoch uint64, from string, base, count, committed uint64) (Effects, error) {
@@ -201,12 +220,15 @@ func (r *Replica) Forwarded(epoch uint64, from string, base, count, committed ui
 }
 
 // Acked handles a cumulative acknowledgement from the successor. Old or
-// duplicate acks are ignored. An ack beyond the local durable end is
-// ErrAckBeyondEnd: the successor cannot hold durably what was never
-// durable here (see SuccessorLinked). Acks are accepted whether or not the link is up: they
-// are facts about the successor under the current epoch. At the head, this
-// advances the committed offset; at a middle, it may also produce
-// AckUpstream and Committed.
+// duplicate acks are ignored. An ack beyond the local log end is
+// ErrAckBeyondEnd: the successor cannot hold what was never written here
+// (see SuccessorLinked). An ack beyond the local durable end is normal:
+// forwarding does not wait for durability, so the successor may have made
+// durable what is still being written here. Acks are accepted whether or
+// not the link is up: they are facts about the successor under the current
+// epoch. At the head, this advances the committed offset (up to the local
+// durable end); at a middle, it may produce AckUpstream (never Committed:
+// a middle learns commits from notices).
 func (r *Replica) Acked(epoch uint64, from string, ackEnd uint64) (Effects, error) {
 	if err := r.checkMessage("ack", epoch); err != nil {
 		return Effects{}, err
@@ -214,8 +236,8 @@ func (r *Replica) Acked(epoch uint64, from string, ackEnd uint64) (Effects, erro
 	if err := r.checkFrom("ack", from, r.successor, "successor"); err != nil {
 		return Effects{}, err
 	}
-	if ackEnd > r.durableEnd {
-		return Effects{}, fmt.Errorf("%w: ack %d from %q, durable end %d", ErrAckBeyondEnd, ackEnd, from, r.durableEnd)
+	if ackEnd > r.logEnd {
+		return Effects{}, fmt.Errorf("%w: ack %d from %q, log end %d", ErrAckBeyondEnd, ackEnd, from, r.logEnd)
 	}
 	if ackEnd <= r.successorAck {
 		return Effects{}, nil
@@ -245,16 +267,19 @@ func (r *Replica) CommitNotice(epoch uint64, from string, committed uint64) (Eff
 }
 
 // SuccessorLinked reports that a link to the successor under epoch is up
-// and the successor's log ends at succEnd. Everything durable here from
-// succEnd on is forwarded, and later Durable reports forward from there.
+// and the successor's log ends at succEnd. Everything written here from
+// succEnd on is forwarded at once (durable or not), and later appends are
+// forwarded as they are made.
 //
-// succEnd beyond the local durable end is ErrBehind. (The stub said "beyond
-// the log end"; that is too weak. A successor only ever receives records
-// that were durable on a predecessor, and every earlier predecessor's
-// records reached this one's durable log first, so a correct successor
-// never holds more than this replica's durable end. One that does holds
-// records this replica could still lose in a crash, and as tail it would
-// already count them committed: it needs repair.) succEnd below what the
+// succEnd beyond the local log end is ErrBehind. Beyond the durable end is
+// fine: forwarding does not wait for durability, so the successor may hold,
+// and even have made durable, records still being written here. But a
+// successor only ever receives records this replica wrote first (every
+// predecessor's records reached this one's log before they were forwarded
+// on), so one that holds more than this replica's log end has records that
+// did not come from this chain through this replica: it needs repair. (A
+// replica that lost unsynced records in a machine crash is the one that
+// needs repair then; see the package doc.) succEnd below what the
 // successor already acknowledged under this epoch is ErrSuccessorRegressed;
 // a tail or sole member has no successor (ErrNoSuccessor). succEnd is not
 // an acknowledgement (see the package doc); the handshake's ack goes
@@ -266,8 +291,8 @@ func (r *Replica) SuccessorLinked(epoch uint64, succEnd uint64) (Effects, error)
 	if r.successor == "" {
 		return Effects{}, fmt.Errorf("%w: %q is %v under epoch %d", ErrNoSuccessor, r.self, r.role, r.epoch)
 	}
-	if succEnd > r.durableEnd {
-		return Effects{}, fmt.Errorf("%w: successor %q log end %d, local durable end %d", ErrBehind, r.successor, succEnd, r.durableEnd)
+	if succEnd > r.logEnd {
+		return Effects{}, fmt.Errorf("%w: successor %q log end %d, local log end %d", ErrBehind, r.successor, succEnd, r.logEnd)
 	}
 	if succEnd < r.successorAck {
 		return Effects{}, fmt.Errorf("%w: successor %q log end %d, acknowledged %d", ErrSuccessorRegressed, r.successor, succEnd, r.successorAck)
@@ -329,7 +354,9 @@ func (r *Replica) trimInFlight() {
 }
 
 // ackValue is the offset below which everything is durable here and on
-// every member downstream (0 for a non-member).
+// every member downstream (0 for a non-member). It says nothing about the
+// members upstream, so except at the head (which has none) and a sole
+// member it is not a committed offset.
 func (r *Replica) ackValue() uint64 {
 	switch r.role {
 	case RoleHead, RoleMiddle:
@@ -341,14 +368,14 @@ func (r *Replica) ackValue() uint64 {
 }
 
 // advance derives the consequences of a state change: forward newly
-// durable data, acknowledge upstream, commit. Every mutating event ends
+// written data, acknowledge upstream, commit. Every mutating event ends
 // here, so the rules live in one place.
 func (r *Replica) advance(eff *Effects) {
-	if r.linked && r.durableEnd > r.forwardedEnd {
-		rg := Range{Base: r.forwardedEnd, End: r.durableEnd}
+	if r.linked && r.logEnd > r.forwardedEnd {
+		rg := Range{Base: r.forwardedEnd, End: r.logEnd}
 		eff.Forward = append(eff.Forward, rg)
 		r.inFlight = append(r.inFlight, rg)
-		r.forwardedEnd = r.durableEnd
+		r.forwardedEnd = r.logEnd
 	}
 	if r.role == RoleNone {
 		return
@@ -358,11 +385,16 @@ func (r *Replica) advance(eff *Effects) {
 		r.ackedUpstream = ack
 		eff.AckUpstream = &ack
 	}
-	// Everything in this log is durable on every member upstream (prefix
-	// order), so the ack value is committed chain-wide; a notice from the
-	// predecessor is committed by definition but only readable here up to
-	// durableEnd.
-	if c := max(ack, min(r.noticed, r.durableEnd)); c > r.committed {
+	// A notice from a predecessor is committed by definition, but only
+	// readable here up to durableEnd. Only the head's ack value (durable
+	// here and on every member downstream, i.e. on every member) and a sole
+	// member's durable end are committed in their own right; a middle's or
+	// tail's ack value may cover records not yet durable upstream.
+	c := min(r.noticed, r.durableEnd)
+	if r.role == RoleHead || r.role == RoleSole {
+		c = max(c, ack)
+	}
+	if c > r.committed {
 		r.committed = c
 		eff.Committed = &c
 	}

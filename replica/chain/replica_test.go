@@ -84,9 +84,10 @@ func middleAt(t testing.TB) *builder {
 	return build(t, "b", 0).cfg(2, "a,b,c").fwd("a", 0, 10, 0).durable(6).link(0)
 }
 
-// tailAt: c is tail holding [0,10) durable up to 6.
+// tailAt: c is tail holding [0,10) durable up to 6, told that 4 is
+// committed (its own durable end is not).
 func tailAt(t testing.TB) *builder {
-	return build(t, "c", 0).cfg(2, "a,b,c").fwd("b", 0, 10, 0).durable(6)
+	return build(t, "c", 0).cfg(2, "a,b,c").fwd("b", 0, 10, 0).durable(6).notice("b", 4)
 }
 
 func soleAt(t testing.TB) *builder { return build(t, "a", 4).cfg(2, "a") }
@@ -180,7 +181,7 @@ func TestConfigure(t *testing.T) {
 		// Roles from positions.
 		{name: "head", setup: fresh("a", 5), op: cfgOp(1, "a", "b", "c"), wantEff: "no effects", check: role(RoleHead, "", "b")},
 		{name: "middle", setup: fresh("b", 5), op: cfgOp(1, "a", "b", "c"), wantEff: "no effects", check: role(RoleMiddle, "a", "c")},
-		{name: "tail commits and acks what it holds", setup: fresh("c", 5), op: cfgOp(1, "a", "b", "c"), wantEff: "ack-up=5 committed=5", check: role(RoleTail, "b", "")},
+		{name: "tail acks what it holds but does not commit it", setup: fresh("c", 5), op: cfgOp(1, "a", "b", "c"), wantEff: "ack-up=5", check: role(RoleTail, "b", "")},
 		{name: "empty tail has nothing to say", setup: fresh("c", 0), op: cfgOp(1, "a", "b", "c"), wantEff: "no effects", check: role(RoleTail, "b", "")},
 		{name: "sole commits what it holds", setup: fresh("a", 5), op: cfgOp(1, "a"), wantEff: "committed=5", check: role(RoleSole, "", "")},
 		{name: "head of two", setup: fresh("a", 5), op: cfgOp(1, "a", "b"), wantEff: "no effects", check: role(RoleHead, "", "b")},
@@ -217,18 +218,34 @@ func TestConfigure(t *testing.T) {
 					t.Errorf("%s", fmtStatus(st))
 				}
 			}},
-		{name: "middle becomes tail (tail removed) and commits its durable log",
-			setup: func(t testing.TB) *builder { return middleAt(t).ack("c", 3) },
-			op:    cfgOp(3, "a", "b"), wantEff: "ack-up=6 committed=6",
+		// Under pipelining b's durable log may not be durable on a yet: b
+		// acknowledges it to a, which commits it once durable there too.
+		{name: "middle becomes tail (tail removed): acks its durable log, does not commit it",
+			setup: func(t testing.TB) *builder { return middleAt(t).ack("c", 3).notice("a", 2) },
+			op:    cfgOp(3, "a", "b"), wantEff: "ack-up=6",
 			check: func(t *testing.T, st Status) {
-				if st.Role != RoleTail || st.LogEnd != 10 || st.Successor != "" || st.AckedUpstream != 6 {
+				if st.Role != RoleTail || st.LogEnd != 10 || st.Successor != "" || st.AckedUpstream != 6 || st.Committed != 2 {
 					t.Errorf("%s", fmtStatus(st))
 				}
 			}},
+		{name: "new tail commits from the new head's notice, capped at durable",
+			setup: func(t testing.TB) *builder { return middleAt(t).ack("c", 3).cfg(3, "a,b") },
+			op:    noticeOp(3, "a", 9), wantEff: "committed=6"},
+		{name: "new tail applies a notice heard under the old epoch as durable grows",
+			setup: func(t testing.TB) *builder { return middleAt(t).notice("a", 8).cfg(3, "a,b") },
+			op:    durableOp(10), wantEff: "ack-up=10 committed=8"},
 		{name: "tail stays tail with a new predecessor and re-acknowledges",
 			setup: tailAt, op: cfgOp(3, "a", "c"), wantEff: "ack-up=6",
 			check: func(t *testing.T, st Status) {
-				if st.Predecessor != "a" || st.Committed != 6 || st.AckedUpstream != 6 {
+				if st.Predecessor != "a" || st.Committed != 4 || st.AckedUpstream != 6 {
+					t.Errorf("%s", fmtStatus(st))
+				}
+			}},
+		{name: "middle becomes sole and commits its durable log",
+			setup: func(t testing.TB) *builder { return middleAt(t).notice("a", 2) },
+			op:    cfgOp(3, "b"), wantEff: "committed=6",
+			check: func(t *testing.T, st Status) {
+				if st.Role != RoleSole || st.LogEnd != 10 || st.DurableEnd != 6 {
 					t.Errorf("%s", fmtStatus(st))
 				}
 			}},
@@ -243,7 +260,7 @@ func TestConfigure(t *testing.T) {
 		{name: "tail becomes middle (member added) and keeps committed",
 			setup: tailAt, op: cfgOp(3, "a", "b", "c", "d"), wantEff: "no effects",
 			check: func(t *testing.T, st Status) {
-				if st.Role != RoleMiddle || st.Committed != 6 || st.Successor != "d" || st.AckedUpstream != 0 {
+				if st.Role != RoleMiddle || st.Committed != 4 || st.Successor != "d" || st.AckedUpstream != 0 {
 					t.Errorf("%s", fmtStatus(st))
 				}
 			}},
@@ -300,11 +317,19 @@ func TestPropose(t *testing.T) {
 		}
 	}
 	runOps(t, []opCase{
-		{name: "head appends at its log end", setup: headAt, op: proposeOp(3), wantEff: "append=[10,13)", check: logEnd(13)},
+		{name: "linked head appends at its log end and forwards at once", setup: headAt, op: proposeOp(3), wantEff: "append=[10,13) forward=[10,13)",
+			check: func(t *testing.T, st Status) {
+				if st.LogEnd != 13 || st.DurableEnd != 10 || st.ForwardedEnd != 13 || !reflect.DeepEqual(st.InFlight, []Range{{0, 10}, {10, 13}}) {
+					t.Errorf("%s", fmtStatus(st))
+				}
+			}},
 		{name: "new head proposes from the log end it inherited",
 			setup: func(t testing.TB) *builder { return middleAt(t).cfg(3, "b,c") },
 			op:    proposeOp(2), wantEff: "append=[10,12)", check: logEnd(12)},
 		{name: "sole", setup: soleAt, op: proposeOp(1), wantEff: "append=[4,5)", check: logEnd(5)},
+		{name: "head does not commit what it proposes",
+			setup: func(t testing.TB) *builder { return headAt(t).ack("b", 10) },
+			op:    proposeOp(2), wantEff: "append=[10,12) forward=[10,12)"},
 		{name: "unlinked head still appends",
 			setup: func(t testing.TB) *builder { return headAt(t).lost() },
 			op:    proposeOp(1), wantEff: "append=[10,11)"},
@@ -333,32 +358,45 @@ func TestDurable(t *testing.T) {
 	// An unlinked head with log 10, durable 0.
 	pending := func(t testing.TB) *builder { return build(t, "a", 0).cfg(2, "a,b,c").propose(10) }
 	runOps(t, []opCase{
-		{name: "linked head forwards what became durable", setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4) },
-			op: durableOp(7), wantEff: "forward=[4,7)",
-			check: st(func(s Status) bool { return s.ForwardedEnd == 7 && len(s.InFlight) == 2 && s.Committed == 0 })},
+		{name: "linked head forwarded at link time, durability forwards nothing", setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4) },
+			op: durableOp(7), wantEff: "no effects",
+			check: st(func(s Status) bool {
+				return s.ForwardedEnd == 10 && reflect.DeepEqual(s.InFlight, []Range{{0, 10}}) && s.Committed == 0 && s.DurableEnd == 7
+			})},
 		{name: "unlinked head forwards nothing", setup: pending, op: durableOp(7), wantEff: "no effects",
 			check: st(func(s Status) bool { return s.DurableEnd == 7 })},
 		{name: "smaller value ignored", setup: func(t testing.TB) *builder { return pending(t).durable(5) }, op: durableOp(3), wantEff: "no effects",
 			check: st(func(s Status) bool { return s.DurableEnd == 5 })},
 		{name: "repeated value ignored", setup: func(t testing.TB) *builder { return pending(t).link(0).durable(5) }, op: durableOp(5), wantEff: "no effects"},
-		{name: "beyond log end is clamped", setup: func(t testing.TB) *builder { return pending(t).link(0) }, op: durableOp(99), wantEff: "forward=[0,10)",
+		{name: "beyond log end is clamped", setup: func(t testing.TB) *builder { return pending(t).link(0) }, op: durableOp(99), wantEff: "no effects",
 			check: st(func(s Status) bool { return s.DurableEnd == 10 })},
-		{name: "head commits up to min(durable, successor ack)",
-			setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4).ack("b", 4) },
-			op:    durableOp(6), wantEff: "forward=[4,6)",
-			check: st(func(s Status) bool { return s.Committed == 4 })},
+		{name: "head commits up to min(durable, successor ack): successor ahead",
+			setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4).ack("b", 9) },
+			op:    durableOp(6), wantEff: "committed=6",
+			check: st(func(s Status) bool { return s.Committed == 6 && s.SuccessorAck == 9 })},
+		{name: "head commits up to min(durable, successor ack): successor behind",
+			setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4).ack("b", 5) },
+			op:    durableOp(8), wantEff: "committed=5"},
 		{name: "sole commits", setup: func(t testing.TB) *builder { return soleAt(t).propose(3) }, op: durableOp(6), wantEff: "committed=6"},
-		{name: "tail acks and commits", setup: tailAt, op: durableOp(9), wantEff: "ack-up=9 committed=9"},
-		{name: "middle forwards, acks only what the successor has",
+		{name: "tail acks but does not commit its own durable end", setup: tailAt, op: durableOp(9), wantEff: "ack-up=9",
+			check: st(func(s Status) bool { return s.Committed == 4 && s.AckedUpstream == 9 })},
+		{name: "tail commits a notice above durable as durable grows",
+			setup: func(t testing.TB) *builder { return tailAt(t).notice("b", 8) },
+			op:    durableOp(9), wantEff: "ack-up=9 committed=8"},
+		{name: "middle acks only what the successor has, commits nothing of its own",
 			setup: func(t testing.TB) *builder { return middleAt(t).ack("c", 5) },
-			op:    durableOp(8), wantEff: "forward=[6,8)",
-			check: st(func(s Status) bool { return s.AckedUpstream == 5 && s.Committed == 5 })},
+			op:    durableOp(8), wantEff: "no effects",
+			check: st(func(s Status) bool { return s.AckedUpstream == 5 && s.Committed == 0 })},
+		{name: "middle acks up to its durable end when the successor is ahead",
+			setup: func(t testing.TB) *builder { return middleAt(t).ack("c", 9) },
+			op:    durableOp(8), wantEff: "ack-up=8",
+			check: st(func(s Status) bool { return s.Committed == 0 })},
 		{name: "unlinked middle forwards nothing and acks no more than its successor holds",
 			setup: func(t testing.TB) *builder { return middleAt(t).lost().ack("c", 6).durable(6) },
 			op:    durableOp(9), wantEff: "no effects"},
 		{name: "middle applies a notice above durable as durable grows",
 			setup: func(t testing.TB) *builder { return middleAt(t).notice("a", 9) },
-			op:    durableOp(8), wantEff: "forward=[6,8) committed=8"},
+			op:    durableOp(8), wantEff: "committed=8"},
 		{name: "non-member records durability silently", setup: func(t testing.TB) *builder { return headAt(t).cfg(3, "b,c") },
 			op: durableOp(10), wantEff: "no effects"},
 		{name: "non-member with pending appends", setup: func(t testing.TB) *builder { return pending(t).cfg(3, "b,c") },
@@ -380,16 +418,24 @@ func TestForwarded(t *testing.T) {
 		}
 	}
 	runOps(t, []opCase{
-		{name: "appends at the log end", setup: middleAt, op: fwdOp(2, "a", 10, 5, 0), wantEff: "append=[10,15)", check: logEnd(15)},
+		{name: "linked middle appends at the log end and forwards at once", setup: middleAt, op: fwdOp(2, "a", 10, 5, 0), wantEff: "append=[10,15) forward=[10,15)",
+			check: func(t *testing.T, st Status) {
+				if st.LogEnd != 15 || st.DurableEnd != 6 || st.ForwardedEnd != 15 || !reflect.DeepEqual(st.InFlight, []Range{{0, 10}, {10, 15}}) {
+					t.Errorf("%s", fmtStatus(st))
+				}
+			}},
+		{name: "unlinked middle appends, forwards nothing", setup: func(t testing.TB) *builder { return middleAt(t).lost() },
+			op: fwdOp(2, "a", 10, 5, 0), wantEff: "append=[10,15)", check: logEnd(15)},
 		{name: "tail appends", setup: tailAt, op: fwdOp(2, "b", 10, 2, 0), wantEff: "append=[10,12)", check: logEnd(12)},
+		{name: "tail commits the piggy-backed offset, capped at durable", setup: tailAt, op: fwdOp(2, "b", 10, 2, 9), wantEff: "append=[10,12) committed=6"},
 		{name: "duplicate below the log end is ignored", setup: middleAt, op: fwdOp(2, "a", 2, 5, 0), wantEff: "no effects", check: logEnd(10)},
 		{name: "duplicate ending exactly at the log end", setup: middleAt, op: fwdOp(2, "a", 0, 10, 0), wantEff: "no effects", check: logEnd(10)},
 		{name: "duplicate still carries the committed offset", setup: middleAt, op: fwdOp(2, "a", 0, 3, 4), wantEff: "committed=4"},
-		{name: "overlap appends the new suffix only", setup: middleAt, op: fwdOp(2, "a", 8, 5, 0), wantEff: "append=[10,13)", check: logEnd(13)},
+		{name: "overlap appends and forwards the new suffix only", setup: middleAt, op: fwdOp(2, "a", 8, 5, 0), wantEff: "append=[10,13) forward=[10,13)", check: logEnd(13)},
 		{name: "empty frame is a commit notice", setup: middleAt, op: fwdOp(2, "a", 10, 0, 5), wantEff: "committed=5"},
-		{name: "piggy-backed committed capped at durable", setup: middleAt, op: fwdOp(2, "a", 10, 5, 12), wantEff: "append=[10,15) committed=6"},
+		{name: "piggy-backed committed capped at durable", setup: middleAt, op: fwdOp(2, "a", 10, 5, 12), wantEff: "append=[10,15) forward=[10,15) committed=6"},
 		{name: "committed does not move back", setup: func(t testing.TB) *builder { return middleAt(t).notice("a", 5) },
-			op: fwdOp(2, "a", 10, 1, 2), wantEff: "append=[10,11)",
+			op: fwdOp(2, "a", 10, 1, 2), wantEff: "append=[10,11) forward=[10,11)",
 			check: func(t *testing.T, st Status) {
 				if st.Committed != 5 {
 					t.Errorf("committed %d", st.Committed)
@@ -441,14 +487,22 @@ func TestAcked(t *testing.T) {
 		{name: "duplicate ack ignored", setup: func(t testing.TB) *builder { return headAt(t).ack("b", 7) }, op: ackOp(2, "b", 7), wantEff: "no effects"},
 		{name: "old ack ignored", setup: func(t testing.TB) *builder { return headAt(t).ack("b", 7) }, op: ackOp(2, "b", 3), wantEff: "no effects",
 			check: st(func(s Status) bool { return s.SuccessorAck == 7 && s.Committed == 7 })},
-		{name: "ack beyond the durable end", setup: func(t testing.TB) *builder { return headAt(t).propose(3) }, op: ackOp(2, "b", 11), wantErr: ErrAckBeyondEnd},
+		{name: "ack beyond the durable end, within the log: accepted, commits only what is durable here",
+			setup: func(t testing.TB) *builder { return headAt(t).propose(3) }, op: ackOp(2, "b", 12), wantEff: "committed=10",
+			check: st(func(s Status) bool { return s.SuccessorAck == 12 && s.Committed == 10 })},
+		{name: "ack beyond the log end", setup: func(t testing.TB) *builder { return headAt(t).propose(3) }, op: ackOp(2, "b", 14), wantErr: ErrAckBeyondEnd},
 		{name: "head commits up to the ack even with appends in flight",
 			setup: func(t testing.TB) *builder { return headAt(t).propose(3) }, op: ackOp(2, "b", 10), wantEff: "committed=10"},
+		{name: "head catches up to an ack ahead of it as durable grows",
+			setup: func(t testing.TB) *builder { return headAt(t).propose(3).ack("b", 12) }, op: durableOp(13), wantEff: "committed=12"},
 		{name: "ack accepted while unlinked", setup: func(t testing.TB) *builder { return headAt(t).lost() }, op: ackOp(2, "b", 3), wantEff: "committed=3"},
-		{name: "middle passes the ack upstream and commits", setup: middleAt, op: ackOp(2, "c", 5), wantEff: "ack-up=5 committed=5"},
-		{name: "middle ack at its durable end", setup: middleAt, op: ackOp(2, "c", 6), wantEff: "ack-up=6 committed=6",
-			check: st(func(s Status) bool { return s.SuccessorAck == 6 && s.AckedUpstream == 6 })},
-		{name: "middle: ack beyond its durable end", setup: middleAt, op: ackOp(2, "c", 7), wantErr: ErrAckBeyondEnd},
+		{name: "middle passes the ack upstream, does not commit", setup: middleAt, op: ackOp(2, "c", 5), wantEff: "ack-up=5",
+			check: st(func(s Status) bool { return s.Committed == 0 })},
+		{name: "middle ack at its durable end", setup: middleAt, op: ackOp(2, "c", 6), wantEff: "ack-up=6",
+			check: st(func(s Status) bool { return s.SuccessorAck == 6 && s.AckedUpstream == 6 && s.Committed == 0 })},
+		{name: "middle: ack beyond its durable end acks only what is durable here", setup: middleAt, op: ackOp(2, "c", 9), wantEff: "ack-up=6",
+			check: st(func(s Status) bool { return s.SuccessorAck == 9 && s.AckedUpstream == 6 })},
+		{name: "middle: ack beyond its log end", setup: middleAt, op: ackOp(2, "c", 11), wantErr: ErrAckBeyondEnd},
 		{name: "beyond log end", setup: headAt, op: ackOp(2, "b", 11), wantErr: ErrAckBeyondEnd},
 		{name: "stale epoch", setup: headAt, op: ackOp(1, "b", 5), wantErr: ErrStaleEpoch},
 		{name: "future epoch", setup: headAt, op: ackOp(3, "b", 5), wantErr: ErrFutureEpoch},
@@ -481,7 +535,9 @@ func TestCommitNotice(t *testing.T) {
 		{name: "capped at durable", setup: middleAt, op: noticeOp(2, "a", 9), wantEff: "committed=6", check: committed(6)},
 		{name: "never backwards", setup: func(t testing.TB) *builder { return middleAt(t).notice("a", 5) }, op: noticeOp(2, "a", 2), wantEff: "no effects", check: committed(5)},
 		{name: "duplicate", setup: func(t testing.TB) *builder { return middleAt(t).notice("a", 5) }, op: noticeOp(2, "a", 5), wantEff: "no effects"},
-		{name: "tail already knows", setup: tailAt, op: noticeOp(2, "b", 6), wantEff: "no effects", check: committed(6)},
+		{name: "tail learns", setup: tailAt, op: noticeOp(2, "b", 6), wantEff: "committed=6", check: committed(6)},
+		{name: "tail learns only up to its durable end", setup: tailAt, op: noticeOp(2, "b", 10), wantEff: "committed=6", check: committed(6)},
+		{name: "tail already knows", setup: tailAt, op: noticeOp(2, "b", 4), wantEff: "no effects", check: committed(4)},
 		{name: "stale epoch", setup: middleAt, op: noticeOp(1, "a", 4), wantErr: ErrStaleEpoch},
 		{name: "future epoch", setup: middleAt, op: noticeOp(3, "a", 4), wantErr: ErrFutureEpoch},
 		{name: "from the successor", setup: middleAt, op: noticeOp(2, "c", 4), wantErr: ErrWrongSender},
@@ -504,17 +560,20 @@ func TestSuccessorLinked(t *testing.T) {
 	}
 	unlinked := func(t testing.TB) *builder { return build(t, "a", 0).cfg(2, "a,b,c").propose(10).durable(8) }
 	runOps(t, []opCase{
-		{name: "forwards from the successor's log end", setup: unlinked, op: linkOp(2, 3), wantEff: "forward=[3,8)",
+		{name: "forwards everything written from the successor's log end", setup: unlinked, op: linkOp(2, 3), wantEff: "forward=[3,10)",
 			check: st(func(s Status) bool {
-				return s.Linked && s.ForwardedEnd == 8 && reflect.DeepEqual(s.InFlight, []Range{{3, 8}})
+				return s.Linked && s.ForwardedEnd == 10 && reflect.DeepEqual(s.InFlight, []Range{{3, 10}})
 			})},
-		{name: "log end is not an acknowledgement", setup: unlinked, op: linkOp(2, 8), wantEff: "no effects",
-			check: st(func(s Status) bool { return s.SuccessorAck == 0 && s.Committed == 0 && s.ForwardedEnd == 8 })},
-		{name: "successor at the durable end", setup: unlinked, op: linkOp(2, 8), wantEff: "no effects",
-			check: st(func(s Status) bool { return s.Linked && s.ForwardedEnd == 8 && s.InFlight == nil })},
-		{name: "successor holds records not durable here", setup: unlinked, op: linkOp(2, 9), wantErr: ErrBehind},
+		{name: "log end is not an acknowledgement", setup: unlinked, op: linkOp(2, 10), wantEff: "no effects",
+			check: st(func(s Status) bool { return s.SuccessorAck == 0 && s.Committed == 0 && s.ForwardedEnd == 10 })},
+		{name: "successor at the durable end gets the rest of the log", setup: unlinked, op: linkOp(2, 8), wantEff: "forward=[8,10)",
+			check: st(func(s Status) bool { return s.Linked && s.ForwardedEnd == 10 })},
+		{name: "successor holds records not durable here", setup: unlinked, op: linkOp(2, 9), wantEff: "forward=[9,10)",
+			check: st(func(s Status) bool { return s.Linked && s.ForwardedEnd == 10 && s.SuccessorAck == 0 })},
+		{name: "successor at the log end", setup: unlinked, op: linkOp(2, 10), wantEff: "no effects",
+			check: st(func(s Status) bool { return s.Linked && s.InFlight == nil })},
 		{name: "successor holds records not in the log here", setup: unlinked, op: linkOp(2, 11), wantErr: ErrBehind},
-		{name: "middle relinks after middle removal", setup: func(t testing.TB) *builder { return middleAt(t).lost() }, op: linkOp(2, 2), wantEff: "forward=[2,6)"},
+		{name: "middle relinks after middle removal", setup: func(t testing.TB) *builder { return middleAt(t).lost() }, op: linkOp(2, 2), wantEff: "forward=[2,10)"},
 		{name: "relink replaces the window",
 			setup: func(t testing.TB) *builder { return headAt(t).ack("b", 2) },
 			op:    linkOp(2, 5), wantEff: "forward=[5,10)",
@@ -539,7 +598,9 @@ func TestSuccessorLost(t *testing.T) {
 	if st.Linked || st.InFlight != nil {
 		t.Fatalf("still linked: %s", fmtStatus(st))
 	}
-	b.propose(5)
+	if _, eff, err := b.r.Propose(5); err != nil || fmtEffects(eff) != "append=[10,15)" {
+		t.Fatalf("propose while unlinked: %s, %v", fmtEffects(eff), err)
+	}
 	if eff := b.r.Durable(15); fmtEffects(eff) != "no effects" {
 		t.Fatalf("forwarded while unlinked: %s", fmtEffects(eff))
 	}

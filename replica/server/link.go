@@ -89,6 +89,7 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 		p.mu.Unlock()
 		return fmt.Errorf("cannot link to successor %s at its log end %d: %w", succID, succEnd, err)
 	}
+	p.verifyLink = false
 	p.apply(eff)
 	p.mu.Unlock()
 	p.logger.Info("Replication link up", "successor", succID, "epoch", epoch, "successorLogEnd", succEnd)

@@ -52,6 +52,11 @@ type partition struct {
 	recent       []recentFrame
 	recentBytes  int
 	hasSuccessor bool // under the current epoch; set with the link
+	// verifyLink holds appends at a head reopened after a restart until its
+	// link shows the successor holds no more than it does: with pipelined
+	// forwarding a machine crash can cost this member writes its successor
+	// kept, and new records must not reuse those offsets.
+	verifyLink bool
 }
 
 type partitionStatus = catenapb.PartitionStatus
@@ -275,6 +280,9 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 	}
 	if role := p.core.Status().Role; role != chain.RoleHead && role != chain.RoleSole {
 		return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "replica %s is %s, not head, of partition %s/%d at epoch %d", p.srv.id, role, p.stream, p.index, epoch)
+	}
+	if p.verifyLink {
+		return nil, 0, 0, status.Errorf(codes.Unavailable, "partition %s/%d on %s restarted and is checking its log against its successor's before taking writes", p.stream, p.index, p.srv.id)
 	}
 
 	resp = &catenapb.AppendResponse{RequestId: req.GetRequestId(), Offsets: make([]uint64, n), Duplicate: make([]bool, n)}

@@ -218,6 +218,7 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		p.apply(eff)
 		p.m.epoch.Set(float64(meta.Epoch))
 		p.startLink()
+		p.verifyLink = p.hasSuccessor
 	}
 	p.m.logEnd.Set(float64(l.NextOffset()))
 	p.wg.Add(1)
@@ -416,7 +417,9 @@ func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) 
 	p.logger.Info("Installed chain configuration", "epoch", meta.Epoch, "members", meta.memberIDs(), "role", p.core.Status().Role.String())
 	p.meta = meta
 	// Forwarding and acknowledgement marks belong to the old neighbours.
-	p.fwdEnd, p.ackUp = 0, 0
+	// A new epoch is a decision of the chain's master, which repairs logs
+	// before it installs one; no restart check is pending after it.
+	p.fwdEnd, p.ackUp, p.verifyLink = 0, 0, false
 	p.apply(eff)
 	p.broadcast()
 	p.m.epoch.Set(float64(meta.Epoch))

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -533,5 +535,51 @@ func TestMetricsAreExported(t *testing.T) {
 	}
 	if got["catena_replica_bytes_in_total"] == 0 || got["catena_replica_bytes_out_total"] == 0 {
 		t.Errorf("byte counters not counting: in %v out %v", got["catena_replica_bytes_in_total"], got["catena_replica_bytes_out_total"])
+	}
+}
+
+func TestRestartedHeadHoldsWritesWhileItsSuccessorHoldsMore(t *testing.T) {
+	// With pipelined forwarding a machine crash can cost the head writes
+	// its successor kept. A reopened head must not assign those offsets
+	// again: it refuses writes until its link shows it is not behind.
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 1, a, b)
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, uint64(i*2+1), 2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	converged(t, a, b)
+	dataDir := a.srv.dataDir
+	a.g.Stop()
+	a.srv.Close()
+	// Lose the head's last batch the way a power cut loses unsynced data.
+	segs, err := filepath.Glob(filepath.Join(dataDir, "streams", "s", "00000", "*.seg"))
+	if err != nil || len(segs) == 0 {
+		t.Fatalf("no segment found: %v", err)
+	}
+	last := segs[len(segs)-1]
+	fi, err := os.Stat(last)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(last, fi.Size()-5); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Options{ID: "a", DataDir: dataDir, Logger: logr.Discard(), Fatal: func(error) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	if st, _ := srv.Status(ctx, &catenapb.StatusRequest{}); st.GetPartitions()[0].GetLogEnd() != 4 {
+		t.Fatalf("reopened head holds %d records, want 4 (the torn batch cut)", st.GetPartitions()[0].GetLogEnd())
+	}
+	_, err = srv.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 100, 1)})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("append at a head behind its successor: %v, want Unavailable", err)
+	}
+	if st := status0(t, b); st.GetLogEnd() != 6 {
+		t.Fatalf("successor changed: log end %d, want 6", st.GetLogEnd())
 	}
 }
