@@ -116,7 +116,9 @@ func (a *app) produce(cmd *cobra.Command, f *produceFlags) error {
 				if firstFailure == nil {
 					firstFailure = fmt.Errorf("record %s not acknowledged: %s", pr.label, grpcMessage(err))
 				}
-				if nFailed <= 10 {
+				// The first failure is the command's error (printed once
+				// at exit); a few more are listed as they happen.
+				if nFailed > 1 && nFailed <= 10 {
 					fmt.Fprintf(a.stderr, "catenactl: record %s not acknowledged: %s\n", pr.label, grpcMessage(err))
 				}
 				continue
