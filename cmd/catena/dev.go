@@ -21,7 +21,10 @@ func newDevCommand() *cobra.Command {
 		Long: `Starts, on loopback, replica child processes (each with its own data directory under
 --data-dir) and an ingestion endpoint on --listen, creates the stream (by default "demo",
 4 partitions, replication 3) if it does not exist, writes DATA_DIR/dev.json once ready,
-and serves until interrupted. Data is kept across restarts on the same --data-dir.`,
+and serves until interrupted. Data is kept across restarts on the same --data-dir.
+It is its chains' master: when a replica process exits, every chain goes on without it under a
+new epoch at once, and the replica is restarted on its data directory, cut back to where it
+agrees with its chains and re-added at their tails.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch durability {

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
 )
@@ -200,9 +202,30 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		ready(st)
 	}
 
-	exited := make(chan *child, len(children))
+	m := &master{
+		stream: spec.Stream, partitions: spec.Partitions, replication: spec.Replication, pool: pool,
+		log: log.WithValues("component", "master"), addrs: map[string]string{}, failed: map[string]bool{},
+		chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]agreement{},
+	}
 	for _, c := range children {
-		go func() { <-c.done; exited <- c }()
+		m.addrs[c.ID] = c.Addr
+	}
+	exited := make(chan *child, len(children))
+	watch := func(c *child) { go func() { <-c.done; exited <- c }() }
+	for _, c := range children {
+		watch(c)
+	}
+	tick := time.NewTicker(repairInterval)
+	defer tick.Stop()
+	restartAt := map[string]time.Time{}
+	restart := make(chan *child)
+	scheduleRestart := func(c *child, delay time.Duration) {
+		time.AfterFunc(delay, func() {
+			select {
+			case restart <- c:
+			case <-ctx.Done():
+			}
+		})
 	}
 	for {
 		select {
@@ -212,9 +235,58 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 			return fmt.Errorf("ingestion server stopped: %w", err)
 		case c := <-exited:
 			log.Error(c.err, "Replica process exited", "id", c.ID, "pid", c.PID)
+			// First chains without it, so every chain keeps serving; then
+			// the same replica again on its volume, re-added by repair.
+			m.failed[c.ID] = true
+			m.repair(ctx)
+			// Restart it, later if it keeps dying at start; the loop goes
+			// on meanwhile (another replica may die too).
+			delay := time.Duration(0)
+			if last, ok := restartAt[c.ID]; ok && time.Since(last) < restartBackoff {
+				delay = restartBackoff - time.Since(last)
+			}
+			scheduleRestart(c, delay)
+		case c := <-restart:
+			i := slices.IndexFunc(children, func(x *child) bool { return x == c })
+			if i < 0 {
+				continue
+			}
+			restartAt[c.ID] = time.Now()
+			nc, err := startReplica(spec, c.ID, c.Addr, c.Metrics)
+			if err != nil {
+				log.Error(err, "Failed to restart replica; trying again", "id", c.ID, "backoff", restartBackoff)
+				scheduleRestart(c, restartBackoff)
+				continue
+			}
+			children[i] = nc
+			watch(nc)
+			log.Info("Restarted replica", "id", nc.ID, "addr", nc.Addr, "pid", nc.PID)
+			st.Replicas = st.Replicas[:0]
+			for _, c := range children {
+				st.Replicas = append(st.Replicas, c.ReplicaState)
+			}
+			if err := writeState(spec.DataDir, st); err != nil {
+				log.Error(err, "Failed to update the state file")
+			}
+			if err := waitReady(ctx, pool, []*child{nc}); err != nil {
+				log.Error(err, "Restarted replica did not become ready", "id", nc.ID)
+				continue
+			}
+			delete(m.failed, nc.ID)
+			m.repair(ctx)
+		case <-tick.C:
+			m.repair(ctx)
 		}
 	}
 }
+
+const (
+	// repairInterval is how often the dev master re-plans every chain (it
+	// also does at once when a replica exits or returns).
+	repairInterval = 500 * time.Millisecond
+	// restartBackoff spaces restarts of a replica that keeps exiting.
+	restartBackoff = time.Second
+)
 
 // pickAddr prefers the address used last time (so chains keep their
 // members' addresses across restarts), then the conventional port, then any

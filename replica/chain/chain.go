@@ -109,8 +109,10 @@
 //     operator (it needs repair: truncation or a full copy) rather than
 //     retry, unless this replica is a middle that lost unsynced records in
 //     a crash and is catching up from its predecessor (see below).
-//   - Never report durability from before a truncation (there is no
-//     truncation here yet: repair is a later step).
+//   - Truncation (chain repair, only outside the chain) is not an event
+//     of the core: the driver cuts the log, builds a new core with New over
+//     the shorter log, reinstalls the configuration it holds, and never
+//     reports durability measured before the cut.
 //   - Crash recovery. New counts the recovered log durable, which is true,
 //     but a machine crash (not a process crash: written data survives that
 //     in the page cache) loses what was written and not yet synced, and

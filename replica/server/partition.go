@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -57,6 +58,9 @@ type partition struct {
 	// forwarding a machine crash can cost this member writes its successor
 	// kept, and new records must not reuse those offsets.
 	verifyLink bool
+	// truncations counts log truncations (chain repair): a sync that began
+	// before one must not report durability after it.
+	truncations atomic.Uint64
 }
 
 type partitionStatus = catenapb.PartitionStatus
@@ -173,6 +177,7 @@ func (p *partition) syncLoop(interval time.Duration) {
 				continue
 			}
 		}
+		gen := p.truncations.Load()
 		end := p.log.NextOffset()
 		start := time.Now()
 		if err := p.log.Sync(); err != nil {
@@ -181,7 +186,11 @@ func (p *partition) syncLoop(interval time.Duration) {
 		}
 		p.m.syncSeconds.Observe(time.Since(start).Seconds())
 		p.mu.Lock()
-		p.apply(p.core.Durable(end))
+		if p.truncations.Load() == gen {
+			p.apply(p.core.Durable(end))
+		} else {
+			p.requestSync()
+		}
 		p.mu.Unlock()
 	}
 }

@@ -209,6 +209,9 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 	if err := p.rebuildDedup(); err != nil {
 		p.failed = err
 	}
+	// The link goroutine shares p from startLink on.
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if meta != nil {
 		eff, err := p.core.Configure(chain.Config{Epoch: meta.Epoch, Members: meta.memberIDs()})
 		if err != nil {
@@ -217,8 +220,10 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		p.meta = meta
 		p.apply(eff)
 		p.m.epoch.Set(float64(meta.Epoch))
+		// Before the link starts: the link clears it once its handshake
+		// shows the successor is not ahead, and must not be overtaken.
+		p.verifyLink = p.core.Status().Successor != ""
 		p.startLink()
-		p.verifyLink = p.hasSuccessor
 	}
 	p.m.logEnd.Set(float64(l.NextOffset()))
 	p.wg.Add(1)
@@ -441,6 +446,7 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 		ps.LogStart = p.log.StartOffset()
 		ps.LogEnd = p.log.NextOffset()
 		ps.Checksum = p.log.RollingChecksum()
+		ps.LastLogEpoch = lastLogEpoch(p.log)
 	}
 	if p.core != nil {
 		st := p.core.Status()

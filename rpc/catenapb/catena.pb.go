@@ -1216,6 +1216,201 @@ func (x *ListStreamsResponse) GetStreams() []string {
 	return nil
 }
 
+type EpochEndRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition     uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochEndRequest) Reset() {
+	*x = EpochEndRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochEndRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochEndRequest) ProtoMessage() {}
+
+func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
+func (*EpochEndRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *EpochEndRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *EpochEndRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *EpochEndRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type EpochEndResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// First offset written under an epoch above the requested one, or the
+	// log end.
+	EndOffset uint64 `protobuf:"varint,1,opt,name=end_offset,json=endOffset,proto3" json:"end_offset,omitempty"`
+	// The largest epoch at or below the requested one that this log holds
+	// batches of (0: none): when it is below the requested epoch, the asker
+	// must also cut back to where its own log ends that epoch.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// This replica's log end and installed chain epoch when it answered.
+	LogEnd        uint64 `protobuf:"varint,3,opt,name=log_end,json=logEnd,proto3" json:"log_end,omitempty"`
+	ChainEpoch    uint64 `protobuf:"varint,4,opt,name=chain_epoch,json=chainEpoch,proto3" json:"chain_epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochEndResponse) Reset() {
+	*x = EpochEndResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochEndResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochEndResponse) ProtoMessage() {}
+
+func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
+func (*EpochEndResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EpochEndResponse) GetEndOffset() uint64 {
+	if x != nil {
+		return x.EndOffset
+	}
+	return 0
+}
+
+func (x *EpochEndResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *EpochEndResponse) GetLogEnd() uint64 {
+	if x != nil {
+		return x.LogEnd
+	}
+	return 0
+}
+
+func (x *EpochEndResponse) GetChainEpoch() uint64 {
+	if x != nil {
+		return x.ChainEpoch
+	}
+	return 0
+}
+
+type TruncateRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Drop every offset at or above this one.
+	To            uint64 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TruncateRequest) Reset() {
+	*x = TruncateRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TruncateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TruncateRequest) ProtoMessage() {}
+
+func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
+func (*TruncateRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *TruncateRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *TruncateRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *TruncateRequest) GetTo() uint64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
 type Member struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1226,7 +1421,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1433,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1446,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Member) GetId() string {
@@ -1282,7 +1477,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1294,7 +1489,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1307,7 +1502,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -1361,15 +1556,17 @@ type PartitionStatus struct {
 	// Rolling checksum of the log up to log_end.
 	Checksum uint32 `protobuf:"varint,12,opt,name=checksum,proto3" json:"checksum,omitempty"`
 	// Empty when healthy; otherwise why the partition refuses to serve.
-	Error         string        `protobuf:"bytes,13,opt,name=error,proto3" json:"error,omitempty"`
-	Config        *StreamConfig `protobuf:"bytes,14,opt,name=config,proto3" json:"config,omitempty"`
+	Error  string        `protobuf:"bytes,13,opt,name=error,proto3" json:"error,omitempty"`
+	Config *StreamConfig `protobuf:"bytes,14,opt,name=config,proto3" json:"config,omitempty"`
+	// Epoch of the last batch in the log (0: empty log).
+	LastLogEpoch  uint64 `protobuf:"varint,15,opt,name=last_log_epoch,json=lastLogEpoch,proto3" json:"last_log_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1578,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1591,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -1495,6 +1692,13 @@ func (x *PartitionStatus) GetConfig() *StreamConfig {
 	return nil
 }
 
+func (x *PartitionStatus) GetLastLogEpoch() uint64 {
+	if x != nil {
+		return x.LastLogEpoch
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty stream: every partition.
@@ -1506,7 +1710,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1518,7 +1722,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1531,7 +1735,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -1558,7 +1762,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1570,7 +1774,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1583,7 +1787,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -1616,7 +1820,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1832,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1845,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -1694,7 +1898,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +1910,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +1923,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -1775,7 +1979,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +1991,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +2004,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -1864,7 +2068,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1876,7 +2080,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1889,7 +2093,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -1987,7 +2191,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1999,7 +2203,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2012,7 +2216,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 type BatchData struct {
@@ -2025,7 +2229,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2241,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2254,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -2076,7 +2280,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2292,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2305,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -2125,7 +2329,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2137,7 +2341,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2150,7 +2354,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -2288,7 +2492,22 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\breplicas\x18\x04 \x03(\v2\x1a.catena.v1.PartitionStatusR\breplicas\"\x14\n" +
 	"\x12ListStreamsRequest\"/\n" +
 	"\x13ListStreamsResponse\x12\x18\n" +
-	"\astreams\x18\x01 \x03(\tR\astreams\",\n" +
+	"\astreams\x18\x01 \x03(\tR\astreams\"]\n" +
+	"\x0fEpochEndRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\x81\x01\n" +
+	"\x10EpochEndResponse\x12\x1d\n" +
+	"\n" +
+	"end_offset\x18\x01 \x01(\x04R\tendOffset\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x17\n" +
+	"\alog_end\x18\x03 \x01(\x04R\x06logEnd\x12\x1f\n" +
+	"\vchain_epoch\x18\x04 \x01(\x04R\n" +
+	"chainEpoch\"W\n" +
+	"\x0fTruncateRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x0e\n" +
+	"\x02to\x18\x03 \x01(\x04R\x02to\",\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xbc\x01\n" +
@@ -2297,7 +2516,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
-	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xc4\x03\n" +
+	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xea\x03\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -2314,7 +2533,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\rsuccessor_ack\x18\v \x01(\x04R\fsuccessorAck\x12\x1a\n" +
 	"\bchecksum\x18\f \x01(\rR\bchecksum\x12\x14\n" +
 	"\x05error\x18\r \x01(\tR\x05error\x12/\n" +
-	"\x06config\x18\x0e \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"X\n" +
+	"\x06config\x18\x0e \x01(\v2\x17.catena.v1.StreamConfigR\x06config\x12$\n" +
+	"\x0elast_log_epoch\x18\x0f \x01(\x04R\flastLogEpoch\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
@@ -2392,7 +2612,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.catena.v1.SubscribeRequest\x1a\x18.catena.v1.FetchResponse0\x01\x12L\n" +
 	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12P\n" +
 	"\x0eDescribeStream\x12 .catena.v1.DescribeStreamRequest\x1a\x1c.catena.v1.StreamDescription\x12L\n" +
-	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse2\xe4\x03\n" +
+	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse2\xed\x04\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -2400,7 +2620,9 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\fAppendStream\x12\x18.catena.v1.AppendRequest\x1a\x19.catena.v1.AppendResponse(\x010\x01\x12C\n" +
 	"\tReplicate\x12\x19.catena.v1.ReplicateFrame\x1a\x17.catena.v1.ReplicateAck(\x010\x01\x129\n" +
 	"\x04Read\x12\x17.catena.v1.FetchRequest\x1a\x18.catena.v1.FetchResponse\x12L\n" +
-	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
+	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12C\n" +
+	"\bEpochEnd\x12\x1a.catena.v1.EpochEndRequest\x1a\x1b.catena.v1.EpochEndResponse\x12B\n" +
+	"\bTruncate\x12\x1a.catena.v1.TruncateRequest\x1a\x1a.catena.v1.PartitionStatusB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
 
 var (
 	file_catena_v1_catena_proto_rawDescOnce sync.Once
@@ -2415,7 +2637,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),               // 0: catena.v1.Durability
 	(OffsetSpec)(0),               // 1: catena.v1.OffsetSpec
@@ -2436,19 +2658,22 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*PartitionDescription)(nil),  // 16: catena.v1.PartitionDescription
 	(*ListStreamsRequest)(nil),    // 17: catena.v1.ListStreamsRequest
 	(*ListStreamsResponse)(nil),   // 18: catena.v1.ListStreamsResponse
-	(*Member)(nil),                // 19: catena.v1.Member
-	(*ConfigureRequest)(nil),      // 20: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),       // 21: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),         // 22: catena.v1.StatusRequest
-	(*StatusResponse)(nil),        // 23: catena.v1.StatusResponse
-	(*AppendRequest)(nil),         // 24: catena.v1.AppendRequest
-	(*AppendRecord)(nil),          // 25: catena.v1.AppendRecord
-	(*AppendResponse)(nil),        // 26: catena.v1.AppendResponse
-	(*ReplicateFrame)(nil),        // 27: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),             // 28: catena.v1.LinkHello
-	(*BatchData)(nil),             // 29: catena.v1.BatchData
-	(*CommitNotice)(nil),          // 30: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),          // 31: catena.v1.ReplicateAck
+	(*EpochEndRequest)(nil),       // 19: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),      // 20: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),       // 21: catena.v1.TruncateRequest
+	(*Member)(nil),                // 22: catena.v1.Member
+	(*ConfigureRequest)(nil),      // 23: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),       // 24: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),         // 25: catena.v1.StatusRequest
+	(*StatusResponse)(nil),        // 26: catena.v1.StatusResponse
+	(*AppendRequest)(nil),         // 27: catena.v1.AppendRequest
+	(*AppendRecord)(nil),          // 28: catena.v1.AppendRecord
+	(*AppendResponse)(nil),        // 29: catena.v1.AppendResponse
+	(*ReplicateFrame)(nil),        // 30: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),             // 31: catena.v1.LinkHello
+	(*BatchData)(nil),             // 32: catena.v1.BatchData
+	(*CommitNotice)(nil),          // 33: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),          // 34: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
@@ -2458,46 +2683,50 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	1,  // 4: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
 	4,  // 5: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
 	16, // 6: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	19, // 7: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	21, // 8: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	19, // 9: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	22, // 7: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	24, // 8: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	22, // 9: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
 	4,  // 10: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	19, // 11: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	22, // 11: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
 	2,  // 12: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
 	4,  // 13: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
-	21, // 14: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	25, // 15: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	28, // 16: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	29, // 17: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	30, // 18: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	24, // 14: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	28, // 15: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	31, // 16: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	32, // 17: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	33, // 18: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
 	6,  // 19: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
 	9,  // 20: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
 	11, // 21: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
 	12, // 22: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
 	14, // 23: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
 	17, // 24: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	20, // 25: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	22, // 26: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	24, // 27: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	24, // 28: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	27, // 29: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	23, // 25: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	25, // 26: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	27, // 27: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	27, // 28: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	30, // 29: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
 	9,  // 30: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
 	12, // 31: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	8,  // 32: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	10, // 33: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	10, // 34: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	13, // 35: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	15, // 36: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	18, // 37: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	21, // 38: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	23, // 39: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	26, // 40: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	26, // 41: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	31, // 42: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	10, // 43: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	13, // 44: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	32, // [32:45] is the sub-list for method output_type
-	19, // [19:32] is the sub-list for method input_type
+	19, // 32: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	21, // 33: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	8,  // 34: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	10, // 35: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	10, // 36: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	13, // 37: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	15, // 38: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	18, // 39: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	24, // 40: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	26, // 41: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	29, // 42: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	29, // 43: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	34, // 44: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	10, // 45: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	13, // 46: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	20, // 47: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	24, // 48: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	34, // [34:49] is the sub-list for method output_type
+	19, // [19:34] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -2509,13 +2738,13 @@ func file_catena_v1_catena_proto_init() {
 		return
 	}
 	file_catena_v1_catena_proto_msgTypes[2].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[19].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[24].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[22].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[27].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[28].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[31].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -2525,7 +2754,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

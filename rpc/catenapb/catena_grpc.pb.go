@@ -344,6 +344,8 @@ const (
 	Replica_Replicate_FullMethodName    = "/catena.v1.Replica/Replicate"
 	Replica_Read_FullMethodName         = "/catena.v1.Replica/Read"
 	Replica_ListOffsets_FullMethodName  = "/catena.v1.Replica/ListOffsets"
+	Replica_EpochEnd_FullMethodName     = "/catena.v1.Replica/EpochEnd"
+	Replica_Truncate_FullMethodName     = "/catena.v1.Replica/Truncate"
 )
 
 // ReplicaClient is the client API for Replica service.
@@ -369,6 +371,17 @@ type ReplicaClient interface {
 	Read(ctx context.Context, in *FetchRequest, opts ...grpc.CallOption) (*FetchResponse, error)
 	// ListOffsets as in Ingest, served by any member.
 	ListOffsets(ctx context.Context, in *ListOffsetsRequest, opts ...grpc.CallOption) (*ListOffsetsResponse, error)
+	// EpochEnd (admin, chain repair) says where an epoch ended in this
+	// replica's log: the first offset written under a later epoch, or the log
+	// end if none. The chain's master asks a chain member on behalf of a
+	// returning member, Kafka leader-epoch style. OUT_OF_RANGE when retention
+	// deleted the batches that would answer.
+	EpochEnd(ctx context.Context, in *EpochEndRequest, opts ...grpc.CallOption) (*EpochEndResponse, error)
+	// Truncate (admin, chain repair) cuts this replica's log back to an
+	// offset (rounded down to a batch boundary). Allowed only when the
+	// replica is not a member of the epoch it has installed; never below the
+	// committed offset it knows (FAILED_PRECONDITION).
+	Truncate(ctx context.Context, in *TruncateRequest, opts ...grpc.CallOption) (*PartitionStatus, error)
 }
 
 type replicaClient struct {
@@ -455,6 +468,26 @@ func (c *replicaClient) ListOffsets(ctx context.Context, in *ListOffsetsRequest,
 	return out, nil
 }
 
+func (c *replicaClient) EpochEnd(ctx context.Context, in *EpochEndRequest, opts ...grpc.CallOption) (*EpochEndResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EpochEndResponse)
+	err := c.cc.Invoke(ctx, Replica_EpochEnd_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *replicaClient) Truncate(ctx context.Context, in *TruncateRequest, opts ...grpc.CallOption) (*PartitionStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PartitionStatus)
+	err := c.cc.Invoke(ctx, Replica_Truncate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ReplicaServer is the server API for Replica service.
 // All implementations must embed UnimplementedReplicaServer
 // for forward compatibility.
@@ -478,6 +511,17 @@ type ReplicaServer interface {
 	Read(context.Context, *FetchRequest) (*FetchResponse, error)
 	// ListOffsets as in Ingest, served by any member.
 	ListOffsets(context.Context, *ListOffsetsRequest) (*ListOffsetsResponse, error)
+	// EpochEnd (admin, chain repair) says where an epoch ended in this
+	// replica's log: the first offset written under a later epoch, or the log
+	// end if none. The chain's master asks a chain member on behalf of a
+	// returning member, Kafka leader-epoch style. OUT_OF_RANGE when retention
+	// deleted the batches that would answer.
+	EpochEnd(context.Context, *EpochEndRequest) (*EpochEndResponse, error)
+	// Truncate (admin, chain repair) cuts this replica's log back to an
+	// offset (rounded down to a batch boundary). Allowed only when the
+	// replica is not a member of the epoch it has installed; never below the
+	// committed offset it knows (FAILED_PRECONDITION).
+	Truncate(context.Context, *TruncateRequest) (*PartitionStatus, error)
 	mustEmbedUnimplementedReplicaServer()
 }
 
@@ -508,6 +552,12 @@ func (UnimplementedReplicaServer) Read(context.Context, *FetchRequest) (*FetchRe
 }
 func (UnimplementedReplicaServer) ListOffsets(context.Context, *ListOffsetsRequest) (*ListOffsetsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListOffsets not implemented")
+}
+func (UnimplementedReplicaServer) EpochEnd(context.Context, *EpochEndRequest) (*EpochEndResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EpochEnd not implemented")
+}
+func (UnimplementedReplicaServer) Truncate(context.Context, *TruncateRequest) (*PartitionStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method Truncate not implemented")
 }
 func (UnimplementedReplicaServer) mustEmbedUnimplementedReplicaServer() {}
 func (UnimplementedReplicaServer) testEmbeddedByValue()                 {}
@@ -634,6 +684,42 @@ func _Replica_ListOffsets_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Replica_EpochEnd_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EpochEndRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).EpochEnd(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_EpochEnd_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).EpochEnd(ctx, req.(*EpochEndRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Replica_Truncate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TruncateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).Truncate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_Truncate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).Truncate(ctx, req.(*TruncateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Replica_ServiceDesc is the grpc.ServiceDesc for Replica service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -660,6 +746,14 @@ var Replica_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListOffsets",
 			Handler:    _Replica_ListOffsets_Handler,
+		},
+		{
+			MethodName: "EpochEnd",
+			Handler:    _Replica_EpochEnd_Handler,
+		},
+		{
+			MethodName: "Truncate",
+			Handler:    _Replica_Truncate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,197 @@
+package devcluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/chainplan"
+	"github.com/catena-streams/catena/replica/server"
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+// replicaNode is an in-process replica server on a fixed loopback address.
+type replicaNode struct {
+	id, addr, dir string
+	srv           *server.Server
+	g             *grpc.Server
+}
+
+func startNode(t *testing.T, id, addr, dir string) *replicaNode {
+	t.Helper()
+	srv, err := server.New(server.Options{ID: id, DataDir: dir, Logger: logr.Discard(), Fatal: func(err error) { t.Errorf("replica %s stopped: %v", id, err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lis net.Listener
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		lis, err = net.Listen("tcp", addr)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &replicaNode{id: id, addr: lis.Addr().String(), dir: dir, srv: srv, g: grpc.NewServer(transport.ServerOptions(nil)...)}
+	srv.Register(n.g)
+	go func() { _ = n.g.Serve(lis) }()
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *replicaNode) stop() {
+	n.g.Stop()
+	n.srv.Close()
+}
+
+// TestMasterRepairsAReturningHeadWithOrphans drives the dev master's repair
+// over real (in-process) replicas through SCENARIOS.md 3: the head appends
+// records it never forwards and dies; the master removes it; the new head
+// writes other records at those offsets; the old head returns and the
+// master truncates its orphans and re-adds it at the tail.
+func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
+	ctx := context.Background()
+	a := startNode(t, "a", "127.0.0.1:0", t.TempDir())
+	b := startNode(t, "b", "127.0.0.1:0", t.TempDir())
+	c := startNode(t, "c", "127.0.0.1:0", t.TempDir())
+	pool := transport.NewPool(nil)
+	defer pool.Close()
+	rc := func(n *replicaNode) catenapb.ReplicaClient {
+		conn, err := pool.Get(n.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return catenapb.NewReplicaClient(conn)
+	}
+	m := &master{
+		stream: "s", partitions: 1, replication: 3, pool: pool, log: logr.Discard(),
+		addrs:  map[string]string{"a": a.addr, "b": b.addr, "c": c.addr},
+		failed: map[string]bool{}, chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]agreement{},
+	}
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC}
+	req := &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Config: cfg,
+		Members: []*catenapb.Member{{Id: "a", Addr: a.addr}, {Id: "b", Addr: b.addr}, {Id: "c", Addr: c.addr}}}
+	for _, n := range []*replicaNode{c, b, a} {
+		if _, err := rc(n).Configure(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendAt := func(n *replicaNode, epoch, producer, seq uint64, count int, timeout time.Duration) error {
+		recs := make([]*catenapb.AppendRecord, count)
+		for i := range recs {
+			recs[i] = &catenapb.AppendRecord{Value: []byte(fmt.Sprintf("p%d-%d", producer, seq+uint64(i))), ProducerId: producer, Sequence: seq + uint64(i)}
+		}
+		actx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		_, err := rc(n).Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: epoch, Records: recs})
+		return err
+	}
+	for i := range 5 {
+		if err := appendAt(a, 1, 1, uint64(i*2+1), 2, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.repair(ctx) // healthy: nothing to do
+	if ch := m.chains[0]; ch.Epoch != 0 {
+		t.Fatalf("healthy chain changed: %+v", ch)
+	}
+
+	// Orphans: the successor is unreachable while the head appends.
+	b.stop()
+	if err := appendAt(a, 1, 2, 1, 3, 200*time.Millisecond); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("append with the successor down: %v", err)
+	}
+	waitFor(t, func() error {
+		st := partStatus(t, rc(a))
+		if st.GetDurable() != 13 {
+			return fmt.Errorf("head durable %d, want 13", st.GetDurable())
+		}
+		return nil
+	})
+	a.stop()
+	m.failed["a"] = true
+	b = startNode(t, "b", b.addr, b.dir)
+	m.repair(ctx)
+	if ch := m.chains[0]; ch.Epoch != 2 || fmt.Sprint(ch.Members) != "[b c]" {
+		t.Fatalf("after the head failed: %+v", m.chains[0])
+	}
+	for i := range 4 {
+		if err := appendAt(b, 2, 3, uint64(i*2+1), 2, 5*time.Second); err != nil {
+			t.Fatalf("append at the new head: %v", err)
+		}
+	}
+
+	// The old head returns on its volume.
+	a = startNode(t, "a", a.addr, a.dir)
+	delete(m.failed, "a")
+	if st := partStatus(t, rc(a)); st.GetLogEnd() != 13 || st.GetLastLogEpoch() != 1 {
+		t.Fatalf("returning head: end %d last epoch %d", st.GetLogEnd(), st.GetLastLogEpoch())
+	}
+	m.repair(ctx)
+	if ch := m.chains[0]; ch.Epoch != 3 || fmt.Sprint(ch.Members) != "[b c a]" {
+		t.Fatalf("after the return: %+v", m.chains[0])
+	}
+	if err := appendAt(b, 3, 3, 9, 2, 5*time.Second); err != nil {
+		t.Fatalf("append after the rejoin: %v", err)
+	}
+	waitFor(t, func() error {
+		sb := partStatus(t, rc(b))
+		for _, n := range []*replicaNode{b, c, a} {
+			st := partStatus(t, rc(n))
+			if st.GetEpoch() != 3 || st.GetLogEnd() != 20 || st.GetCommitted() != 20 || st.GetChecksum() != sb.GetChecksum() {
+				return fmt.Errorf("%s: epoch %d end %d committed %d sum %08x; head sum %08x", n.id, st.GetEpoch(), st.GetLogEnd(), st.GetCommitted(), st.GetChecksum(), sb.GetChecksum())
+			}
+		}
+		return nil
+	})
+	// The orphans are gone: offsets 10..19 hold producer 3's records.
+	resp, err := rc(a).Read(ctx, &catenapb.FetchRequest{Stream: "s", Offset: 10, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range resp.GetRecords() {
+		if want := fmt.Sprintf("p3-%d", i+1); string(r.GetValue()) != want {
+			t.Fatalf("offset %d on the returned head: %q, want %q", r.GetOffset(), r.GetValue(), want)
+		}
+	}
+	m.repair(ctx) // converged: nothing more
+	if ch := m.chains[0]; ch.Epoch != 3 {
+		t.Fatalf("repair of a converged chain moved it: %+v", ch)
+	}
+}
+
+func partStatus(t *testing.T, c catenapb.ReplicaClient) *catenapb.PartitionStatus {
+	t.Helper()
+	p := uint32(0)
+	resp, err := c.Status(context.Background(), &catenapb.StatusRequest{Stream: "s", Partition: &p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetPartitions()[0]
+}
+
+func waitFor(t *testing.T, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

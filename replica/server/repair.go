@@ -1,0 +1,131 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/chain"
+	"github.com/catena-streams/catena/replica/partlog"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// Chain repair: the admin calls the chain's master makes to bring a
+// returning member back. The master first installs the current chain on the
+// returning member (which is not in it, so its role is none), asks a chain
+// member where the returning member's last log epoch ended (EpochEnd), cuts
+// the returning member's log back there (Truncate) and then adds it at the
+// tail under a new epoch, where the link fills it in.
+
+// EpochEnd says where an epoch ended in this replica's log.
+func (s *Server) EpochEnd(ctx context.Context, req *catenapb.EpochEndRequest) (*catenapb.EpochEndResponse, error) {
+	p, err := s.lookup(req.GetStream(), req.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failed != nil || p.log == nil {
+		return nil, p.usable()
+	}
+	end, err := p.log.EpochEndOffset(req.GetEpoch())
+	if err != nil {
+		if errors.Is(err, partlog.ErrOutOfRange) {
+			return nil, status.Errorf(codes.OutOfRange, "partition %s/%d on %s: %v", p.stream, p.index, s.id, err)
+		}
+		return nil, status.Errorf(codes.Unavailable, "partition %s/%d on %s: %v", p.stream, p.index, s.id, err)
+	}
+	resp := &catenapb.EpochEndResponse{EndOffset: end, LogEnd: p.log.NextOffset(), ChainEpoch: p.core.Status().Epoch}
+	for _, e := range p.log.Epochs() {
+		if e.Epoch > req.GetEpoch() {
+			break
+		}
+		resp.Epoch = e.Epoch
+	}
+	return resp, nil
+}
+
+// Truncate cuts a non-member's log back to req.To, rounded down to a batch
+// boundary. It refuses while this replica is a member of the epoch it has
+// installed (the master must install a chain without it first) and below
+// the committed offset it knows: committed records are on every member and
+// never orphans.
+func (s *Server) Truncate(ctx context.Context, req *catenapb.TruncateRequest) (*catenapb.PartitionStatus, error) {
+	p, err := s.lookup(req.GetStream(), req.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failed != nil || p.log == nil {
+		return nil, p.usable()
+	}
+	st := p.core.Status()
+	if st.Role != chain.RoleNone {
+		return nil, status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s: replica is %s of the chain at epoch %d; only a replica outside the chain may be truncated", p.stream, p.index, s.id, st.Role, st.Epoch)
+	}
+	end := p.log.NextOffset()
+	to := req.GetTo()
+	if to >= end {
+		return p.statusLocked(), nil
+	}
+	if start := p.log.StartOffset(); to < start {
+		return nil, status.Errorf(codes.OutOfRange, "partition %s/%d on %s: truncate to %d is below the log start %d", p.stream, p.index, s.id, to, start)
+	}
+	// Round down to the start of the batch holding to.
+	frames, err := p.log.ReadFrames(to, end, 1)
+	if err != nil || len(frames) == 0 {
+		if errors.Is(err, partlog.ErrCorrupt) {
+			p.failed = err
+			p.broadcast()
+		}
+		return nil, status.Errorf(codes.Internal, "partition %s/%d on %s: failed to find the batch holding offset %d: %v", p.stream, p.index, s.id, to, err)
+	}
+	h, err := partlog.DecodeHeader(frames[0])
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "partition %s/%d on %s: %v", p.stream, p.index, s.id, err)
+	}
+	cut := h.BaseOffset
+	if committed := max(st.Committed, p.committed); cut < committed {
+		return nil, status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s: truncating to %d (batch boundary at or below %d) would cut committed offsets below %d", p.stream, p.index, s.id, cut, to, committed)
+	}
+	if err := p.log.Truncate(cut); err != nil {
+		if errors.Is(err, partlog.ErrFailed) {
+			// The log is in an unknown state on disk: stop, as a failed fsync does.
+			go p.crashStop(fmt.Errorf("failed to truncate partition %s/%d: %w", p.stream, p.index, err))
+		}
+		return nil, status.Errorf(codes.Internal, "partition %s/%d on %s: truncate to %d: %v", p.stream, p.index, s.id, cut, err)
+	}
+	// A sync that read the log end before the cut must not report it
+	// durable now (the log may grow again past the cut before it reports).
+	p.truncations.Add(1)
+	p.dedup.truncate(cut)
+	p.recent, p.recentBytes = nil, 0
+	// The core has no truncation: rebuild it over the shorter log and
+	// reinstall the installed configuration (where this replica has no role).
+	p.core = chain.New(s.id, cut)
+	if p.meta != nil {
+		eff, err := p.core.Configure(chain.Config{Epoch: p.meta.Epoch, Members: p.meta.memberIDs()})
+		if err != nil {
+			return nil, coreStatus(err, p)
+		}
+		p.apply(eff)
+	}
+	p.fwdEnd, p.ackUp = 0, 0
+	p.m.logEnd.Set(float64(cut))
+	p.broadcast()
+	p.logger.Info("Truncated partition log for chain repair", "from", end, "to", cut, "requested", to, "epoch", st.Epoch)
+	return p.statusLocked(), nil
+}
+
+// lastLogEpoch is the epoch of the log's last batch (0: empty).
+func lastLogEpoch(l *partlog.Log) uint64 {
+	eps := l.Epochs()
+	if len(eps) == 0 || l.NextOffset() == l.StartOffset() {
+		return 0
+	}
+	return eps[len(eps)-1].Epoch
+}
