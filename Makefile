@@ -13,6 +13,12 @@ FUZZTIME   ?= 10s
 
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+CONTROLLER_GEN_VERSION     := v0.23.0
+CONTROLLER_GEN             := $(TOOLS_DIR)/controller-gen-$(CONTROLLER_GEN_VERSION)
+
+# What `make generate` and `make manifests` write; `make verify` fails when
+# regenerating changes any of it.
+GENERATED  := rpc/catenapb api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac
 
 .DEFAULT_GOAL := help
 
@@ -29,12 +35,18 @@ dev: build ## Run the local all-in-one (3 replicas, ingestion on 127.0.0.1:7070,
 	$(BIN)/catena dev --data-dir .catena-dev
 
 .PHONY: generate
-generate: $(TOOLS_DIR)/protoc-gen-go $(TOOLS_DIR)/protoc-gen-go-grpc ## Regenerate protobuf and gRPC code.
+generate: $(TOOLS_DIR)/protoc-gen-go $(TOOLS_DIR)/protoc-gen-go-grpc $(CONTROLLER_GEN) ## Regenerate protobuf and gRPC code, and the API's DeepCopy methods.
 	@command -v protoc >/dev/null || { echo "protoc not found: apt-get install -y protobuf-compiler" >&2; exit 1; }
 	PATH=$(TOOLS_DIR):$$PATH protoc -I rpc/proto \
 	  --go_out=. --go_opt=module=github.com/catena-streams/catena \
 	  --go-grpc_out=. --go-grpc_opt=module=github.com/catena-streams/catena \
 	  rpc/proto/catena/v1/catena.proto
+	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate the CRDs (config/crd/bases) and the operator's RBAC (config/rbac) from api/ and controllers/.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/...;./controllers/..." \
+	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 
 .PHONY: fmt
 fmt: ## Format Go code.
@@ -46,8 +58,16 @@ lint: ## Run go vet and check formatting.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 .PHONY: verify
-verify: generate ## Fail when generated files are stale.
-	@git diff --exit-code -- rpc/catenapb || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
+verify: ## Fail when generated files are stale (regenerates them, then compares).
+	@sum() { { find $(GENERATED) -type f 2>/dev/null || true; } | LC_ALL=C sort | xargs -r sha256sum; }; \
+	before=$$(sum); \
+	$(MAKE) --no-print-directory generate manifests; \
+	after=$$(sum); \
+	if [ "$$before" != "$$after" ]; then \
+	  diff <(echo "$$before") <(echo "$$after") >&2 || true; \
+	  echo "generated files were stale and are now regenerated: review and commit them (make generate manifests)" >&2; \
+	  exit 1; \
+	fi
 
 ##@ Build
 
@@ -59,7 +79,7 @@ build: ## Build bin/catena and bin/catenactl.
 ##@ Test
 
 .PHONY: test
-test: build lint verify ## Run unit and integration tests, and a short fuzz run.
+test: build lint verify ## Run unit, integration and envtest API tests, and a short fuzz run.
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./replica/partlog/
 
@@ -78,6 +98,11 @@ $(TOOLS_DIR)/protoc-gen-go:
 
 $(TOOLS_DIR)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS_DIR) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+# Versioned file name, so that changing CONTROLLER_GEN_VERSION reinstalls it.
+$(CONTROLLER_GEN):
+	GOBIN=$(TOOLS_DIR) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	mv $(TOOLS_DIR)/controller-gen $@
 
 .PHONY: clean
 clean: ## Remove build output.

@@ -1,0 +1,56 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// HasOwnPool reports whether the Stream lives on a pool of its own, created
+// and owned by the operator, rather than on a shared ReplicaPool.
+func (s *Stream) HasOwnPool() bool { return s.Spec.Pool == "" }
+
+// OwnPoolName is the name of the ReplicaPool the operator creates for a
+// Stream that names no pool.
+func (s *Stream) OwnPoolName() string { return s.Name + ownPoolSuffix }
+
+// PoolName is the name of the ReplicaPool hosting the Stream.
+func (s *Stream) PoolName() string {
+	if s.HasOwnPool() {
+		return s.OwnPoolName()
+	}
+	return s.Spec.Pool
+}
+
+// OwnPoolSpec is the spec of the Stream's own pool: its replicas, storage,
+// resources and placement, with defaults where omitted.
+func (s *Stream) OwnPoolSpec() ReplicaPoolSpec {
+	var spec ReplicaPoolSpec
+	if s.Spec.Replicas != nil {
+		spec.Replicas = *s.Spec.Replicas
+	}
+	if s.Spec.Storage != nil {
+		spec.Storage = *s.Spec.Storage.DeepCopy()
+	}
+	if s.Spec.Resources != nil {
+		spec.Resources = *s.Spec.Resources.DeepCopy()
+	}
+	if s.Spec.Placement != nil {
+		spec.Placement = *s.Spec.Placement.DeepCopy()
+	}
+	spec.SetDefaults()
+	return spec
+}
+
+// IngestName is the name of the Stream's ingestion Deployment and Service.
+func (s *Stream) IngestName() string { return s.Name + ingestSuffix }
+
+// PartitionName is the name of the Partition and of the ReplicationChain of
+// the partition with the given index.
+func (s *Stream) PartitionName(index int32) string { return PartitionName(s.Name, index) }
+
+// IsReady reports whether the Stream's Ready condition is True for its
+// current generation.
+func (s *Stream) IsReady() bool {
+	c := meta.FindStatusCondition(s.Status.Conditions, StreamReadyCondition)
+	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == s.Generation
+}

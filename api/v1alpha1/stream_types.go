@@ -1,0 +1,245 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// StreamSpec is the desired state of a Stream.
+//
+// A Stream either names a shared ReplicaPool in pool, or describes a pool of
+// its own with replicas, storage, resources and placement, which the
+// operator creates and owns (named by OwnPoolName). A Stream applied alone,
+// with none of these, gets a pool of its own with the defaults.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement))",message="replicas, storage, resources and placement describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
+// +kubebuilder:validation:XValidation:rule="has(self.pool) || self.replicationFactor <= (has(self.replicas) ? self.replicas : 3)",message="replicationFactor must not exceed replicas (3 when omitted): each member of a partition's chain needs its own replica pod"
+// +kubebuilder:validation:XValidation:rule="has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)",message="pool is immutable: a Stream's partitions cannot move to another pool"
+type StreamSpec struct {
+	// pool names the ReplicaPool, in the Stream's namespace, that hosts the
+	// Stream's chains. When omitted, the Stream gets a pool of its own from
+	// replicas, storage, resources and placement. Immutable. The API server
+	// cannot see the named pool, so replicationFactor above its replicas is
+	// reported by the operator as the Degraded condition with reason
+	// ReplicationFactorExceedsPool.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=52
+	Pool string `json:"pool,omitempty"`
+
+	// partitions is the number of partitions. It may grow but not shrink:
+	// records are routed by key hash, and a removed partition's records
+	// would be lost.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1024
+	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="partitions may grow but not shrink"
+	Partitions int32 `json:"partitions,omitempty"`
+
+	// replicationFactor is the number of members in each partition's chain,
+	// each on a different replica pod. A record is acknowledged once every
+	// member holds it durably. Immutable.
+	// +optional
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=7
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="replicationFactor is immutable"
+	ReplicationFactor int32 `json:"replicationFactor,omitempty"`
+
+	// retention bounds how much of each partition is kept. Records are kept
+	// for ever when omitted.
+	// +optional
+	Retention *RetentionSpec `json:"retention,omitempty"`
+
+	// durability says when a member makes a record durable.
+	// +optional
+	// +kubebuilder:default={mode: Fsync}
+	Durability DurabilitySpec `json:"durability,omitempty,omitzero"`
+
+	// ingestion is the ingestion Deployment that producers and consumers
+	// connect to.
+	// +optional
+	// +kubebuilder:default={}
+	Ingestion IngestionSpec `json:"ingestion,omitempty,omitzero"`
+
+	// replicas is the number of replica pods of the Stream's own pool; 3
+	// when omitted. Only without pool.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// storage is the volume of each pod of the Stream's own pool. Only
+	// without pool.
+	// +optional
+	Storage *StorageSpec `json:"storage,omitempty"`
+
+	// resources are the requests and limits of each replica container of the
+	// Stream's own pool. Only without pool.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// placement spreads the pods of the Stream's own pool across nodes and
+	// zones. Only without pool.
+	// +optional
+	Placement *PlacementSpec `json:"placement,omitempty"`
+}
+
+// RetentionSpec bounds each partition's log. Whichever bound is reached
+// first trims the oldest segments; a segment is removed whole, so a
+// partition may briefly hold a little more.
+// +kubebuilder:validation:MinProperties=1
+type RetentionSpec struct {
+	// time is how long records are kept, as a duration such as 168h or 30m
+	// (units h, m, s, ms), at least 1m.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(h|m|s|ms))+$') && duration(self) >= duration('1m')",message="time must be a duration such as 168h or 30m (units h, m, s, ms) of at least 1m"
+	Time *metav1.Duration `json:"time,omitempty"`
+
+	// bytes is the most each partition keeps, as a quantity such as 50Gi, at
+	// least 1Mi.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('1Mi')) >= 0",message="bytes must be a quantity of at least 1Mi, such as 512Mi or 50Gi"
+	Bytes *resource.Quantity `json:"bytes,omitempty"`
+}
+
+// DurabilityMode says when a member fsyncs what it appended.
+// +kubebuilder:validation:Enum=Fsync;Interval
+type DurabilityMode string
+
+const (
+	// DurabilityFsync fsyncs on every member before a record is
+	// acknowledged: an acknowledged record survives the loss of power of
+	// every member but one.
+	DurabilityFsync DurabilityMode = "Fsync"
+	// DurabilityInterval fsyncs every fsyncInterval and acknowledges once a
+	// record is written on every member: faster, and a record survives as
+	// long as one member's machine does not lose power before its fsync.
+	DurabilityInterval DurabilityMode = "Interval"
+)
+
+// DurabilitySpec says when a member makes a record durable.
+// +kubebuilder:validation:XValidation:rule="has(self.mode) && self.mode == 'Interval' ? has(self.fsyncInterval) : !has(self.fsyncInterval)",message="fsyncInterval is required when mode is Interval and must be omitted otherwise"
+type DurabilitySpec struct {
+	// mode is Fsync (fsync before acknowledging, the default) or Interval
+	// (fsync every fsyncInterval).
+	// +optional
+	// +kubebuilder:default=Fsync
+	Mode DurabilityMode `json:"mode,omitempty"`
+
+	// fsyncInterval is the time between fsyncs in Interval mode, as a
+	// duration such as 10ms or 1s, from 1ms to 10s.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(s|ms))+$') && duration(self) >= duration('1ms') && duration(self) <= duration('10s')",message="fsyncInterval must be a duration such as 10ms or 1s (units s, ms) from 1ms to 10s"
+	FsyncInterval *metav1.Duration `json:"fsyncInterval,omitempty"`
+}
+
+// IngestionSpec is the Stream's ingestion Deployment.
+type IngestionSpec struct {
+	// replicas is the number of ingestion pods. Any of them accepts any
+	// producer or consumer of the Stream.
+	// +optional
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// resources are the requests and limits of each ingestion container.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// StreamEndpoints are the addresses clients connect to.
+type StreamEndpoints struct {
+	// producers is the host:port producers send records to.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Producers string `json:"producers,omitempty"`
+
+	// consumers is the host:port consumers read committed records from.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Consumers string `json:"consumers,omitempty"`
+}
+
+// StreamStatus is the observed state of a Stream.
+type StreamStatus struct {
+	// observedGeneration is the metadata.generation this status describes.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// pool is the ReplicaPool hosting the Stream: spec.pool, or the Stream's
+	// own pool.
+	// +optional
+	// +kubebuilder:validation:MaxLength=52
+	Pool string `json:"pool,omitempty"`
+
+	// partitionsReady is the number of partitions whose chain has
+	// replicationFactor members in chain at its target epoch.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	PartitionsReady int32 `json:"partitionsReady,omitempty"`
+
+	// endpoints are the addresses of the Stream's ingestion Service.
+	// +optional
+	Endpoints StreamEndpoints `json:"endpoints,omitempty,omitzero"`
+
+	// conditions are Ready, Progressing and Degraded; see
+	// stream_conditions.go for their reasons.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=16
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// Stream is a partitioned, chain-replicated log that producers append to
+// and consumers read from.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=str,categories=catena
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.status.pool`
+// +kubebuilder:printcolumn:name="Partitions",type=integer,JSONPath=`.spec.partitions`
+// +kubebuilder:printcolumn:name="Ready Partitions",type=integer,JSONPath=`.status.partitionsReady`
+// +kubebuilder:printcolumn:name="RF",type=integer,JSONPath=`.spec.replicationFactor`
+// +kubebuilder:printcolumn:name="Durability",type=string,JSONPath=`.spec.durability.mode`,priority=1
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoints.producers`,priority=1
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 47",message="Stream names must be at most 47 characters: the Stream's own pool is named <stream>-pool and a pool's name is at most 52"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="Stream names must start with a letter and contain only lowercase letters, digits and '-': they name Services"
+type Stream struct {
+	metav1.TypeMeta `json:",inline"`
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired state of the Stream.
+	// +required
+	Spec StreamSpec `json:"spec"`
+
+	// status is the observed state of the Stream, written by the operator.
+	// +optional
+	Status StreamStatus `json:"status,omitempty,omitzero"`
+}
+
+// StreamList is a list of Streams.
+//
+// +kubebuilder:object:root=true
+type StreamList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Stream `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Stream{}, &StreamList{})
+}

@@ -1,0 +1,82 @@
+package envtest_test
+
+import (
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+)
+
+var _ = Describe("ReplicaPool", func() {
+	var ns string
+	BeforeEach(func() { ns = newNamespace() })
+
+	It("accepts an empty ReplicaPool and applies the defaults", func() {
+		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "defaults", `{}`))).To(Succeed())
+
+		var p streamsv1alpha1.ReplicaPool
+		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "defaults"}, &p)).To(Succeed())
+		Expect(p.Spec.Replicas).To(Equal(streamsv1alpha1.DefaultReplicas))
+		Expect(p.Spec.Storage.Size.Equal(resource.MustParse(streamsv1alpha1.DefaultStorageSize))).To(BeTrue(),
+			"storage.size defaulted to %s", p.Spec.Storage.Size.String())
+		Expect(p.Spec.Placement.NodeSpread).To(Equal(streamsv1alpha1.DefaultNodeSpread))
+		Expect(p.Spec.Placement.ZoneSpread).To(Equal(streamsv1alpha1.DefaultZoneSpread))
+
+		// A Stream's own pool gets the same defaults from SetDefaults.
+		var own streamsv1alpha1.ReplicaPoolSpec
+		own.SetDefaults()
+		Expect(own.Replicas).To(Equal(p.Spec.Replicas))
+		Expect(own.Storage.Size.Equal(p.Spec.Storage.Size)).To(BeTrue())
+		Expect(own.Placement).To(Equal(p.Spec.Placement))
+	})
+
+	It("accepts a ReplicaPool with the longest name", func() {
+		name := "p" + strings.Repeat("x", streamsv1alpha1.MaxReplicaPoolNameLength-1)
+		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", name, `replicas: 5`))).To(Succeed())
+	})
+
+	DescribeTable("rejects an invalid ReplicaPool",
+		func(name, spec, message string) {
+			p := manifest(ns, "ReplicaPool", name, spec)
+			expectRejected(k8s.Create(ctx, p), message)
+			expectAbsent(p)
+		},
+		Entry("zero replicas", "zero", `replicas: 0`,
+			"spec.replicas in body should be greater than or equal to 1"),
+		Entry("too many replicas", "many", `replicas: 65`,
+			"spec.replicas in body should be less than or equal to 64"),
+		Entry("a storage size that is not a quantity", "bad-size", `storage: {size: 10 gigs}`,
+			"size must be a quantity of at least 1Gi, such as 10Gi or 500Gi"),
+		Entry("a storage size below the minimum", "small-size", `storage: {size: 512Mi}`,
+			"size must be a quantity of at least 1Gi, such as 10Gi or 500Gi"),
+		Entry("a name too long for its StatefulSet", "p"+strings.Repeat("x", streamsv1alpha1.MaxReplicaPoolNameLength), `{}`,
+			"ReplicaPool names must be at most 52 characters"),
+		Entry("a name that cannot name a Service", "9lives", `{}`,
+			"ReplicaPool names must start with a letter"),
+		Entry("an unknown spread policy", "bad-spread", `placement: {nodeSpread: Always}`,
+			`spec.placement.nodeSpread: Unsupported value: "Always"`),
+	)
+
+	DescribeTable("rejects an invalid change to a ReplicaPool, keeping what was stored",
+		func(spec, path, value, message string) {
+			p := manifest(ns, "ReplicaPool", "changed", spec)
+			Expect(k8s.Create(ctx, p)).To(Succeed())
+			stored := get(p)
+			before := field(stored, path)
+
+			set(stored, path, value)
+			expectRejected(k8s.Update(ctx, stored), message)
+			expectField(get(p), path, before)
+		},
+		Entry("shrinking storage", `storage: {size: 100Gi}`, "spec.storage.size", "50Gi",
+			"size may grow but not shrink"),
+		Entry("changing the storage class", `storage: {storageClassName: fast}`, "spec.storage.storageClassName", "slow",
+			"storageClassName is immutable"),
+		Entry("setting a storage class", `{}`, "spec.storage.storageClassName", "slow",
+			"storageClassName is immutable"),
+	)
+})
