@@ -83,6 +83,10 @@ test: build lint verify ## Run unit, integration and envtest API tests, and a sh
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./replica/partlog/
 
+.PHONY: test-faults
+test-faults: build ## Run the fault-injection campaign for CATENA_FAULT_DURATION (default 5m; a short one runs in make test).
+	CATENA_FAULT_DURATION=$${CATENA_FAULT_DURATION:-5m} $(GO) test -race -count=1 -timeout 60m -run TestFaultCampaign -v ./test/integration/
+
 .PHONY: bench
 bench: build ## Run catenactl bench against a fresh catena dev (prints records/s, MiB/s, latency).
 	hack/bench.sh

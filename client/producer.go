@@ -506,9 +506,11 @@ func (p *Producer) sendBatch(b *batch) {
 	var lastErr error
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(p.ctx, p.opts.RequestTimeout)
+		cutShort := false // this attempt ends at the retry deadline
 		if d, ok := ctx.Deadline(); ok && d.After(deadline) && time.Until(deadline) > 0 {
 			cancel()
 			ctx, cancel = context.WithDeadline(p.ctx, deadline)
+			cutShort = true
 		}
 		resp, err := p.c.ingest.Produce(ctx, req)
 		cancel()
@@ -519,7 +521,11 @@ func (p *Producer) sendBatch(b *batch) {
 				resolveErr(todo, err, now)
 				return
 			}
-			lastErr = err
+			// An attempt cut short by the retry deadline says only that
+			// time ran out; the previous error says why.
+			if !cutShort || status.Code(err) != codes.DeadlineExceeded || lastErr == nil {
+				lastErr = err
+			}
 		} else if len(resp.Results) != len(todo) {
 			resolveErr(todo, fmt.Errorf("catena: protocol error: %d results for %d records", len(resp.Results), len(todo)), now)
 			return

@@ -3,12 +3,14 @@ package ingest
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -57,6 +59,10 @@ type appender struct {
 	queue  []*chunk
 	wake   chan struct{}
 	nextID uint64
+
+	// progressed: the current session had an answer from the head (only
+	// the run goroutine touches it).
+	progressed bool
 }
 
 func newAppender(srv *Server, stream string, partition uint32) *appender {
@@ -154,12 +160,19 @@ func (a *appender) run() {
 	backoff := retryMin
 	for ctx.Err() == nil {
 		var err error
+		a.progressed = false
 		inflight, err = a.session(ctx, inflight)
 		if ctx.Err() != nil {
 			break
 		}
-		if err == nil {
+		// Back-off grows only across sessions that got nowhere: a session
+		// that worked and then lost its head (a failure after a healthy
+		// stretch) retries at once, or every failure would cost the full
+		// retryMax once a few have happened.
+		if err == nil || a.progressed {
 			backoff = retryMin
+		}
+		if err == nil {
 			continue
 		}
 		a.srv.logger.V(1).Info("Append stream to head ended; re-learning the chain", "stream", a.stream, "partition", a.partition, "error", err.Error())
@@ -285,8 +298,22 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 				return inflight, fmt.Errorf("head %s answered request %d out of order", head.GetId(), resp.GetRequestId())
 			}
 			s := inflight[0]
+			a.progressed = true
 			if code := codes.Code(resp.GetErrorCode()); code != codes.OK {
 				err := status.Error(code, resp.GetErrorMessage())
+				if code == codes.FailedPrecondition && strings.Contains(resp.GetErrorMessage(), chainplan.TooShortForWrites) {
+					// The chain is below its minimum length: every
+					// request on this stream is refused (the head ends the
+					// stream after this answer, storing none of the later
+					// ones). The producer gets the head's reason and
+					// retries on its own schedule.
+					for _, r := range inflight {
+						for _, c := range r.chunks {
+							c.fail(err)
+						}
+					}
+					return nil, err
+				}
 				if code != codes.InvalidArgument && code != codes.OutOfRange {
 					return inflight, err // the head ends the stream too
 				}

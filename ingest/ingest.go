@@ -31,6 +31,14 @@ import (
 const (
 	// statusTimeout bounds one discovery round.
 	statusTimeout = 2 * time.Second
+	// statusProbeTimeout bounds each replica's answer within a round: a
+	// paused or restarting replica must not hold up re-learning a chain
+	// (appenders wait for the round after a head fails); the others'
+	// reports name every chain it belongs to.
+	statusProbeTimeout = 300 * time.Millisecond
+	// statusStraggleGrace is how long a discovery round waits for the
+	// remaining replicas once one has answered.
+	statusStraggleGrace = 100 * time.Millisecond
 	// defaultProduceTimeout bounds a produce call whose context has no deadline.
 	defaultProduceTimeout = 30 * time.Second
 	// maxAppendBytes splits a partition's share of a produce request into
@@ -100,7 +108,7 @@ func New(opts Options) (*Server, error) {
 		appenders:   map[appenderKey]*appender{},
 		ownProducer: binary.LittleEndian.Uint64(b[:]) | 1,
 	}
-	s.disc = &discovery{srv: s, seeds: opts.Replicas, interval: opts.RefreshInterval, updated: make(chan struct{}), kick: make(chan struct{}, 1), table: buildRoutes(nil, opts.Replicas)}
+	s.disc = &discovery{srv: s, seeds: opts.Replicas, interval: opts.RefreshInterval, updated: make(chan struct{}), kick: make(chan struct{}, 1), table: buildRoutes(nil, opts.Replicas), last: map[string]lastReport{}}
 	s.disc.refresh(ctx)
 	go func() {
 		defer close(s.done)

@@ -101,6 +101,15 @@ func (t *routeTable) streamNames() []string {
 	return names
 }
 
+// reportMaxAge is how long a replica's last report stands in for it
+// while it does not answer.
+const reportMaxAge = 30 * time.Second
+
+type lastReport struct {
+	resp *catenapb.StatusResponse
+	at   time.Time
+}
+
 // discovery keeps the route table fresh by asking every known replica.
 type discovery struct {
 	srv      *Server
@@ -109,7 +118,8 @@ type discovery struct {
 
 	mu      sync.Mutex
 	table   *routeTable
-	updated chan struct{} // closed and replaced after each refresh
+	last    map[string]lastReport // by replica address
+	updated chan struct{}         // closed and replaced after each refresh
 	kick    chan struct{}
 }
 
@@ -134,30 +144,69 @@ func (d *discovery) refresh(ctx context.Context) {
 	d.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
-	var mu sync.Mutex
-	var reports []*catenapb.StatusResponse
-	var wg sync.WaitGroup
+	defer cancel() // stragglers' calls end with the round
+	// Answers are taken as they come. The round ends when every replica
+	// answered, when statusProbeTimeout has passed, or statusStraggleGrace
+	// after the first answer: a dead, paused or restarting replica must
+	// not hold up re-learning a chain after its head failed (appenders
+	// wait for this round), and the replicas that answered report every
+	// chain it belongs to.
+	type answer struct {
+		addr string
+		resp *catenapb.StatusResponse
+	}
+	answers := make(chan answer, len(addrs))
 	for addr := range addrs {
-		wg.Add(1)
 		go func() {
-			defer wg.Done()
+			var resp *catenapb.StatusResponse
+			defer func() { answers <- answer{addr, resp} }()
 			conn, err := d.srv.pool.Get(addr)
 			if err != nil {
 				return
 			}
-			resp, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{})
-			if err != nil {
-				return
+			pctx, pcancel := context.WithTimeout(ctx, statusProbeTimeout)
+			defer pcancel()
+			if r, err := catenapb.NewReplicaClient(conn).Status(pctx, &catenapb.StatusRequest{}); err == nil {
+				resp = r
 			}
-			mu.Lock()
-			reports = append(reports, resp)
-			mu.Unlock()
 		}()
 	}
-	wg.Wait()
-	t := buildRoutes(reports, d.seeds)
+	now := time.Now()
+	timeout := time.NewTimer(statusProbeTimeout)
+	defer timeout.Stop()
+	var grace <-chan time.Time
+wait:
+	for range len(addrs) {
+		select {
+		case a := <-answers:
+			if a.resp != nil {
+				d.mu.Lock()
+				d.last[a.addr] = lastReport{a.resp, now}
+				d.mu.Unlock()
+				if grace == nil {
+					grace = time.After(statusStraggleGrace)
+				}
+			}
+		case <-grace:
+			break wait
+		case <-timeout.C:
+			break wait
+		}
+	}
+	// A replica that did not answer in time keeps its last report for a
+	// while: it still names the chains it belongs to (a stale epoch loses
+	// to the others' newer one in buildRoutes), and a slow round must not
+	// make streams vanish from the table.
 	d.mu.Lock()
+	var reports []*catenapb.StatusResponse
+	for addr, r := range d.last {
+		if now.Sub(r.at) > reportMaxAge {
+			delete(d.last, addr)
+			continue
+		}
+		reports = append(reports, r.resp)
+	}
+	t := buildRoutes(reports, d.seeds)
 	d.table = t
 	close(d.updated)
 	d.updated = make(chan struct{})

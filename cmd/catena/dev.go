@@ -24,7 +24,9 @@ func newDevCommand() *cobra.Command {
 and serves until interrupted. Data is kept across restarts on the same --data-dir.
 It is its chains' master: when a replica process exits, every chain goes on without it under a
 new epoch at once, and the replica is restarted on its data directory, cut back to where it
-agrees with its chains and re-added at their tails.`,
+agrees with its chains and re-added at their tails. A replica that does not answer for
+--failure-timeout (paused, hung) is removed the same way and re-added when it answers again.
+Chains shorter than --min-chain-length refuse writes until they regrow.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			switch durability {
@@ -63,6 +65,8 @@ agrees with its chains and re-added at their tails.`,
 	f.IntVar(&spec.Replication, "replication", 3, "chain length of each partition")
 	f.StringVar(&durability, "durability", "fsync", "fsync (fsync on every member before the ack) or interval")
 	f.Uint32Var(&spec.FsyncMs, "fsync-interval-ms", 0, "fsync interval with --durability interval (default 100)")
+	f.IntVar(&spec.MinChainLength, "min-chain-length", 1, "fewest chain members a partition needs to take writes; shorter chains refuse appends")
+	f.DurationVar(&spec.FailureTimeout, "failure-timeout", devcluster.DefaultFailureTimeout, "how long a replica may not answer before the master removes it from its chains")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	return cmd
 }

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/ingest"
 	"github.com/catena-streams/catena/replica/chainplan"
@@ -48,6 +49,12 @@ type Spec struct {
 	Replication int
 	Durability  catenapb.Durability
 	FsyncMs     uint32
+	// MinChainLength is the fewest members a chain must have for its head
+	// to take writes (0: 1); shorter chains refuse appends.
+	MinChainLength int
+	// FailureTimeout is how long a replica may not answer Status before the
+	// master removes it from its chains (0: DefaultFailureTimeout).
+	FailureTimeout time.Duration
 	// Binary is the catena executable to run replicas with (default: this one).
 	Binary string
 	Logger logr.Logger
@@ -103,6 +110,10 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("--partitions %d must be between 1 and 1024", s.Partitions)
 	case s.Replication < 1 || s.Replication > s.Replicas:
 		return fmt.Errorf("--replication %d must be between 1 and --replicas (%d)", s.Replication, s.Replicas)
+	case s.MinChainLength < 0 || s.MinChainLength > s.Replication:
+		return fmt.Errorf("--min-chain-length %d must be between 1 and --replication (%d)", s.MinChainLength, s.Replication)
+	case s.FailureTimeout != 0 && (s.FailureTimeout < minFailureTimeout || s.FailureTimeout > maxFailureTimeout):
+		return fmt.Errorf("--failure-timeout %s must be between %s and %s", s.FailureTimeout, minFailureTimeout, maxFailureTimeout)
 	}
 	if _, _, err := net.SplitHostPort(s.Listen); err != nil {
 		return fmt.Errorf("--listen %q: %w", s.Listen, err)
@@ -114,6 +125,10 @@ func (s *Spec) Validate() error {
 func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	if err := spec.Validate(); err != nil {
 		return err
+	}
+	spec.MinChainLength = max(spec.MinChainLength, 1)
+	if spec.FailureTimeout == 0 {
+		spec.FailureTimeout = DefaultFailureTimeout
 	}
 	log := spec.Logger
 	if spec.Binary == "" {
@@ -203,20 +218,32 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	}
 
 	m := &master{
-		stream: spec.Stream, partitions: spec.Partitions, replication: spec.Replication, pool: pool,
+		stream: spec.Stream, partitions: spec.Partitions, replication: spec.Replication, minLength: spec.MinChainLength, pool: pool,
 		log: log.WithValues("component", "master"), addrs: map[string]string{}, failed: map[string]bool{},
 		chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]agreement{},
+		health: newHealthTracker(spec.FailureTimeout),
 	}
 	for _, c := range children {
 		m.addrs[c.ID] = c.Addr
+		m.health.started(c.ID, time.Now())
 	}
 	exited := make(chan *child, len(children))
 	watch := func(c *child) { go func() { <-c.done; exited <- c }() }
 	for _, c := range children {
 		watch(c)
 	}
-	tick := time.NewTicker(repairInterval)
+	// Probing every replica is a repair round: each round asks every
+	// replica for its Status on a short deadline, feeds the failure
+	// detector and re-plans every chain.
+	tick := time.NewTicker(probeInterval)
 	defer tick.Stop()
+	// A restarted replica is waited for off the loop, so probing (and
+	// failure detection of the others) goes on meanwhile.
+	type readyResult struct {
+		c   *child
+		err error
+	}
+	readyCh := make(chan readyResult)
 	restartAt := map[string]time.Time{}
 	restart := make(chan *child)
 	scheduleRestart := func(c *child, delay time.Duration) {
@@ -238,6 +265,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 			// First chains without it, so every chain keeps serving; then
 			// the same replica again on its volume, re-added by repair.
 			m.failed[c.ID] = true
+			m.health.exited(c.ID)
 			m.repair(ctx)
 			// Restart it, later if it keeps dying at start; the loop goes
 			// on meanwhile (another replica may die too).
@@ -268,11 +296,30 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 			if err := writeState(spec.DataDir, st); err != nil {
 				log.Error(err, "Failed to update the state file")
 			}
-			if err := waitReady(ctx, pool, []*child{nc}); err != nil {
-				log.Error(err, "Restarted replica did not become ready", "id", nc.ID)
-				continue
+			go func() {
+				err := waitReady(ctx, pool, []*child{nc})
+				select {
+				case readyCh <- readyResult{nc, err}:
+				case <-ctx.Done():
+				}
+			}()
+		case r := <-readyCh:
+			nc := r.c
+			if !slices.Contains(children, nc) {
+				continue // replaced since
+			}
+			select {
+			case <-nc.done:
+				continue // exited again; the exit restarts it
+			default:
+			}
+			if r.err != nil {
+				// Still running but not answering: the failure detector
+				// decides from here, as for any silent replica.
+				log.Error(r.err, "Restarted replica did not become ready", "id", nc.ID)
 			}
 			delete(m.failed, nc.ID)
+			m.health.started(nc.ID, time.Now())
 			m.repair(ctx)
 		case <-tick.C:
 			m.repair(ctx)
@@ -281,9 +328,6 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 }
 
 const (
-	// repairInterval is how often the dev master re-plans every chain (it
-	// also does at once when a replica exits or returns).
-	repairInterval = 500 * time.Millisecond
 	// restartBackoff spaces restarts of a replica that keeps exiting.
 	restartBackoff = time.Second
 )
@@ -434,7 +478,8 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, children
 		}
 	}
 	placement := Placement(spec.Partitions, spec.Replication, ids)
-	cfg := &catenapb.StreamConfig{Partitions: uint32(spec.Partitions), Durability: spec.Durability, FsyncIntervalMs: spec.FsyncMs}
+	minLen := uint32(max(spec.MinChainLength, 1))
+	cfg := &catenapb.StreamConfig{Partitions: uint32(spec.Partitions), Durability: spec.Durability, FsyncIntervalMs: spec.FsyncMs, MinChainLength: minLen}
 	for p := range spec.Partitions {
 		var latest *catenapb.PartitionStatus
 		for _, ps := range installed[uint32(p)] {
@@ -453,10 +498,19 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, children
 			if latest.GetConfig() != nil {
 				cfg = latest.GetConfig()
 			}
-			if upToDate(latest, installed[uint32(p)], byID) {
+			// The minimum chain length is this master's setting: re-sent
+			// under the same epoch when it changed (members accept a new
+			// config with an installed membership).
+			sameMin := cfg.GetMinChainLength() == minLen
+			if !sameMin {
+				cfg = proto.Clone(cfg).(*catenapb.StreamConfig)
+				cfg.MinChainLength = minLen
+			}
+			if !upToDate(latest, installed[uint32(p)], byID) {
+				epoch++
+			} else if sameMin {
 				continue
 			}
-			epoch++
 		}
 		members := make([]*catenapb.Member, 0, len(memberIDs))
 		for _, id := range memberIDs {

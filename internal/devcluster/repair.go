@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -63,7 +65,8 @@ type repairInput struct {
 	MinLength   int
 	// Addrs of every replica this master runs, by id.
 	Addrs map[string]string
-	// Failed replicas: their process exited and has not come back yet.
+	// Failed replicas: their process exited and has not come back yet, or
+	// they have not answered for the failure timeout.
 	Failed map[string]bool
 	// Reports are the latest Status answer of each replica (possibly from
 	// an earlier round); Answered says which answered this round (the
@@ -132,6 +135,11 @@ func planRepairs(in repairInput) ([]partitionRepair, error) {
 			continue // nobody answered with a configuration: nothing to act on
 		}
 		cfg := latest.GetConfig()
+		if in.MinLength > 0 && cfg.GetMinChainLength() != uint32(in.MinLength) {
+			// The master's minimum is what the heads enforce.
+			cfg = proto.Clone(cfg).(*catenapb.StreamConfig)
+			cfg.MinChainLength = uint32(in.MinLength)
+		}
 		var reps []chainplan.Replica
 		for _, id := range ids {
 			r := chainplan.Replica{ID: id, Health: chainplan.Unknown}
@@ -209,10 +217,13 @@ func planRepairs(in repairInput) ([]partitionRepair, error) {
 		}
 		if plan.Changed {
 			// Tail first: by the time a predecessor links, its successor
-			// already knows the epoch.
+			// already knows the epoch. A member in doubt (it did not answer
+			// this round: paused, partitioned) is not called, so it cannot
+			// hold the master up; when it answers again it has not
+			// confirmed the epoch and gets it then (ActionConfigure).
 			req := configure(plan.Epoch, plan.Members)
 			for i := len(plan.Members) - 1; i >= 0; i-- {
-				if in.Failed[plan.Members[i]] {
+				if in.Failed[plan.Members[i]] || !in.Answered[plan.Members[i]] {
 					continue
 				}
 				c := call(callConfigure, plan.Members[i])
@@ -230,21 +241,69 @@ type master struct {
 	stream      string
 	partitions  int
 	replication int
+	minLength   int // fewest members that take writes (0: 1)
 	pool        *transport.Pool
 	log         logr.Logger
+	// health decides failure of replicas that stop answering (nil: only
+	// exits count, as in tests that drive the master by hand); now is its
+	// clock (nil: time.Now).
+	health *healthTracker
+	now    func() time.Time
 
 	addrs      map[string]string
-	failed     map[string]bool
+	failed     map[string]bool                     // process exited, not restarted and ready yet
+	silent     map[string]bool                     // declared failed by the timeout (for logs)
 	reports    map[string]*catenapb.StatusResponse // last answer of each replica
 	chains     map[uint32]chainplan.Chain
 	agreements map[agreeKey]agreement
 }
 
 const (
-	repairStatusTimeout = time.Second
-	repairCallTimeout   = 5 * time.Second
-	repairMaxRounds     = 10
+	repairCallTimeout = 5 * time.Second
+	repairMaxRounds   = 10
 )
+
+func (m *master) clock() time.Time {
+	if m.now != nil {
+		return m.now()
+	}
+	return time.Now()
+}
+
+// failedNow is every replica the planner must treat as failed: exited, or
+// silent for the failure timeout. It logs each declaration once.
+func (m *master) failedNow() map[string]bool {
+	out := map[string]bool{}
+	for id := range m.failed {
+		out[id] = m.failed[id]
+	}
+	if m.health == nil {
+		return out
+	}
+	if m.silent == nil {
+		m.silent = map[string]bool{}
+	}
+	now := m.clock()
+	for id := range m.addrs {
+		if m.failed[id] {
+			continue
+		}
+		switch m.health.health(id, now) {
+		case chainplan.Failed:
+			out[id] = true
+			if !m.silent[id] {
+				m.silent[id] = true
+				m.log.Info("Replica stopped answering; declaring it failed", "replica", id, "silentFor", m.health.silentFor(id, now).String(), "failureTimeout", m.health.timeout.String())
+			}
+		case chainplan.Alive:
+			if m.silent[id] {
+				delete(m.silent, id)
+				m.log.Info("Replica answers again; it returns like a restarted one", "replica", id)
+			}
+		}
+	}
+	return out
+}
 
 // repair gathers reports and carries out plans until none has work left
 // (or a bounded number of rounds, the next tick resumes).
@@ -255,8 +314,8 @@ func (m *master) repair(ctx context.Context) {
 		}
 		answered := m.gather(ctx)
 		repairs, err := planRepairs(repairInput{
-			Stream: m.stream, Partitions: m.partitions, Replication: m.replication, MinLength: 1,
-			Addrs: m.addrs, Failed: m.failed, Reports: m.reports, Answered: answered, Chains: m.chains, Agreements: m.agreements,
+			Stream: m.stream, Partitions: m.partitions, Replication: m.replication, MinLength: max(m.minLength, 1),
+			Addrs: m.addrs, Failed: m.failedNow(), Reports: m.reports, Answered: answered, Chains: m.chains, Agreements: m.agreements,
 		})
 		if err != nil {
 			m.log.Error(err, "Cannot plan chain repair")
@@ -293,29 +352,50 @@ func actionStrings(as []chainplan.Action) []string {
 	return out
 }
 
-// gather asks every replica not known failed for its status, keeps the
-// answers in m.reports and returns who answered. A replica that does not
-// answer keeps its last report: it is in doubt, and what it last said
-// (e.g. how much of the log it holds) is still the best knowledge of it.
+// gather asks every replica whose process runs for its status, all at
+// once and each on a short deadline (a paused one must not hold the others
+// up), keeps the answers in m.reports, feeds the outcomes to the failure
+// detector and returns who answered. A replica that does not answer keeps
+// its last report: it is in doubt, and what it last said (e.g. how much of
+// the log it holds) is still the best knowledge of it.
 func (m *master) gather(ctx context.Context) map[string]bool {
 	if m.reports == nil {
 		m.reports = map[string]*catenapb.StatusResponse{}
 	}
-	out := map[string]bool{}
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		out = map[string]bool{}
+	)
 	for id, addr := range m.addrs {
 		if m.failed[id] {
 			continue
 		}
-		conn, err := m.pool.Get(addr)
-		if err != nil {
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, repairStatusTimeout)
-		resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{Stream: m.stream})
-		cancel()
-		if err == nil {
-			m.reports[id] = resp
-			out[id] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := m.pool.Get(addr)
+			if err != nil {
+				return
+			}
+			cctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{Stream: m.stream})
+			cancel()
+			if err == nil {
+				mu.Lock()
+				m.reports[id] = resp
+				out[id] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if m.health != nil && ctx.Err() == nil {
+		now := m.clock()
+		for id := range m.addrs {
+			if !m.failed[id] {
+				m.health.observe(id, now, out[id])
+			}
 		}
 	}
 	return out

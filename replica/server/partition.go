@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/replica/chain"
+	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -289,6 +290,9 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 	}
 	if role := p.core.Status().Role; role != chain.RoleHead && role != chain.RoleSole {
 		return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "replica %s is %s, not head, of partition %s/%d at epoch %d", p.srv.id, role, p.stream, p.index, epoch)
+	}
+	if need, have := int(p.meta.config.GetMinChainLength()), len(p.meta.Members); have < need {
+		return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "%s (epoch %d); nothing was stored", chainplan.TooShortMessage(p.stream, p.index, have, need), epoch)
 	}
 	if p.verifyLink {
 		return nil, 0, 0, status.Errorf(codes.Unavailable, "partition %s/%d on %s restarted and is checking its log against its successor's before taking writes", p.stream, p.index, p.srv.id)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -825,4 +826,53 @@ func TestTruncateRoundsDownToABatchBoundary(t *testing.T) {
 	if resp.GetOffsets()[0] != 4 || resp.GetDuplicate()[0] {
 		t.Fatalf("re-append of cut records: offset %d duplicate %v, want a fresh write at 4", resp.GetOffsets()[0], resp.GetDuplicate()[0])
 	}
+}
+
+// TestHeadRefusesWritesBelowMinChainLength: a chain shorter than the
+// stream's min_chain_length keeps serving reads and replication, but its
+// head refuses appends with FAILED_PRECONDITION and a message naming the
+// shortfall, storing nothing; once the chain is long enough again it takes
+// writes.
+func TestHeadRefusesWritesBelowMinChainLength(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 2}
+	install := func(epoch uint64, chain ...*node) {
+		t.Helper()
+		req := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: epoch, Members: members(chain...), Config: cfg}
+		for i := len(chain) - 1; i >= 0; i-- {
+			if _, err := client(t, chain[i].addr).Configure(context.Background(), req); err != nil {
+				t.Fatalf("configure %s: %v", chain[i].id, err)
+			}
+		}
+	}
+	ctx := context.Background()
+	head := client(t, a.addr)
+
+	install(1, a, b)
+	if _, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(7, 1, 3)}); err != nil {
+		t.Fatalf("append to a chain of 2 with min 2: %v", err)
+	}
+	before := converged(t, a, b)
+
+	install(2, a) // b failed: the chain is installed without it
+	_, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: records(7, 4, 3)})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("append to a chain of 1 with min 2: got %v, want FailedPrecondition", err)
+	}
+	if want := "partition s/0 has 1 of the 2 members required for writes"; !strings.Contains(status.Convert(err).Message(), want) {
+		t.Fatalf("refusal %q does not say %q", status.Convert(err).Message(), want)
+	}
+	if st := status0(t, a); st.GetLogEnd() != before.GetLogEnd() || st.GetCommitted() != before.GetCommitted() {
+		t.Fatalf("refused append changed the log: end %d committed %d, want %d", st.GetLogEnd(), st.GetCommitted(), before.GetLogEnd())
+	}
+
+	install(3, a, b) // b back at the tail
+	resp, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 3, Records: records(7, 4, 3)})
+	if err != nil {
+		t.Fatalf("append after the chain regrew: %v", err)
+	}
+	if resp.GetOffsets()[0] != before.GetLogEnd() || resp.GetDuplicate()[0] {
+		t.Fatalf("first record after the refusal at %d (duplicate %v), want %d", resp.GetOffsets()[0], resp.GetDuplicate()[0], before.GetLogEnd())
+	}
+	converged(t, a, b)
 }

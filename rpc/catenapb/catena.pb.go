@@ -277,8 +277,12 @@ type StreamConfig struct {
 	RetentionMs     int64                  `protobuf:"varint,5,opt,name=retention_ms,json=retentionMs,proto3" json:"retention_ms,omitempty"`            // 0 = unlimited
 	SegmentBytes    int64                  `protobuf:"varint,6,opt,name=segment_bytes,json=segmentBytes,proto3" json:"segment_bytes,omitempty"`         // 0 = default
 	MaxRecordBytes  uint32                 `protobuf:"varint,7,opt,name=max_record_bytes,json=maxRecordBytes,proto3" json:"max_record_bytes,omitempty"` // 0 = default
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The fewest chain members a partition must have for its head to take
+	// writes; below it appends are refused (FAILED_PRECONDITION) rather than
+	// acknowledged with too few copies. 0 or 1 = any chain takes writes.
+	MinChainLength uint32 `protobuf:"varint,8,opt,name=min_chain_length,json=minChainLength,proto3" json:"min_chain_length,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StreamConfig) Reset() {
@@ -356,6 +360,13 @@ func (x *StreamConfig) GetSegmentBytes() int64 {
 func (x *StreamConfig) GetMaxRecordBytes() uint32 {
 	if x != nil {
 		return x.MaxRecordBytes
+	}
+	return 0
+}
+
+func (x *StreamConfig) GetMinChainLength() uint32 {
+	if x != nil {
+		return x.MinChainLength
 	}
 	return 0
 }
@@ -2417,7 +2428,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +
 	"\ftimestamp_ms\x18\x03 \x01(\x03R\vtimestampMs\x12\x1c\n" +
 	"\tpartition\x18\x04 \x01(\rR\tpartition\x12\x16\n" +
-	"\x06offset\x18\x05 \x01(\x04R\x06offset\"\xac\x02\n" +
+	"\x06offset\x18\x05 \x01(\x04R\x06offset\"\xd6\x02\n" +
 	"\fStreamConfig\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\rR\n" +
@@ -2429,7 +2440,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x0fretention_bytes\x18\x04 \x01(\x03R\x0eretentionBytes\x12!\n" +
 	"\fretention_ms\x18\x05 \x01(\x03R\vretentionMs\x12#\n" +
 	"\rsegment_bytes\x18\x06 \x01(\x03R\fsegmentBytes\x12(\n" +
-	"\x10max_record_bytes\x18\a \x01(\rR\x0emaxRecordBytes\"\xa7\x01\n" +
+	"\x10max_record_bytes\x18\a \x01(\rR\x0emaxRecordBytes\x12(\n" +
+	"\x10min_chain_length\x18\b \x01(\rR\x0eminChainLength\"\xa7\x01\n" +
 	"\rProduceRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -94,8 +95,24 @@ func DialOptions(tlsConfig *tls.Config) []grpc.DialOption {
 		grpc.WithInitialWindowSize(8 << 20),
 		grpc.WithInitialConnWindowSize(16 << 20),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+		// A member comes back on the same address within moments of a
+		// crash (its master restarts it), and until a connection to it is
+		// up again its predecessor cannot link to it and commits wait.
+		// gRPC's default reconnect back-off (1 s doubling to 2 min) would
+		// dominate repair time; retry sooner, and never wait more than
+		// reconnectMaxDelay.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: reconnectBaseDelay, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMaxDelay},
+			MinConnectTimeout: 5 * time.Second,
+		}),
 	}
 }
+
+// Reconnect back-off of every client connection.
+const (
+	reconnectBaseDelay = 50 * time.Millisecond
+	reconnectMaxDelay  = 2 * time.Second
+)
 
 // Dial opens a client connection (lazily connecting) to addr.
 func Dial(addr string, tlsConfig *tls.Config) (*grpc.ClientConn, error) {

@@ -1,0 +1,697 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/catena-streams/catena/client"
+	"github.com/catena-streams/catena/internal/devcluster"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// Fault kinds the campaign injects. Every kind that ends a process is
+// followed by catena dev restarting it on its data directory (empty for
+// replace-empty); a paused process is resumed and rejoins.
+const (
+	faultKillHead     = "kill-head"     // SIGKILL the head of a partition's chain
+	faultKillMiddle   = "kill-middle"   // SIGKILL its middle
+	faultKillTail     = "kill-tail"     // SIGKILL its tail
+	faultRestart      = "restart"       // SIGTERM a member: it stops cleanly and restarts on its volume
+	faultPause        = "pause"         // SIGSTOP a member past the failure timeout, then SIGCONT
+	faultReplaceEmpty = "replace-empty" // a member's volume is lost: it returns empty
+)
+
+var faultKinds = []string{faultKillHead, faultKillMiddle, faultKillTail, faultRestart, faultPause, faultReplaceEmpty}
+
+const (
+	campaignPartitions  = 4
+	campaignReplication = 3
+	campaignFailTimeout = time.Second
+	// campaignShort is the fault phase of the default run; it always
+	// injects at least one fault of every kind.
+	campaignShort = 20 * time.Second
+)
+
+// TestFaultCampaign runs producers with retries against a real catena dev
+// while a seeded fault loop kills (-9) the head, middle or tail of a random
+// partition's chain, pauses a member past the failure timeout, restarts
+// one on its volume and replaces one with an empty volume, one fault at a
+// time (each after every chain has regrown: never two members of a chain
+// out at once on purpose). Then a checker verifies DESIGN.md's
+// invariants: no acknowledged record lost, none stored twice, each
+// producer's records of a key in send order, every chain's members
+// identical (log end == committed, equal rolling checksums), and the
+// committed offset seen by polling every chain's head never going back.
+//
+// CATENA_FAULT_DURATION (e.g. 5m) sets the fault phase of a longer
+// campaign; CATENA_FAULT_SEED replays a seed's choices (kinds, partitions,
+// roles, timings; what the cluster does in between is not deterministic).
+func TestFaultCampaign(t *testing.T) {
+	duration := campaignShort
+	if v := os.Getenv("CATENA_FAULT_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("CATENA_FAULT_DURATION %q: want a positive duration like 5m", v)
+		}
+		duration = d
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("CATENA_FAULT_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("CATENA_FAULT_SEED %q: want an unsigned integer", v)
+		}
+		seed = s
+	}
+	t.Logf("fault campaign: seed %d (replay with CATENA_FAULT_SEED=%d), fault phase %s", seed, seed, duration)
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+
+	dataDir := t.TempDir()
+	d := startDev(t, dataDir, "--failure-timeout", campaignFailTimeout.String(),
+		"--partitions", strconv.Itoa(campaignPartitions), "--replication", strconv.Itoa(campaignReplication))
+	stream := d.state.Stream
+	c := &campaign{t: t, d: d, dataDir: dataDir, stream: stream, seeds: d.seeds()}
+
+	// ---- producers
+	sendCtx, stopSending := context.WithCancel(context.Background())
+	defer stopSending()
+	var wg sync.WaitGroup
+	const producers = 2
+	for pi := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.produce(sendCtx, pi)
+		}()
+	}
+	// ---- committed-offset watcher
+	watchCtx, stopWatching := context.WithCancel(context.Background())
+	defer stopWatching()
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		c.watchCommitted(watchCtx)
+	}()
+
+	c.waitAcks(1000, 60*time.Second, "before the first fault")
+
+	// ---- faults, one at a time
+	order := slices.Clone(faultKinds)
+	rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	end := time.Now().Add(duration)
+	for i := 0; time.Now().Before(end) || i < len(faultKinds); i++ {
+		kind := faultKinds[rng.IntN(len(faultKinds))]
+		if i < len(order) {
+			kind = order[i] // every kind at least once
+		}
+		p := uint32(rng.IntN(campaignPartitions))
+		spacing := time.Duration(500+rng.IntN(1500)) * time.Millisecond
+		pauseFor := campaignFailTimeout + time.Duration(500+rng.IntN(1500))*time.Millisecond
+		view := c.waitFull(120*time.Second, fmt.Sprintf("before fault #%d", i+1))
+		// Writes flow again in every partition (the previous fault's stall,
+		// including a rejoining member's catch-up, is over), so that each
+		// fault's unavailability is its own.
+		c.waitFlowing(time.Now(), 60*time.Second, fmt.Sprintf("before fault #%d", i+1))
+		// Space faults so that writes flow between them (a timer, not a
+		// condition: the cluster is already known healthy).
+		<-time.After(spacing)
+		c.inject(i+1, kind, p, rng.IntN(campaignReplication), view[p], pauseFor)
+	}
+	c.waitFull(120*time.Second, "after the last fault")
+	stopSending()
+	wg.Wait()
+	stopWatching()
+	<-watchDone
+
+	// ---- checker
+	verdict := c.check()
+	c.summary(verdict)
+}
+
+// campaign is the state shared by producers, the fault loop and the checker.
+type campaign struct {
+	t       *testing.T
+	d       *devCluster
+	dataDir string
+	stream  string
+
+	acks atomic.Int64
+	// lastAck is, per partition, the latest completion time (UnixNano) of
+	// an acknowledgement.
+	lastAck [campaignPartitions]atomic.Int64
+
+	mu     sync.Mutex
+	sent   [][]*timedSent // per producer, in send order
+	faults []injected
+	// seeds are the replicas' addresses (stable across restarts).
+	seeds      []string
+	ackedCount int
+	// committed watcher findings
+	watchViolations []string
+	watchPolls      int
+}
+
+type timedSent struct {
+	sent
+	at time.Time // when the producer learned the outcome
+}
+
+type injected struct {
+	n         int
+	kind      string
+	partition uint32
+	replica   string
+	at        time.Time // the fault (the kill, the SIGSTOP)
+	resumed   time.Time // SIGCONT (pause only)
+}
+
+// produce writes keyed records at a steady pace (about 1000 a second per
+// producer, so the race detector and a shared machine keep up) with
+// retries long enough to ride out any repair.
+func (c *campaign) produce(ctx context.Context, pi int) {
+	const (
+		keys   = 20
+		window = 400
+		burst  = 25
+		pace   = 25 * time.Millisecond
+	)
+	prod := client.NewProducer(c.d.client, c.stream, client.ProducerOptions{
+		RetryTimeout: 120 * time.Second, RequestTimeout: 3 * time.Second,
+		// Retries every 100 ms at most, so that the unavailability
+		// measured is the cluster's, not the producer's back-off.
+		MaxRetryBackoff: 100 * time.Millisecond,
+	})
+	defer prod.Close()
+	c.mu.Lock()
+	for len(c.sent) <= pi {
+		c.sent = append(c.sent, nil)
+	}
+	c.mu.Unlock()
+	type pending struct {
+		s *timedSent
+		f *client.Future
+	}
+	var queue []pending
+	resolve := func(p pending) {
+		p.s.ack, p.s.err = p.f.Wait()
+		p.s.seq = p.f.Sequence()
+		p.s.at = p.f.CompletedAt()
+		if p.s.err == nil {
+			c.acks.Add(1)
+			if pa := p.s.ack.Partition; int(pa) < campaignPartitions {
+				at := p.s.at.UnixNano()
+				for {
+					cur := c.lastAck[pa].Load()
+					if at <= cur || c.lastAck[pa].CompareAndSwap(cur, at) {
+						break
+					}
+				}
+			}
+		}
+	}
+	counters := make([]int, keys)
+	tick := time.NewTicker(pace)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		if i%burst == 0 {
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		k := i % keys
+		counters[k]++
+		s := &timedSent{sent: sent{producer: pi, key: k, counter: counters[k], keyB: keyOf(pi, k), val: valueOf(pi, k, counters[k])}}
+		c.mu.Lock()
+		c.sent[pi] = append(c.sent[pi], s)
+		c.mu.Unlock()
+		queue = append(queue, pending{s, prod.Send(context.Background(), client.Record{Key: s.keyB, Value: s.val})})
+		for len(queue) >= window {
+			resolve(queue[0])
+			queue = queue[1:]
+		}
+	}
+	for _, p := range queue {
+		resolve(p)
+	}
+}
+
+func (c *campaign) waitAcks(n int64, timeout time.Duration, what string) {
+	c.t.Helper()
+	if err := poll(timeout, func() error {
+		if got := c.acks.Load(); got < n {
+			return fmt.Errorf("%d acks, want %d", got, n)
+		}
+		return nil
+	}); err != nil {
+		c.t.Fatalf("writes did not go on %s: %v", what, err)
+	}
+}
+
+// waitFlowing waits until every partition has an acknowledgement that
+// completed after since.
+func (c *campaign) waitFlowing(since time.Time, timeout time.Duration, what string) {
+	c.t.Helper()
+	if err := poll(timeout, func() error {
+		for p := range campaignPartitions {
+			if last := c.lastAck[p].Load(); last <= since.UnixNano() {
+				return fmt.Errorf("no ack in partition %d since %s", p, since.Format("15:04:05.000"))
+			}
+		}
+		return nil
+	}); err != nil {
+		c.t.Fatalf("writes did not flow in every partition %s: %v", what, err)
+	}
+}
+
+// state re-reads dev.json (the master rewrites it when it restarts a
+// replica) and keeps it in d.state, so cleanup stops the current processes.
+func (c *campaign) state() devcluster.State {
+	c.t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.dataDir, devcluster.StateFile))
+	if err != nil {
+		c.t.Fatalf("read dev.json: %v", err)
+	}
+	var st devcluster.State
+	if err := json.Unmarshal(b, &st); err != nil {
+		c.t.Fatalf("decode dev.json: %v", err)
+	}
+	c.d.state = st
+	return st
+}
+
+func (c *campaign) replica(id string) devcluster.ReplicaState {
+	c.t.Helper()
+	for _, r := range c.state().Replicas {
+		if r.ID == id {
+			return r
+		}
+	}
+	c.t.Fatalf("no replica %q in dev.json", id)
+	return devcluster.ReplicaState{}
+}
+
+// waitFull waits until every partition's chain is back to full length with
+// every member at the chain's epoch, healthy and holding the committed log
+// (a joiner has caught up), and returns the views.
+func (c *campaign) waitFull(timeout time.Duration, what string) []chainView {
+	c.t.Helper()
+	cv := newClusterView(c.t)
+	views := make([]chainView, campaignPartitions)
+	err := poll(timeout, func() error {
+		for p := range campaignPartitions {
+			v, err := cv.chain(c.seeds, c.stream, uint32(p))
+			if err != nil {
+				return err
+			}
+			if len(v.members) != campaignReplication {
+				return fmt.Errorf("partition %d has %d members: %v", p, len(v.members), v)
+			}
+			for _, r := range v.reports {
+				if r.GetEpoch() != v.epoch || r.GetError() != "" || r.GetDurable() < v.reports[0].GetCommitted() {
+					return fmt.Errorf("partition %d: member %s not settled: %v", p, r.GetReplicaId(), v)
+				}
+			}
+			views[p] = v
+		}
+		return nil
+	})
+	if err != nil {
+		c.t.Fatalf("chains did not regrow to %d members %s within %s: %v", campaignReplication, what, timeout, err)
+	}
+	return views
+}
+
+// inject carries out one fault on the member of partition p's chain that
+// the kind names (a random member for the kinds that do not name a role)
+// and waits until writes go on and the process is back.
+func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, pauseFor time.Duration) {
+	c.t.Helper()
+	ids := make([]string, len(v.members))
+	for i, m := range v.members {
+		ids[i] = m.GetId()
+	}
+	var victim string
+	switch kind {
+	case faultKillHead:
+		victim = ids[0]
+	case faultKillMiddle:
+		victim = ids[len(ids)/2]
+	case faultKillTail:
+		victim = ids[len(ids)-1]
+	default:
+		victim = ids[pick%len(ids)]
+	}
+	r := c.replica(victim)
+	f := injected{n: n, kind: kind, partition: p, replica: victim}
+	acksBefore := c.acks.Load()
+	signal := func(sig syscall.Signal) {
+		c.t.Helper()
+		if err := syscall.Kill(r.PID, sig); err != nil {
+			c.t.Fatalf("fault #%d %s: signal %v to %s (pid %d): %v", n, kind, sig, victim, r.PID, err)
+		}
+	}
+	switch kind {
+	case faultKillHead, faultKillMiddle, faultKillTail:
+		f.at = time.Now()
+		signal(syscall.SIGKILL)
+	case faultRestart:
+		f.at = time.Now()
+		signal(syscall.SIGTERM)
+	case faultReplaceEmpty:
+		// Stopped first so that nothing writes while the volume goes; the
+		// master restarts the process only after it exits, on an empty
+		// directory.
+		signal(syscall.SIGSTOP)
+		if err := os.RemoveAll(r.DataDir); err != nil {
+			_ = syscall.Kill(r.PID, syscall.SIGCONT)
+			c.t.Fatalf("fault #%d %s: remove %s: %v", n, kind, r.DataDir, err)
+		}
+		f.at = time.Now()
+		signal(syscall.SIGKILL)
+	case faultPause:
+		f.at = time.Now()
+		signal(syscall.SIGSTOP)
+		resumed := false
+		resume := func() {
+			if !resumed {
+				resumed = true
+				_ = syscall.Kill(r.PID, syscall.SIGCONT)
+			}
+		}
+		defer resume() // a failing test must not leave it stopped
+		// Writes must go on without the paused member once it is
+		// declared failed, before it resumes.
+		c.waitAcks(acksBefore+200, 30*time.Second, fmt.Sprintf("while %s was paused (fault #%d)", victim, n))
+		// Held past the failure timeout (a timer: the pause length is
+		// the fault itself).
+		if rest := time.Until(f.at.Add(pauseFor)); rest > 0 {
+			<-time.After(rest)
+		}
+		resume()
+		f.resumed = time.Now()
+	}
+	c.t.Logf("fault #%d %s: partition %d chain %v epoch %d, victim %s (pid %d) at %s",
+		n, kind, p, ids, v.epoch, victim, r.PID, f.at.Format("15:04:05.000"))
+	c.mu.Lock()
+	c.faults = append(c.faults, f)
+	c.mu.Unlock()
+	if kind != faultPause {
+		// A new process on the same address.
+		if err := poll(60*time.Second, func() error {
+			if nr := c.replica(victim); nr.PID == r.PID || nr.PID == 0 {
+				return fmt.Errorf("%s (pid %d) not restarted yet", victim, r.PID)
+			}
+			return nil
+		}); err != nil {
+			c.t.Fatalf("fault #%d %s: %v", n, kind, err)
+		}
+	}
+	c.waitAcks(c.acks.Load()+200, 60*time.Second, fmt.Sprintf("after fault #%d %s of %s", n, kind, victim))
+}
+
+// watchCommitted polls every replica's Status and checks that the
+// committed offset of each partition's head (the member with the newest
+// epoch that reports itself head) never goes back: a successor learns of
+// commits before its predecessor, so a new head knows at least what the
+// old one did.
+func (c *campaign) watchCommitted(ctx context.Context) {
+	clients := map[string]catenapb.ReplicaClient{}
+	last := make([]uint64, campaignPartitions)
+	lastFrom := make([]string, campaignPartitions)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		type headReport struct {
+			epoch, committed uint64
+			id               string
+		}
+		heads := make([]headReport, campaignPartitions)
+		for _, addr := range c.seeds {
+			rc := clients[addr]
+			if rc == nil {
+				rc = replicaClient(c.t, addr)
+				clients[addr] = rc
+			}
+			pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			resp, err := rc.Status(pctx, &catenapb.StatusRequest{Stream: c.stream})
+			cancel()
+			if err != nil {
+				continue
+			}
+			for _, ps := range resp.GetPartitions() {
+				p := ps.GetPartition()
+				if int(p) >= campaignPartitions || ps.GetError() != "" {
+					continue
+				}
+				if role := ps.GetRole(); role != catenapb.Role_ROLE_HEAD && role != catenapb.Role_ROLE_SOLE {
+					continue
+				}
+				if ps.GetEpoch() > heads[p].epoch {
+					heads[p] = headReport{ps.GetEpoch(), ps.GetCommitted(), ps.GetReplicaId()}
+				}
+			}
+		}
+		c.mu.Lock()
+		c.watchPolls++
+		for p, h := range heads {
+			if h.epoch == 0 {
+				continue
+			}
+			if h.committed < last[p] {
+				c.watchViolations = append(c.watchViolations, fmt.Sprintf("partition %d: committed went back from %d (%s) to %d (%s, head at epoch %d)",
+					p, last[p], lastFrom[p], h.committed, h.id, h.epoch))
+			}
+			if h.committed >= last[p] {
+				last[p], lastFrom[p] = h.committed, fmt.Sprintf("%s at epoch %d", h.id, h.epoch)
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
+// check verifies the invariants and returns the verdict ("PASS" or a
+// summary of what failed); each violation is also a test error.
+func (c *campaign) check() string {
+	t := c.t
+	t.Helper()
+	var problems []string
+	fail := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		if len(problems) < 20 {
+			t.Error(msg)
+		}
+		problems = append(problems, msg)
+	}
+
+	// Members agree offset for offset: log end == committed, same checksum.
+	views := waitConverged(t, c.seeds, c.stream, campaignPartitions, 120*time.Second)
+	for _, v := range views {
+		if len(v.members) != campaignReplication {
+			fail("partition %d ended with %d members: %v", v.partition, len(v.members), v)
+		}
+	}
+	if t.Failed() {
+		problems = append(problems, "members disagree")
+	}
+	for _, v := range c.watchViolations {
+		fail("%s", v)
+	}
+
+	acked := map[partOff]*timedSent{}
+	failed := 0
+	var firstErr error
+	for _, recs := range c.sent {
+		for _, s := range recs {
+			if s.err != nil {
+				failed++
+				if firstErr == nil {
+					firstErr = s.err
+				}
+				continue
+			}
+			at := partOff{s.ack.Partition, s.ack.Offset}
+			if prev := acked[at]; prev != nil {
+				fail("two records acked at partition %d offset %d: %s and %s", at.p, at.off, prev.val, s.val)
+				continue
+			}
+			acked[at] = s
+		}
+	}
+	if failed > 0 {
+		t.Logf("%d records failed (not acknowledged); first: %v", failed, firstErr)
+	}
+
+	got, ends := readAll(t, c.d.client, c.stream, campaignPartitions)
+	// No acknowledged record lost, each at its acked offset.
+	for at, s := range acked {
+		m, ok := got[at]
+		switch {
+		case !ok:
+			fail("acked record %s at partition %d offset %d lost (partition end %d)", s.val, at.p, at.off, ends[at.p])
+		case !bytes.Equal(m.Key, s.keyB) || !bytes.Equal(m.Value, s.val):
+			fail("partition %d offset %d holds %q=%q, acked %q=%q", at.p, at.off, m.Key, m.Value, s.keyB, s.val)
+		}
+	}
+	// None stored twice, nothing nobody sent, per producer and key in
+	// send order along the offsets.
+	sentVals := map[string]*timedSent{}
+	for _, recs := range c.sent {
+		for _, s := range recs {
+			sentVals[string(s.val)] = s
+		}
+	}
+	seen := map[string]partOff{}
+	type pk struct{ producer, key int }
+	for p := range campaignPartitions {
+		last := map[pk]int{}
+		for off := uint64(0); off < ends[p]; off++ {
+			at := partOff{uint32(p), off}
+			m := got[at]
+			s := sentVals[string(m.Value)]
+			if s == nil {
+				fail("partition %d offset %d holds %q=%q, which no producer sent", p, off, m.Key, m.Value)
+				continue
+			}
+			if prev, dup := seen[string(m.Value)]; dup {
+				fail("record %q stored twice: partition %d offset %d and partition %d offset %d", m.Value, prev.p, prev.off, at.p, at.off)
+			}
+			seen[string(m.Value)] = at
+			k := pk{s.producer, s.key}
+			if s.counter <= last[k] {
+				fail("partition %d offset %d: %q after counter %d of the same producer and key: out of order", p, off, m.Value, last[k])
+			}
+			last[k] = s.counter
+		}
+	}
+	// Acknowledgements of a key are in send order too.
+	for _, recs := range c.sent {
+		type lastAck struct {
+			p   uint32
+			off uint64
+			ok  bool
+		}
+		byKey := map[int]lastAck{}
+		for _, s := range recs {
+			if s.err != nil {
+				continue
+			}
+			l := byKey[s.key]
+			if l.ok && (s.ack.Partition != l.p || s.ack.Offset <= l.off) {
+				fail("key %s: counter %d acked at %d/%d, not after the previous ack of the key at %d/%d", s.keyB, s.counter, s.ack.Partition, s.ack.Offset, l.p, l.off)
+			}
+			byKey[s.key] = lastAck{s.ack.Partition, s.ack.Offset, true}
+		}
+	}
+	c.ackedCount = len(acked)
+	if len(problems) > 0 {
+		return fmt.Sprintf("FAIL (%d violations)", len(problems))
+	}
+	return "PASS"
+}
+
+// unavailability is, for a fault, the longest pause in acknowledgements
+// of its partition that ends after the fault: from the last ack before the
+// stall to the first ack after it, looking from just before the fault
+// until the next fault (or the end of producing). Producers write steadily,
+// so without a fault the gaps are a pacing tick (25 ms).
+func (c *campaign) unavailability(f injected, until time.Time) (gap time.Duration, start time.Time, ok bool) {
+	var ats []time.Time
+	from := f.at.Add(-2 * time.Second)
+	for _, recs := range c.sent {
+		for _, s := range recs {
+			if s.err == nil && s.ack.Partition == f.partition && !s.at.IsZero() && s.at.After(from) && (until.IsZero() || s.at.Before(until)) {
+				ats = append(ats, s.at)
+			}
+		}
+	}
+	sort.Slice(ats, func(i, j int) bool { return ats[i].Before(ats[j]) })
+	for i := 1; i < len(ats); i++ {
+		if ats[i].After(f.at) && ats[i-1].Before(f.at.Add(30*time.Second)) {
+			if d := ats[i].Sub(ats[i-1]); !ok || d > gap {
+				gap, start, ok = d, ats[i-1], true
+			}
+		}
+	}
+	return gap, start, ok
+}
+
+func percentile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(q*float64(len(s))+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func (c *campaign) summary(verdict string) {
+	byKind := map[string]int{}
+	var kills, pauses []time.Duration
+	var lines []string
+	for i, f := range c.faults {
+		byKind[f.kind]++
+		var until time.Time
+		if i+1 < len(c.faults) {
+			until = c.faults[i+1].at
+		}
+		gap, start, ok := c.unavailability(f, until)
+		if !ok {
+			continue
+		}
+		if f.kind == faultPause {
+			pauses = append(pauses, gap)
+		} else {
+			kills = append(kills, gap)
+		}
+		lines = append(lines, fmt.Sprintf("#%d %s p%d %s: %s (from %+dms)", f.n, f.kind, f.partition, f.replica, gap.Round(time.Millisecond), start.Sub(f.at).Milliseconds()))
+	}
+	var kinds []string
+	for _, k := range faultKinds {
+		kinds = append(kinds, fmt.Sprintf("%s=%d", k, byKind[k]))
+	}
+	c.t.Logf("write unavailability per fault: %s", strings.Join(lines, "; "))
+	msg := fmt.Sprintf("fault campaign: %d faults (%s), %d records acked, committed polled %d times; "+
+		"write unavailability after kills p50 %s p99 %s (n=%d), after pauses p50 %s p99 %s (n=%d); verdict %s",
+		len(c.faults), strings.Join(kinds, " "), c.ackedCount, c.watchPolls,
+		percentile(kills, 0.5).Round(time.Millisecond), percentile(kills, 0.99).Round(time.Millisecond), len(kills),
+		percentile(pauses, 0.5).Round(time.Millisecond), percentile(pauses, 0.99).Round(time.Millisecond), len(pauses), verdict)
+	if testing.Verbose() {
+		// The master's side of the story, to read next to the faults.
+		out, _ := os.ReadFile(c.d.outPath)
+		for _, line := range bytes.Split(out, []byte("\n")) {
+			for _, w := range []string{"Reordering chain", "Truncated", "Restarted replica", "exited", "stopped answering", "answers again"} {
+				if bytes.Contains(line, []byte(w)) {
+					c.t.Logf("dev: %s", line)
+					break
+				}
+			}
+		}
+	}
+	c.t.Log(msg)
+	// Also on stdout, so that `make test-faults` shows it without -v.
+	fmt.Println(msg)
+}
