@@ -79,9 +79,13 @@ build: ## Build bin/catena and bin/catenactl.
 ##@ Test
 
 .PHONY: test
-test: build lint verify ## Run unit, integration and envtest API tests, and a short fuzz run.
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+test: build lint verify envtest-assets ## Run unit, integration, fault and envtest API tests, and a short fuzz run.
+	KUBEBUILDER_ASSETS=$$(hack/k8s-binaries.sh | tail -1) $(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./replica/partlog/
+
+.PHONY: envtest-assets
+envtest-assets: ## Build (once, cached per version outside the checkout) kube-apiserver, etcd and kubectl for envtest.
+	hack/k8s-binaries.sh
 
 .PHONY: test-faults
 test-faults: build ## Run the fault-injection campaign for CATENA_FAULT_DURATION (default 5m; a short one runs in make test).
