@@ -36,7 +36,7 @@ dev: build ## Run the local all-in-one (3 replicas, ingestion on 127.0.0.1:7070,
 
 .PHONY: generate
 generate: $(TOOLS_DIR)/protoc-gen-go $(TOOLS_DIR)/protoc-gen-go-grpc $(CONTROLLER_GEN) ## Regenerate protobuf and gRPC code, and the API's DeepCopy methods.
-	@command -v protoc >/dev/null || { echo "protoc not found: apt-get install -y protobuf-compiler" >&2; exit 1; }
+	@hack/ensure-protoc.sh
 	PATH=$(TOOLS_DIR):$$PATH protoc -I rpc/proto \
 	  --go_out=. --go_opt=module=github.com/catena-streams/catena \
 	  --go-grpc_out=. --go-grpc_opt=module=github.com/catena-streams/catena \
