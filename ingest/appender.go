@@ -3,7 +3,6 @@ package ingest
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -301,7 +300,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			a.progressed = true
 			if code := codes.Code(resp.GetErrorCode()); code != codes.OK {
 				err := status.Error(code, resp.GetErrorMessage())
-				if code == codes.FailedPrecondition && strings.Contains(resp.GetErrorMessage(), chainplan.TooShortForWrites) {
+				if resp.GetErrorReason() == chainplan.ReasonChainTooShort {
 					// The chain is below its minimum length: every
 					// request on this stream is refused (the head ends the
 					// stream after this answer, storing none of the later

@@ -99,7 +99,7 @@ func (s *Server) answerAppends(ctx context.Context, stream catenapb.Replica_Appe
 		}
 		if pa.err != nil {
 			st := status.Convert(pa.err)
-			pa.resp = &catenapb.AppendResponse{RequestId: pa.resp.GetRequestId(), ErrorCode: int32(st.Code()), ErrorMessage: st.Message()}
+			pa.resp = &catenapb.AppendResponse{RequestId: pa.resp.GetRequestId(), ErrorCode: int32(st.Code()), ErrorMessage: st.Message(), ErrorReason: errorReason(pa.err)}
 		}
 		if err := stream.Send(pa.resp); err != nil {
 			return err

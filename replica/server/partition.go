@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -292,7 +293,11 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 		return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "replica %s is %s, not head, of partition %s/%d at epoch %d", p.srv.id, role, p.stream, p.index, epoch)
 	}
 	if need, have := int(p.meta.config.GetMinChainLength()), len(p.meta.Members); have < need {
-		return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "%s (epoch %d); nothing was stored", chainplan.TooShortMessage(p.stream, p.index, have, need), epoch)
+		st := status.Newf(codes.FailedPrecondition, "%s (epoch %d); nothing was stored", chainplan.TooShortMessage(p.stream, p.index, have, need), epoch)
+		if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: chainplan.ReasonChainTooShort, Domain: errorDomain}); err == nil {
+			st = d
+		}
+		return nil, 0, 0, st.Err()
 	}
 	if p.verifyLink {
 		return nil, 0, 0, status.Errorf(codes.Unavailable, "partition %s/%d on %s restarted and is checking its log against its successor's before taking writes", p.stream, p.index, p.srv.id)
@@ -417,6 +422,19 @@ func (p *partition) waitCommitted(ctx context.Context, epoch, end uint64) error 
 		p.mu.Lock()
 	}
 	return nil
+}
+
+// errorDomain names Catena in gRPC ErrorInfo details.
+const errorDomain = "streams.catena.io"
+
+// errorReason returns the ErrorInfo reason carried by err, if any.
+func errorReason(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
 }
 
 // permanent reports whether an append error is final for the records it

@@ -1982,8 +1982,11 @@ type AppendResponse struct {
 	RequestId uint64 `protobuf:"varint,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// On AppendStream, a failed request is answered in order with these
 	// (a google.rpc.Code and its reason) instead of ending the stream.
-	ErrorCode     int32  `protobuf:"varint,5,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	ErrorMessage  string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	ErrorCode    int32  `protobuf:"varint,5,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// A machine-readable reason for error_code where the sender must act on
+	// it (e.g. CHAIN_TOO_SHORT: the chain is below its minimum length).
+	ErrorReason   string `protobuf:"bytes,7,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2056,6 +2059,13 @@ func (x *AppendResponse) GetErrorCode() int32 {
 func (x *AppendResponse) GetErrorMessage() string {
 	if x != nil {
 		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *AppendResponse) GetErrorReason() string {
+	if x != nil {
+		return x.ErrorReason
 	}
 	return ""
 }
@@ -2571,7 +2581,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\ftimestamp_ms\x18\x03 \x01(\x03R\vtimestampMs\x12\x1f\n" +
 	"\vproducer_id\x18\x04 \x01(\x04R\n" +
 	"producerId\x12\x1a\n" +
-	"\bsequence\x18\x05 \x01(\x04R\bsequence\"\xc9\x01\n" +
+	"\bsequence\x18\x05 \x01(\x04R\bsequence\"\xec\x01\n" +
 	"\x0eAppendResponse\x12\x18\n" +
 	"\aoffsets\x18\x01 \x03(\x04R\aoffsets\x12\x1c\n" +
 	"\tduplicate\x18\x02 \x03(\bR\tduplicate\x12\x1c\n" +
@@ -2580,7 +2590,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"request_id\x18\x04 \x01(\x04R\trequestId\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x05 \x01(\x05R\terrorCode\x12#\n" +
-	"\rerror_message\x18\x06 \x01(\tR\ferrorMessage\"\x85\x02\n" +
+	"\rerror_message\x18\x06 \x01(\tR\ferrorMessage\x12!\n" +
+	"\ferror_reason\x18\a \x01(\tR\verrorReason\"\x85\x02\n" +
 	"\x0eReplicateFrame\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1c\n" +
