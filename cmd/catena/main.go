@@ -1,5 +1,5 @@
 // Command catena runs Catena's server roles: replica, ingest, dev (a local
-// all-in-one), and later the operator and aggregator.
+// all-in-one), operator (the Kubernetes operator), and later the aggregator.
 package main
 
 import (
@@ -43,7 +43,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newReplicaCommand(), newIngestCommand(), newDevCommand())
+	root.AddCommand(newReplicaCommand(), newIngestCommand(), newDevCommand(), newOperatorCommand())
 	return root
 }
 

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/controllers"
+)
+
+// operatorLeaderElectionID names the Lease that operator replicas contend
+// for when leader election is on.
+const operatorLeaderElectionID = "catena-operator.streams.catena.io"
+
+func newOperatorCommand() *cobra.Command {
+	var (
+		metricsAddr, probeAddr, image string
+		leaderElect                   bool
+		verbosity                     int
+	)
+	cmd := &cobra.Command{
+		Use:   "operator",
+		Short: "Run the Kubernetes operator for ReplicaPools and Streams",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger := newLogger(verbosity)
+			ctrl.SetLogger(logger)
+			ctx, cancel := signalContext()
+			defer cancel()
+
+			scheme := runtime.NewScheme()
+			if err := clientgoscheme.AddToScheme(scheme); err != nil {
+				return fmt.Errorf("failed to register client-go kinds: %w", err)
+			}
+			if err := streamsv1alpha1.AddToScheme(scheme); err != nil {
+				return fmt.Errorf("failed to register streams.catena.io kinds: %w", err)
+			}
+			cfg, err := ctrl.GetConfig()
+			if err != nil {
+				return fmt.Errorf("failed to find a kubeconfig: %w", err)
+			}
+			mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+				Scheme:                 scheme,
+				Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+				HealthProbeBindAddress: probeAddr,
+				LeaderElection:         leaderElect,
+				LeaderElectionID:       operatorLeaderElectionID,
+				// Stop reconciling as soon as leadership is lost, and let a
+				// new leader take over without waiting for the lease.
+				LeaderElectionReleaseOnCancel: true,
+			})
+			if err != nil {
+				return fmt.Errorf("failed to create the controller manager: %w", err)
+			}
+			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image}); err != nil {
+				return err
+			}
+			if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+				return fmt.Errorf("failed to add the health check: %w", err)
+			}
+			if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+				return fmt.Errorf("failed to add the readiness check: %w", err)
+			}
+			logger.Info("Operator starting", "image", image, "metricsAddr", metricsAddr, "leaderElect", leaderElect)
+			if err := mgr.Start(ctx); err != nil {
+				return fmt.Errorf("operator stopped: %w", err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address to serve Prometheus /metrics on (0: off)")
+	cmd.Flags().StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address to serve /healthz and /readyz on")
+	cmd.Flags().BoolVar(&leaderElect, "leader-elect", false, "elect a leader among operator replicas, so that only one reconciles")
+	cmd.Flags().StringVar(&image, "image", "catena:dev", "container image of replica pods")
+	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
+	return cmd
+}

@@ -1,0 +1,162 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+)
+
+// ReplicaPoolReconciler keeps a ReplicaPool's StatefulSet, headless Service
+// and PodDisruptionBudget as desiredPoolObjects says, and reports the
+// StatefulSet's progress in the pool's status.
+type ReplicaPoolReconciler struct {
+	Client client.Client
+	Scheme *runtime.Scheme
+	// Image is the container image of replica pods.
+	Image string
+}
+
+// +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools/status,verbs=get;update;patch
+// Owner references that block deletion need update on the owner's finalizers.
+// +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools/finalizers,verbs=update
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=streams.catena.io,resources=streams;replicationchains,verbs=get;list;watch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+
+// Reconcile brings one ReplicaPool's children to their desired state and
+// records what its StatefulSet reports and what it hosts.
+func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ reconcile.Result, retErr error) {
+	logger := log.FromContext(ctx).WithValues("replicaPool", req.NamespacedName)
+	ctx = log.IntoContext(ctx, logger)
+
+	pool := &streamsv1alpha1.ReplicaPool{}
+	if err := r.Client.Get(ctx, req.NamespacedName, pool); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !pool.DeletionTimestamp.IsZero() {
+		// Owner references delete the children; nothing else to release.
+		return reconcile.Result{}, nil
+	}
+
+	// Gather, then act: the status records what was read before applying,
+	// and an apply that fails leaves it no less true. A failed read
+	// records nothing rather than a status made of zero values.
+	before := pool.DeepCopy()
+	sts, usage, err := r.observe(ctx, pool)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	defer func() {
+		pool.Status = poolStatus(pool, sts, usage)
+		if err := r.patchStatus(ctx, before, pool); err != nil {
+			retErr = kerrors.NewAggregate([]error{retErr, err})
+		}
+	}()
+
+	desiredSTS, svc, pdb := desiredPoolObjects(pool, r.Image)
+	if sts == nil {
+		logger.Info("Creating the pool's StatefulSet", "statefulSet", desiredSTS.Name, "replicas", pool.Spec.Replicas)
+	}
+	for _, obj := range []client.Object{svc, desiredSTS, pdb} {
+		if err := applyOwned(ctx, r.Client, r.Scheme, pool, obj); err != nil {
+			return reconcile.Result{}, err
+		}
+	}
+	return reconcile.Result{}, nil
+}
+
+// observe reads the pool's StatefulSet (nil when it does not exist) and
+// what the pool hosts.
+func (r *ReplicaPoolReconciler) observe(ctx context.Context, pool *streamsv1alpha1.ReplicaPool) (*appsv1.StatefulSet, poolUsage, error) {
+	sts := &appsv1.StatefulSet{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.StatefulSetName()}, sts); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return nil, poolUsage{}, fmt.Errorf("failed to read StatefulSet %s: %w", pool.StatefulSetName(), err)
+		}
+		sts = nil
+	}
+	usage, err := r.usage(ctx, pool)
+	return sts, usage, err
+}
+
+// usage reads the Streams and chains hosted on the pool.
+func (r *ReplicaPoolReconciler) usage(ctx context.Context, pool *streamsv1alpha1.ReplicaPool) (poolUsage, error) {
+	var u poolUsage
+	var streams streamsv1alpha1.StreamList
+	if err := r.Client.List(ctx, &streams, client.InNamespace(pool.Namespace)); err != nil {
+		return u, fmt.Errorf("failed to list the Streams in %s: %w", pool.Namespace, err)
+	}
+	for i := range streams.Items {
+		s := &streams.Items[i]
+		if s.PoolName() != pool.Name {
+			continue
+		}
+		u.Streams++
+		if s.Spec.ReplicationFactor > pool.Spec.Replicas {
+			u.TooLongChains = append(u.TooLongChains, s.Name)
+		}
+	}
+	slices.Sort(u.TooLongChains)
+	var chains streamsv1alpha1.ReplicationChainList
+	if err := r.Client.List(ctx, &chains, client.InNamespace(pool.Namespace)); err != nil {
+		return u, fmt.Errorf("failed to list the ReplicationChains in %s: %w", pool.Namespace, err)
+	}
+	for i := range chains.Items {
+		if chains.Items[i].Spec.Pool == pool.Name {
+			u.Chains++
+		}
+	}
+	return u, nil
+}
+
+func (r *ReplicaPoolReconciler) patchStatus(ctx context.Context, before, pool *streamsv1alpha1.ReplicaPool) error {
+	if equality.Semantic.DeepEqual(before.Status, pool.Status) {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, pool, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("failed to patch the status of ReplicaPool %s: %w", pool.Name, err)
+	}
+	return nil
+}
+
+// SetupWithManager registers the reconciler: it watches ReplicaPools, the
+// children they own, and the Streams and chains they host. A Stream's pool
+// and replicationFactor and a chain's pool are immutable, so only their
+// creation and deletion change what a pool hosts.
+func (r *ReplicaPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	createOrDelete := builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&streamsv1alpha1.ReplicaPool{}).
+		Owns(&appsv1.StatefulSet{}).
+		Owns(&corev1.Service{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
+		Watches(&streamsv1alpha1.Stream{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: obj.(*streamsv1alpha1.Stream).PoolName()}}}
+		}), createOrDelete).
+		Watches(&streamsv1alpha1.ReplicationChain{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: obj.(*streamsv1alpha1.ReplicationChain).Spec.Pool}}}
+		}), createOrDelete).
+		Named("replicapool").
+		Complete(r)
+}

@@ -1,0 +1,218 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+)
+
+// streamPoolIndex indexes Streams by the ReplicaPool hosting them, so that
+// a change of a shared pool wakes the Streams on it.
+const streamPoolIndex = "streams.catena.io/hostingPool"
+
+// StreamReconciler creates a Stream's own ReplicaPool (when it names no
+// shared one) and one Partition and one ReplicationChain per partition, and
+// reports their progress in the Stream's status. It does not configure the
+// chains: the chain controller does.
+type StreamReconciler struct {
+	Client client.Client
+	Scheme *runtime.Scheme
+}
+
+// +kubebuilder:rbac:groups=streams.catena.io,resources=streams,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=streams.catena.io,resources=streams/status,verbs=get;update;patch
+// Owner references that block deletion need update on the owner's finalizers.
+// +kubebuilder:rbac:groups=streams.catena.io,resources=streams/finalizers,verbs=update
+// +kubebuilder:rbac:groups=streams.catena.io,resources=partitions,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=streams.catena.io,resources=replicationchains,verbs=get;list;watch;create;update;patch;delete
+
+// Reconcile brings one Stream's children into existence and records what
+// it observed.
+func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ reconcile.Result, retErr error) {
+	logger := log.FromContext(ctx).WithValues("stream", req.NamespacedName)
+	ctx = log.IntoContext(ctx, logger)
+
+	stream := &streamsv1alpha1.Stream{}
+	if err := r.Client.Get(ctx, req.NamespacedName, stream); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+	if !stream.DeletionTimestamp.IsZero() {
+		// Owner references delete the children; nothing else to release.
+		return reconcile.Result{}, nil
+	}
+
+	before := stream.DeepCopy()
+	var obs streamObservation
+	defer func() {
+		if retErr != nil {
+			// obs is partial: a failed list would read as missing
+			// children. The error requeues; the next pass records status.
+			return
+		}
+		stream.Status = streamStatus(stream, obs)
+		if err := r.patchStatus(ctx, before, stream); err != nil {
+			retErr = kerrors.NewAggregate([]error{retErr, err})
+		}
+	}()
+
+	desired := desiredStreamChildren(stream)
+	if err := r.reconcilePool(ctx, stream, desired.Pool, &obs); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.reconcilePartitions(ctx, stream, desired.Partitions, &obs); err != nil {
+		return reconcile.Result{}, err
+	}
+	if err := r.reconcileChains(ctx, stream, desired.Chains, &obs); err != nil {
+		return reconcile.Result{}, err
+	}
+	return reconcile.Result{}, nil
+}
+
+// reconcilePool applies the Stream's own pool, unless its name is taken by
+// a pool the Stream does not control, and reads the pool hosting the
+// Stream.
+func (r *StreamReconciler) reconcilePool(ctx context.Context, stream *streamsv1alpha1.Stream, own *streamsv1alpha1.ReplicaPool, obs *streamObservation) error {
+	pool := &streamsv1alpha1.ReplicaPool{}
+	key := types.NamespacedName{Namespace: stream.Namespace, Name: stream.PoolName()}
+	err := r.Client.Get(ctx, key, pool)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("failed to read ReplicaPool %s: %w", key.Name, err)
+	}
+	found := err == nil
+	if own != nil {
+		if found && !metav1.IsControlledBy(pool, stream) {
+			obs.PoolFound, obs.PoolOwned = true, false
+			log.FromContext(ctx).Info("Own pool name is taken by another ReplicaPool", "replicaPool", key.Name, "reason", streamsv1alpha1.StreamPoolConflictReason)
+			return nil
+		}
+		if !found {
+			log.FromContext(ctx).Info("Creating own pool", "replicaPool", key.Name)
+		}
+		if err := applyOwned(ctx, r.Client, r.Scheme, stream, own); err != nil {
+			return err
+		}
+		if !found {
+			pool = own // applied just now: no status yet
+		}
+		found = true
+		obs.PoolOwned = true
+	}
+	obs.PoolFound = found
+	if found {
+		obs.PoolReplicas = pool.Spec.Replicas
+		obs.PoolReady = pool.IsReady()
+	}
+	return nil
+}
+
+// reconcilePartitions creates the Partitions that are missing. Their spec
+// is immutable, so existing ones are left alone.
+func (r *StreamReconciler) reconcilePartitions(ctx context.Context, stream *streamsv1alpha1.Stream, desired []*streamsv1alpha1.Partition, obs *streamObservation) error {
+	var list streamsv1alpha1.PartitionList
+	if err := r.Client.List(ctx, &list, client.InNamespace(stream.Namespace), client.MatchingLabels{labelStream: stream.Name}); err != nil {
+		return fmt.Errorf("failed to list the Partitions of Stream %s: %w", stream.Name, err)
+	}
+	existing := make(map[string]bool, len(list.Items))
+	for i := range list.Items {
+		p := &list.Items[i]
+		if !metav1.IsControlledBy(p, stream) {
+			continue
+		}
+		existing[p.Name] = true
+		if p.IsReady() {
+			obs.PartitionsReady++
+		}
+	}
+	obs.Partitions = int32(len(existing))
+	for _, p := range desired {
+		if existing[p.Name] {
+			continue
+		}
+		if err := applyOwned(ctx, r.Client, r.Scheme, stream, p); err != nil {
+			return err
+		}
+		obs.Partitions++
+	}
+	return nil
+}
+
+// reconcileChains creates the ReplicationChains that are missing, with no
+// members: the chain controller places them.
+func (r *StreamReconciler) reconcileChains(ctx context.Context, stream *streamsv1alpha1.Stream, desired []*streamsv1alpha1.ReplicationChain, obs *streamObservation) error {
+	var list streamsv1alpha1.ReplicationChainList
+	if err := r.Client.List(ctx, &list, client.InNamespace(stream.Namespace), client.MatchingLabels{labelStream: stream.Name}); err != nil {
+		return fmt.Errorf("failed to list the ReplicationChains of Stream %s: %w", stream.Name, err)
+	}
+	existing := make(map[string]bool, len(list.Items))
+	for i := range list.Items {
+		if metav1.IsControlledBy(&list.Items[i], stream) {
+			existing[list.Items[i].Name] = true
+		}
+	}
+	obs.Chains = int32(len(existing))
+	for _, c := range desired {
+		if existing[c.Name] {
+			continue
+		}
+		if err := applyOwned(ctx, r.Client, r.Scheme, stream, c); err != nil {
+			return err
+		}
+		obs.Chains++
+	}
+	return nil
+}
+
+func (r *StreamReconciler) patchStatus(ctx context.Context, before, stream *streamsv1alpha1.Stream) error {
+	if equality.Semantic.DeepEqual(before.Status, stream.Status) {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, stream, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("failed to patch the status of Stream %s: %w", stream.Name, err)
+	}
+	return nil
+}
+
+// SetupWithManager registers the reconciler: it watches Streams, the
+// Partitions and ReplicationChains they own, and the pools hosting them
+// (their own pool included, through the same index).
+func (r *StreamReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &streamsv1alpha1.Stream{}, streamPoolIndex, func(obj client.Object) []string {
+		return []string{obj.(*streamsv1alpha1.Stream).PoolName()}
+	}); err != nil {
+		return fmt.Errorf("failed to index Streams by pool: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&streamsv1alpha1.Stream{}).
+		Owns(&streamsv1alpha1.Partition{}).
+		Owns(&streamsv1alpha1.ReplicationChain{}).
+		Watches(&streamsv1alpha1.ReplicaPool{}, handler.EnqueueRequestsFromMapFunc(r.streamsOnPool)).
+		Named("stream").
+		Complete(r)
+}
+
+// streamsOnPool maps a ReplicaPool to the Streams it hosts.
+func (r *StreamReconciler) streamsOnPool(ctx context.Context, obj client.Object) []reconcile.Request {
+	var list streamsv1alpha1.StreamList
+	if err := r.Client.List(ctx, &list, client.InNamespace(obj.GetNamespace()), client.MatchingFields{streamPoolIndex: obj.GetName()}); err != nil {
+		log.FromContext(ctx).Error(err, "Failed to list the Streams on a pool", "replicaPool", obj.GetName())
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, s := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: s.Name}})
+	}
+	return reqs
+}

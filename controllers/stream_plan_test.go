@@ -1,0 +1,167 @@
+package controllers
+
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+)
+
+func testStream(mutate func(*streamsv1alpha1.StreamSpec)) *streamsv1alpha1.Stream {
+	s := &streamsv1alpha1.Stream{
+		ObjectMeta: metav1.ObjectMeta{Name: "events", Namespace: "ns", Generation: 4},
+		Spec:       streamsv1alpha1.StreamSpec{Partitions: 3, ReplicationFactor: 3},
+	}
+	if mutate != nil {
+		mutate(&s.Spec)
+	}
+	return s
+}
+
+func TestDesiredStreamChildren(t *testing.T) {
+	tests := []struct {
+		name         string
+		stream       *streamsv1alpha1.Stream
+		wantPool     string // "" for none
+		wantReplicas int32
+		wantSize     string
+		wantChainOn  string
+	}{
+		{"own pool with defaults", testStream(nil), "events-pool", 3, "10Gi", "events-pool"},
+		{"own pool from the Stream's fields", testStream(func(s *streamsv1alpha1.StreamSpec) {
+			s.Replicas = ptr.To[int32](5)
+			s.Storage = &streamsv1alpha1.StorageSpec{Size: resource.MustParse("50Gi")}
+		}), "events-pool", 5, "50Gi", "events-pool"},
+		{"shared pool", testStream(func(s *streamsv1alpha1.StreamSpec) { s.Pool = "shared" }), "", 0, "", "shared"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := desiredStreamChildren(tt.stream)
+			if tt.wantPool == "" {
+				if got.Pool != nil {
+					t.Errorf("pool = %s, want none", got.Pool.Name)
+				}
+			} else {
+				if got.Pool == nil || got.Pool.Name != tt.wantPool || got.Pool.Namespace != "ns" {
+					t.Fatalf("pool = %+v, want ns/%s", got.Pool, tt.wantPool)
+				}
+				if got.Pool.Spec.Replicas != tt.wantReplicas || got.Pool.Spec.Storage.Size.Cmp(resource.MustParse(tt.wantSize)) != 0 {
+					t.Errorf("pool replicas %d size %s, want %d and %s", got.Pool.Spec.Replicas, got.Pool.Spec.Storage.Size.String(), tt.wantReplicas, tt.wantSize)
+				}
+				if got.Pool.Spec.Placement.NodeSpread != streamsv1alpha1.DefaultNodeSpread {
+					t.Errorf("pool nodeSpread = %q, want the default", got.Pool.Spec.Placement.NodeSpread)
+				}
+			}
+			if len(got.Partitions) != 3 || len(got.Chains) != 3 {
+				t.Fatalf("%d Partitions and %d chains, want 3 of each", len(got.Partitions), len(got.Chains))
+			}
+			for i := range int32(3) {
+				p, c := got.Partitions[i], got.Chains[i]
+				want := streamsv1alpha1.PartitionName("events", i)
+				if p.Name != want || c.Name != want {
+					t.Errorf("partition %d named %s, chain %s, want %s", i, p.Name, c.Name, want)
+				}
+				if p.Spec.Stream != "events" || *p.Spec.Index != i {
+					t.Errorf("partition %d spec = %+v", i, p.Spec)
+				}
+				if c.Spec.Stream != "events" || *c.Spec.Partition != i || c.Spec.Pool != tt.wantChainOn || c.Spec.ReplicationFactor != 3 {
+					t.Errorf("chain %d spec = %+v, want pool %s", i, c.Spec, tt.wantChainOn)
+				}
+				if p.Labels[labelStream] != "events" || c.Labels[labelStream] != "events" {
+					t.Errorf("partition %d labels %v, chain labels %v", i, p.Labels, c.Labels)
+				}
+			}
+		})
+	}
+}
+
+func TestStreamStatus(t *testing.T) {
+	type want struct {
+		ready, progressing      metav1.ConditionStatus
+		readyReason, progReason string
+		degradedReason          string // "" when not degraded
+	}
+	complete := streamObservation{PoolFound: true, PoolOwned: true, PoolReplicas: 3, Partitions: 3, Chains: 3}
+	with := func(f func(*streamObservation)) streamObservation { o := complete; f(&o); return o }
+	shared := testStream(func(s *streamsv1alpha1.StreamSpec) { s.Pool = "shared" })
+	tests := []struct {
+		name   string
+		stream *streamsv1alpha1.Stream
+		obs    streamObservation
+		want   want
+	}{
+		{"nothing created yet", testStream(nil), streamObservation{},
+			want{metav1.ConditionFalse, metav1.ConditionTrue, streamsv1alpha1.StreamPoolNotReadyReason, streamsv1alpha1.StreamProvisioningReason, ""}},
+		{"some chains missing", testStream(nil), with(func(o *streamObservation) { o.Chains = 1 }),
+			want{metav1.ConditionFalse, metav1.ConditionTrue, streamsv1alpha1.StreamPoolNotReadyReason, streamsv1alpha1.StreamProvisioningReason, ""}},
+		{"all children exist, pool not ready", testStream(nil), complete,
+			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamPoolNotReadyReason, streamsv1alpha1.StreamUpToDateReason, ""}},
+		{"pool ready, partitions not", testStream(nil), with(func(o *streamObservation) { o.PoolReady = true; o.PartitionsReady = 1 }),
+			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamPartitionsNotReadyReason, streamsv1alpha1.StreamUpToDateReason, ""}},
+		{"ready", testStream(nil), with(func(o *streamObservation) { o.PoolReady = true; o.PartitionsReady = 3 }),
+			want{metav1.ConditionTrue, metav1.ConditionFalse, streamsv1alpha1.StreamPartitionsReadyReason, streamsv1alpha1.StreamUpToDateReason, ""}},
+		{"own pool name taken", testStream(nil), with(func(o *streamObservation) { o.PoolOwned = false }),
+			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamPoolConflictReason, streamsv1alpha1.StreamUpToDateReason, streamsv1alpha1.StreamPoolConflictReason}},
+		{"shared pool missing", shared, with(func(o *streamObservation) { o.PoolFound = false; o.PoolOwned = false }),
+			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamPoolNotFoundReason, streamsv1alpha1.StreamUpToDateReason, streamsv1alpha1.StreamPoolNotFoundReason}},
+		{"shared pool too small", shared, with(func(o *streamObservation) { o.PoolOwned = false; o.PoolReplicas = 2; o.PoolReady = true }),
+			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamReplicationFactorExceedsPoolReason, streamsv1alpha1.StreamUpToDateReason, streamsv1alpha1.StreamReplicationFactorExceedsPoolReason}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := streamStatus(tt.stream, tt.obs)
+			if got.ObservedGeneration != tt.stream.Generation {
+				t.Errorf("observedGeneration = %d, want %d", got.ObservedGeneration, tt.stream.Generation)
+			}
+			if got.Pool != tt.stream.PoolName() {
+				t.Errorf("status.pool = %q, want %q", got.Pool, tt.stream.PoolName())
+			}
+			if got.PartitionsReady != tt.obs.PartitionsReady {
+				t.Errorf("partitionsReady = %d, want %d", got.PartitionsReady, tt.obs.PartitionsReady)
+			}
+			gen := tt.stream.Generation
+			expectCondition(t, got.Conditions, streamsv1alpha1.StreamReadyCondition, tt.want.ready, tt.want.readyReason, gen)
+			expectCondition(t, got.Conditions, streamsv1alpha1.StreamProgressingCondition, tt.want.progressing, tt.want.progReason, gen)
+			if tt.want.degradedReason == "" {
+				for _, c := range got.Conditions {
+					if c.Type == streamsv1alpha1.StreamDegradedCondition {
+						t.Errorf("Degraded = %+v, want no Degraded condition", c)
+					}
+				}
+			} else {
+				expectCondition(t, got.Conditions, streamsv1alpha1.StreamDegradedCondition, metav1.ConditionTrue, tt.want.degradedReason, gen)
+			}
+		})
+	}
+}
+
+func TestStreamStatusKeepsTransitionTimes(t *testing.T) {
+	stream := testStream(nil)
+	first := streamStatus(stream, streamObservation{})
+	stream.Status = first
+	again := streamStatus(stream, streamObservation{})
+	for i := range first.Conditions {
+		if !first.Conditions[i].LastTransitionTime.Equal(&again.Conditions[i].LastTransitionTime) {
+			t.Errorf("%s moved its lastTransitionTime without a change", first.Conditions[i].Type)
+		}
+	}
+}
+
+func TestJoinList(t *testing.T) {
+	for _, tt := range []struct {
+		in   []string
+		want string
+	}{
+		{nil, ""},
+		{[]string{"a"}, "a"},
+		{[]string{"a", "b"}, "a and b"},
+		{[]string{"a", "b", "c"}, "a, b and c"},
+	} {
+		if got := joinList(tt.in); got != tt.want {
+			t.Errorf("joinList(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
