@@ -64,11 +64,15 @@ type StorageSpec struct {
 type SpreadPolicy string
 
 const (
-	// SpreadRequired keeps the pod counts of any two domains within one of
-	// each other, leaving a pod pending rather than breaking the balance.
+	// SpreadRequired never breaks the spread, leaving a pod pending rather
+	// than doing so: across nodes, at most one replica pod per node
+	// (required pod anti-affinity), so no node failure takes down two
+	// members of a chain; across zones, pod counts of any two zones within
+	// one of each other (a DoNotSchedule topology spread).
 	SpreadRequired SpreadPolicy = "Required"
-	// SpreadPreferred balances pods across domains when the scheduler can,
-	// and schedules them anyway when it cannot.
+	// SpreadPreferred spreads pods the same way when the scheduler can
+	// (preferred anti-affinity, a ScheduleAnyway topology spread) and
+	// schedules them anyway when it cannot.
 	SpreadPreferred SpreadPolicy = "Preferred"
 	// SpreadNone does not spread pods across the domain.
 	SpreadNone SpreadPolicy = "None"
