@@ -38,7 +38,7 @@ func startNode(t *testing.T, id, addr, dir string) *replicaNode {
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		<-time.After(10 * time.Millisecond) // poll interval
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -192,6 +192,6 @@ func waitFor(t *testing.T, f func() error) {
 		if time.Now().After(deadline) {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		<-time.After(10 * time.Millisecond) // poll interval
 	}
 }
