@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -613,4 +614,135 @@ func keyOf(producer, k int) []byte {
 
 func valueOf(producer, k, counter int) []byte {
 	return []byte(fmt.Sprintf("p%d|k%d|c%d", producer, k, counter))
+}
+
+// keyedLoad is a set of producers sending keyed records (keyOf, valueOf
+// with a per-key counter), each keeping up to window sends unresolved,
+// until its context ends or it has sent maxPerProducer records (0: no
+// limit). Every record sent is kept with its outcome.
+type keyedLoad struct {
+	mu   sync.Mutex
+	all  []*sent
+	acks atomic.Int64
+	wg   sync.WaitGroup
+}
+
+// startKeyedLoad starts the producers; afterAck, when set, is called with
+// the running count of acknowledgements.
+func startKeyedLoad(ctx context.Context, c *client.Client, stream string, producers, keys, window, maxPerProducer int, opts client.ProducerOptions, afterAck func(acks int64)) *keyedLoad {
+	l := &keyedLoad{}
+	for pi := range producers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			prod := client.NewProducer(c, stream, opts)
+			defer prod.Close()
+			counters := make([]int, keys)
+			type pending struct {
+				s *sent
+				f *client.Future
+			}
+			var queue []pending
+			resolve := func(p pending) {
+				p.s.ack, p.s.err = p.f.Wait()
+				p.s.seq = p.f.Sequence()
+				if p.s.err != nil {
+					return
+				}
+				if n := l.acks.Add(1); afterAck != nil {
+					afterAck(n)
+				}
+			}
+			for i := 0; ctx.Err() == nil && (maxPerProducer == 0 || i < maxPerProducer); i++ {
+				k := i % keys
+				counters[k]++
+				s := &sent{producer: pi, key: k, counter: counters[k], keyB: keyOf(pi, k), val: valueOf(pi, k, counters[k])}
+				l.mu.Lock()
+				l.all = append(l.all, s)
+				l.mu.Unlock()
+				queue = append(queue, pending{s, prod.Send(ctx, client.Record{Key: s.keyB, Value: s.val})})
+				if len(queue) >= window {
+					resolve(queue[0])
+					queue = queue[1:]
+				}
+			}
+			for _, p := range queue {
+				resolve(p)
+			}
+		}()
+	}
+	return l
+}
+
+// wait waits for every producer to finish and returns every record sent.
+func (l *keyedLoad) wait() []*sent {
+	l.wg.Wait()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.all
+}
+
+// ackedByOffset indexes the acknowledged records by where they were acked,
+// failing if two were acked at one offset; it also counts the others.
+func ackedByOffset(t testing.TB, all []*sent) (acked map[partOff]*sent, failed int) {
+	t.Helper()
+	acked = map[partOff]*sent{}
+	for _, s := range all {
+		if s.err != nil {
+			failed++
+			continue
+		}
+		at := partOff{s.ack.Partition, s.ack.Offset}
+		if prev := acked[at]; prev != nil {
+			t.Fatalf("two records acked at partition %d offset %d: %s and %s", at.p, at.off, prev.val, s.val)
+		}
+		acked[at] = s
+	}
+	return acked, failed
+}
+
+// checkStored verifies what was read back against what was sent: every
+// acknowledged record is at its acknowledged offset with its key and
+// value; every stored record was sent, and is stored once (records whose
+// acknowledgement was lost may be stored); with ordered, each producer's
+// records of a key appear along a partition's offsets in counter order.
+func checkStored(t testing.TB, all []*sent, acked map[partOff]*sent, got map[partOff]client.Message, ends []uint64, ordered bool) {
+	t.Helper()
+	for at, s := range acked {
+		m, ok := got[at]
+		switch {
+		case !ok:
+			t.Errorf("acked record %s at partition %d offset %d lost (partition end %d)", s.val, at.p, at.off, ends[at.p])
+		case !bytes.Equal(m.Key, s.keyB) || !bytes.Equal(m.Value, s.val):
+			t.Errorf("partition %d offset %d holds %q=%q, acked %q=%q", at.p, at.off, m.Key, m.Value, s.keyB, s.val)
+		}
+	}
+	sentVals := map[string]*sent{}
+	for _, s := range all {
+		sentVals[string(s.val)] = s
+	}
+	seen := map[string]partOff{}
+	type pk struct{ producer, key int }
+	for p := range ends {
+		last := map[pk]int{}
+		for off := uint64(0); off < ends[p]; off++ {
+			at := partOff{uint32(p), off}
+			m := got[at]
+			s := sentVals[string(m.Value)]
+			if s == nil {
+				t.Errorf("partition %d offset %d holds %q=%q, which no producer sent", p, off, m.Key, m.Value)
+				continue
+			}
+			if prev, dup := seen[string(m.Value)]; dup {
+				t.Errorf("record %q stored twice: partition %d offset %d and partition %d offset %d", m.Value, prev.p, prev.off, at.p, at.off)
+			}
+			seen[string(m.Value)] = at
+			if k := (pk{s.producer, s.key}); ordered {
+				if s.counter <= last[k] {
+					t.Errorf("partition %d offset %d: %q after counter %d of the same producer and key: out of order", p, off, m.Value, last[k])
+				}
+				last[k] = s.counter
+			}
+		}
+	}
 }

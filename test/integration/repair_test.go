@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -42,56 +41,18 @@ func TestKilledReplicaIsRepairedAndRejoins(t *testing.T) {
 	rounds := [][]string{{"r0"}, {"r2"}, {"r0", "r1"}}
 
 	var (
-		ackCount   atomic.Int64
-		mu         sync.Mutex
-		all        []*sent
 		reachedPre = make(chan struct{})
 		preOnce    sync.Once
 	)
 	sendCtx, stopSending := context.WithCancel(context.Background())
 	defer stopSending()
-	var wg sync.WaitGroup
-	for pi := range producers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			prod := client.NewProducer(d.client, stream, client.ProducerOptions{RetryTimeout: 60 * time.Second, RequestTimeout: 5 * time.Second})
-			defer prod.Close()
-			counters := make([]int, keys)
-			type pending struct {
-				s *sent
-				f *client.Future
-			}
-			var queue []pending
-			resolve := func(p pending) {
-				p.s.ack, p.s.err = p.f.Wait()
-				p.s.seq = p.f.Sequence()
-				if p.s.err != nil {
-					return
-				}
-				n := ackCount.Add(1)
-				if n >= beforeKill {
-					preOnce.Do(func() { close(reachedPre) })
-				}
-			}
-			for i := 0; sendCtx.Err() == nil; i++ {
-				k := i % keys
-				counters[k]++
-				s := &sent{producer: pi, key: k, counter: counters[k], keyB: keyOf(pi, k), val: valueOf(pi, k, counters[k])}
-				mu.Lock()
-				all = append(all, s)
-				mu.Unlock()
-				queue = append(queue, pending{s, prod.Send(sendCtx, client.Record{Key: s.keyB, Value: s.val})})
-				if len(queue) >= window {
-					resolve(queue[0])
-					queue = queue[1:]
-				}
-			}
-			for _, p := range queue {
-				resolve(p)
-			}
-		}()
-	}
+	opts := client.ProducerOptions{RetryTimeout: 60 * time.Second, RequestTimeout: 5 * time.Second}
+	load := startKeyedLoad(sendCtx, d.client, stream, producers, keys, window, 0, opts, func(n int64) {
+		if n >= beforeKill {
+			preOnce.Do(func() { close(reachedPre) })
+		}
+	})
+	ackCount := &load.acks
 
 	select {
 	case <-reachedPre:
@@ -159,7 +120,7 @@ func TestKilledReplicaIsRepairedAndRejoins(t *testing.T) {
 		t.Logf("%v rejoined every chain", victims)
 	}
 	stopSending()
-	wg.Wait()
+	all := load.wait()
 
 	views := waitConverged(t, d.seeds(), stream, partitions, 30*time.Second)
 	for _, v := range views {
@@ -168,58 +129,10 @@ func TestKilledReplicaIsRepairedAndRejoins(t *testing.T) {
 		}
 	}
 
-	acked := map[partOff]*sent{}
-	failed := 0
-	for _, s := range all {
-		if s.err != nil {
-			failed++
-			continue
-		}
-		at := partOff{s.ack.Partition, s.ack.Offset}
-		if prev := acked[at]; prev != nil {
-			t.Fatalf("two records acked at partition %d offset %d: %s and %s", at.p, at.off, prev.val, s.val)
-		}
-		acked[at] = s
-	}
+	acked, failed := ackedByOffset(t, all)
 	t.Logf("%d records acked, %d failed or unresolved", len(acked), failed)
 	got, ends := readAll(t, d.client, stream, partitions)
-	for at, s := range acked {
-		m, ok := got[at]
-		switch {
-		case !ok:
-			t.Errorf("acked record %s at partition %d offset %d lost (partition end %d)", s.val, at.p, at.off, ends[at.p])
-		case !bytes.Equal(m.Key, s.keyB) || !bytes.Equal(m.Value, s.val):
-			t.Errorf("partition %d offset %d holds %q=%q, acked %q=%q", at.p, at.off, m.Key, m.Value, s.keyB, s.val)
-		}
-	}
-	sentVals := map[string]*sent{}
-	for _, s := range all {
-		sentVals[string(s.val)] = s
-	}
-	seen := map[string]partOff{}
-	// Per producer and key, counters only grow along a partition's offsets.
-	type pk struct{ producer, key int }
-	for p := range partitions {
-		last := map[pk]int{}
-		for off := uint64(0); off < ends[p]; off++ {
-			at := partOff{uint32(p), off}
-			m := got[at]
-			s := sentVals[string(m.Value)]
-			if s == nil {
-				t.Errorf("partition %d offset %d holds %q=%q, which no producer sent", p, off, m.Key, m.Value)
-				continue
-			}
-			if prev, dup := seen[string(m.Value)]; dup {
-				t.Errorf("record %q stored twice: partition %d offset %d and partition %d offset %d", m.Value, prev.p, prev.off, at.p, at.off)
-			}
-			seen[string(m.Value)] = at
-			k := pk{s.producer, s.key}
-			if s.counter <= last[k] {
-				t.Errorf("partition %d offset %d: %q after counter %d of the same producer and key: out of order", p, off, m.Value, last[k])
-			}
-			last[k] = s.counter
-		}
-	}
+	checkStored(t, all, acked, got, ends, true)
 	out, _ := os.ReadFile(d.outPath)
 	if !bytes.Contains(out, []byte("Reordering chain")) {
 		t.Errorf("catena dev never logged a chain reordering")
