@@ -54,7 +54,7 @@ func TestKillNineAllAndRestart(t *testing.T) {
 	d.kill9All()
 	stopSending()
 	all := load.wait()
-	acked, failed := ackedByOffset(t, all)
+	acked, failed := ackedByOffset(t.Fatalf, all)
 	t.Logf("before the kill: %d records acked, %d failed or unresolved", len(acked), failed)
 	if len(acked) < killAfter {
 		t.Fatalf("only %d acked records", len(acked))
@@ -66,7 +66,7 @@ func TestKillNineAllAndRestart(t *testing.T) {
 	got, ends := readAll(t, d2.client, stream, partitions)
 	// Unacked records may have been stored (their acks were lost), but
 	// never twice, and nothing that was not sent.
-	checkStored(t, all, acked, got, ends, false)
+	checkStored(t.Errorf, all, acked, got, ends, false)
 
 	// Offsets continue after the old records.
 	prod := client.NewProducer(d2.client, stream, client.ProducerOptions{})

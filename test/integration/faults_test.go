@@ -520,72 +520,25 @@ func (c *campaign) check() string {
 		fail("%s", v)
 	}
 
-	acked := map[partOff]*timedSent{}
-	failed := 0
+	var all []*sent
 	var firstErr error
 	for _, recs := range c.sent {
 		for _, s := range recs {
-			if s.err != nil {
-				failed++
-				if firstErr == nil {
-					firstErr = s.err
-				}
-				continue
+			all = append(all, &s.sent)
+			if s.err != nil && firstErr == nil {
+				firstErr = s.err
 			}
-			at := partOff{s.ack.Partition, s.ack.Offset}
-			if prev := acked[at]; prev != nil {
-				fail("two records acked at partition %d offset %d: %s and %s", at.p, at.off, prev.val, s.val)
-				continue
-			}
-			acked[at] = s
 		}
 	}
+	acked, failed := ackedByOffset(fail, all)
 	if failed > 0 {
 		t.Logf("%d records failed (not acknowledged); first: %v", failed, firstErr)
 	}
-
 	got, ends := readAll(t, c.d.client, c.stream, campaignPartitions)
-	// No acknowledged record lost, each at its acked offset.
-	for at, s := range acked {
-		m, ok := got[at]
-		switch {
-		case !ok:
-			fail("acked record %s at partition %d offset %d lost (partition end %d)", s.val, at.p, at.off, ends[at.p])
-		case !bytes.Equal(m.Key, s.keyB) || !bytes.Equal(m.Value, s.val):
-			fail("partition %d offset %d holds %q=%q, acked %q=%q", at.p, at.off, m.Key, m.Value, s.keyB, s.val)
-		}
-	}
-	// None stored twice, nothing nobody sent, per producer and key in
-	// send order along the offsets.
-	sentVals := map[string]*timedSent{}
-	for _, recs := range c.sent {
-		for _, s := range recs {
-			sentVals[string(s.val)] = s
-		}
-	}
-	seen := map[string]partOff{}
-	type pk struct{ producer, key int }
-	for p := range campaignPartitions {
-		last := map[pk]int{}
-		for off := uint64(0); off < ends[p]; off++ {
-			at := partOff{uint32(p), off}
-			m := got[at]
-			s := sentVals[string(m.Value)]
-			if s == nil {
-				fail("partition %d offset %d holds %q=%q, which no producer sent", p, off, m.Key, m.Value)
-				continue
-			}
-			if prev, dup := seen[string(m.Value)]; dup {
-				fail("record %q stored twice: partition %d offset %d and partition %d offset %d", m.Value, prev.p, prev.off, at.p, at.off)
-			}
-			seen[string(m.Value)] = at
-			k := pk{s.producer, s.key}
-			if s.counter <= last[k] {
-				fail("partition %d offset %d: %q after counter %d of the same producer and key: out of order", p, off, m.Value, last[k])
-			}
-			last[k] = s.counter
-		}
-	}
+	// No acknowledged record lost, each at its acked offset; none stored
+	// twice, nothing nobody sent, per producer and key in send order
+	// along the offsets.
+	checkStored(fail, all, acked, got, ends, true)
 	// Acknowledgements of a key are in send order too.
 	for _, recs := range c.sent {
 		type lastAck struct {

@@ -683,9 +683,8 @@ func (l *keyedLoad) wait() []*sent {
 }
 
 // ackedByOffset indexes the acknowledged records by where they were acked,
-// failing if two were acked at one offset; it also counts the others.
-func ackedByOffset(t testing.TB, all []*sent) (acked map[partOff]*sent, failed int) {
-	t.Helper()
+// reporting two acked at one offset; it also counts the others.
+func ackedByOffset(report func(format string, args ...any), all []*sent) (acked map[partOff]*sent, failed int) {
 	acked = map[partOff]*sent{}
 	for _, s := range all {
 		if s.err != nil {
@@ -694,7 +693,8 @@ func ackedByOffset(t testing.TB, all []*sent) (acked map[partOff]*sent, failed i
 		}
 		at := partOff{s.ack.Partition, s.ack.Offset}
 		if prev := acked[at]; prev != nil {
-			t.Fatalf("two records acked at partition %d offset %d: %s and %s", at.p, at.off, prev.val, s.val)
+			report("two records acked at partition %d offset %d: %s and %s", at.p, at.off, prev.val, s.val)
+			continue
 		}
 		acked[at] = s
 	}
@@ -706,15 +706,15 @@ func ackedByOffset(t testing.TB, all []*sent) (acked map[partOff]*sent, failed i
 // value; every stored record was sent, and is stored once (records whose
 // acknowledgement was lost may be stored); with ordered, each producer's
 // records of a key appear along a partition's offsets in counter order.
-func checkStored(t testing.TB, all []*sent, acked map[partOff]*sent, got map[partOff]client.Message, ends []uint64, ordered bool) {
-	t.Helper()
+// Violations go to report (t.Errorf, or a collector).
+func checkStored(report func(format string, args ...any), all []*sent, acked map[partOff]*sent, got map[partOff]client.Message, ends []uint64, ordered bool) {
 	for at, s := range acked {
 		m, ok := got[at]
 		switch {
 		case !ok:
-			t.Errorf("acked record %s at partition %d offset %d lost (partition end %d)", s.val, at.p, at.off, ends[at.p])
+			report("acked record %s at partition %d offset %d lost (partition end %d)", s.val, at.p, at.off, ends[at.p])
 		case !bytes.Equal(m.Key, s.keyB) || !bytes.Equal(m.Value, s.val):
-			t.Errorf("partition %d offset %d holds %q=%q, acked %q=%q", at.p, at.off, m.Key, m.Value, s.keyB, s.val)
+			report("partition %d offset %d holds %q=%q, acked %q=%q", at.p, at.off, m.Key, m.Value, s.keyB, s.val)
 		}
 	}
 	sentVals := map[string]*sent{}
@@ -730,16 +730,16 @@ func checkStored(t testing.TB, all []*sent, acked map[partOff]*sent, got map[par
 			m := got[at]
 			s := sentVals[string(m.Value)]
 			if s == nil {
-				t.Errorf("partition %d offset %d holds %q=%q, which no producer sent", p, off, m.Key, m.Value)
+				report("partition %d offset %d holds %q=%q, which no producer sent", p, off, m.Key, m.Value)
 				continue
 			}
 			if prev, dup := seen[string(m.Value)]; dup {
-				t.Errorf("record %q stored twice: partition %d offset %d and partition %d offset %d", m.Value, prev.p, prev.off, at.p, at.off)
+				report("record %q stored twice: partition %d offset %d and partition %d offset %d", m.Value, prev.p, prev.off, at.p, at.off)
 			}
 			seen[string(m.Value)] = at
 			if k := (pk{s.producer, s.key}); ordered {
 				if s.counter <= last[k] {
-					t.Errorf("partition %d offset %d: %q after counter %d of the same producer and key: out of order", p, off, m.Value, last[k])
+					report("partition %d offset %d: %q after counter %d of the same producer and key: out of order", p, off, m.Value, last[k])
 				}
 				last[k] = s.counter
 			}

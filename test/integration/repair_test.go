@@ -129,10 +129,10 @@ func TestKilledReplicaIsRepairedAndRejoins(t *testing.T) {
 		}
 	}
 
-	acked, failed := ackedByOffset(t, all)
+	acked, failed := ackedByOffset(t.Fatalf, all)
 	t.Logf("%d records acked, %d failed or unresolved", len(acked), failed)
 	got, ends := readAll(t, d.client, stream, partitions)
-	checkStored(t, all, acked, got, ends, true)
+	checkStored(t.Errorf, all, acked, got, ends, true)
 	out, _ := os.ReadFile(d.outPath)
 	if !bytes.Contains(out, []byte("Reordering chain")) {
 		t.Errorf("catena dev never logged a chain reordering")
