@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
@@ -220,7 +221,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	m := &master{
 		stream: spec.Stream, partitions: spec.Partitions, replication: spec.Replication, minLength: spec.MinChainLength, pool: pool,
 		log: log.WithValues("component", "master"), addrs: map[string]string{}, failed: map[string]bool{},
-		chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]agreement{},
+		chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]chainmaster.Agreement{},
 		health: newHealthTracker(spec.FailureTimeout),
 	}
 	for _, c := range children {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/replica/server"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -77,9 +78,9 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 	m := &master{
 		stream: "s", partitions: 1, replication: 3, pool: pool, log: logr.Discard(),
 		addrs:  map[string]string{"a": a.addr, "b": b.addr, "c": c.addr},
-		failed: map[string]bool{}, chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]agreement{},
+		failed: map[string]bool{}, chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]chainmaster.Agreement{},
 	}
-	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC}
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
 	req := &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Config: cfg,
 		Members: []*catenapb.Member{{Id: "a", Addr: a.addr}, {Id: "b", Addr: b.addr}, {Id: "c", Addr: c.addr}}}
 	for _, n := range []*replicaNode{c, b, a} {

@@ -2,15 +2,14 @@ package devcluster
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
@@ -19,38 +18,6 @@ import (
 // The dev master: catena dev plays each local chain's master with the same
 // planner the operator uses (replica/chainplan). planRepairs turns the
 // replicas' Status reports into the calls to make; master carries them out.
-
-// callKind is an RPC the dev master makes for repair.
-type callKind int
-
-const (
-	callConfigure callKind = iota + 1
-	callEpochEnd
-	callTruncate
-)
-
-// repairCall is one RPC to one replica.
-type repairCall struct {
-	Kind    callKind
-	Replica string // who receives the call
-	Addr    string
-
-	Configure *catenapb.ConfigureRequest
-	Truncate  *catenapb.TruncateRequest
-	// EpochEnd asks a chain member where Member's last log epoch ended;
-	// the answer, capped at Member's log end, is Member's agreement.
-	EpochEnd     *catenapb.EpochEndRequest
-	Member       string
-	MemberAddr   string
-	MemberLogEnd uint64
-}
-
-// agreement is a returning replica's agreement with a chain, valid while
-// the chain epoch and the replica's log are what they were when asked.
-type agreement struct {
-	chainEpoch, logEnd, lastLogEpoch uint64
-	offset                           uint64
-}
 
 type agreeKey struct {
 	partition uint32
@@ -77,161 +44,51 @@ type repairInput struct {
 	// last decided); absent: take the highest epoch any replica reports.
 	Chains map[uint32]chainplan.Chain
 	// Agreements found by earlier EpochEnd exchanges.
-	Agreements map[agreeKey]agreement
-}
-
-// partitionRepair is the plan for one partition and the calls carrying it
-// out, in order.
-type partitionRepair struct {
-	Partition uint32
-	Chain     chainplan.Chain // the chain the plan starts from
-	Plan      chainplan.Plan
-	Calls     []repairCall
+	Agreements map[agreeKey]chainmaster.Agreement
 }
 
 // planRepairs returns, for every partition whose chain needs work, the plan
-// and the calls to make. It does no I/O.
-func planRepairs(in repairInput) ([]partitionRepair, error) {
-	ids := make([]string, 0, len(in.Addrs))
-	for id := range in.Addrs {
-		ids = append(ids, id)
+// and the calls to make (replica/master does the planning, as it does for
+// the operator). It does no I/O.
+func planRepairs(in repairInput) ([]*chainmaster.Repair, error) {
+	answered := map[string]bool{}
+	for id := range in.Answered {
+		answered[id] = in.Answered[id] && in.Reports[id] != nil
 	}
-	sort.Strings(ids)
-	// Each replica's report of each partition of the stream.
-	byPart := map[uint32]map[string]*catenapb.PartitionStatus{}
-	for id, resp := range in.Reports {
-		for _, ps := range resp.GetPartitions() {
-			if ps.GetStream() != in.Stream {
-				continue
-			}
-			if byPart[ps.GetPartition()] == nil {
-				byPart[ps.GetPartition()] = map[string]*catenapb.PartitionStatus{}
-			}
-			byPart[ps.GetPartition()][id] = ps
-		}
-	}
-	var out []partitionRepair
+	var out []*chainmaster.Repair
 	for p := range uint32(in.Partitions) {
-		reports := byPart[p]
-		// The stream config and, without a record, the chain: from the
-		// report of the highest epoch.
-		var latest *catenapb.PartitionStatus
-		for _, id := range ids {
-			if ps := reports[id]; ps != nil && ps.GetEpoch() > 0 && (latest == nil || ps.GetEpoch() > latest.GetEpoch()) {
-				latest = ps
-			}
-		}
-		cur, ok := in.Chains[p]
-		if !ok {
-			if latest == nil {
-				continue // not configured yet: ensureStream's job
-			}
-			cur = chainplan.Chain{Epoch: latest.GetEpoch()}
-			for _, m := range latest.GetMembers() {
-				cur.Members = append(cur.Members, m.GetId())
-			}
-		}
+		reports := chainmaster.PartitionReports(in.Reports, in.Stream, p)
+		// The stream config: from the report of the highest epoch, with
+		// this master's minimum chain length (what the heads enforce).
+		latest := chainmaster.LatestReport(reports)
 		if latest == nil {
-			continue // nobody answered with a configuration: nothing to act on
+			continue // not configured yet: ensureStream's job
 		}
 		cfg := latest.GetConfig()
 		if in.MinLength > 0 && cfg.GetMinChainLength() != uint32(in.MinLength) {
-			// The master's minimum is what the heads enforce.
 			cfg = proto.Clone(cfg).(*catenapb.StreamConfig)
 			cfg.MinChainLength = uint32(in.MinLength)
 		}
-		var reps []chainplan.Replica
-		for _, id := range ids {
-			r := chainplan.Replica{ID: id, Health: chainplan.Unknown}
-			ps, answered := reports[id], in.Answered[id] && in.Reports[id] != nil
-			switch {
-			case in.Failed[id]:
-				r.Health = chainplan.Failed
-			case answered && ps == nil:
-				r.Health, r.Log = chainplan.Alive, chainplan.LogEmpty
-			case answered:
-				r.Health = chainplan.Alive
+		agreements := map[string]chainmaster.Agreement{}
+		for k, a := range in.Agreements {
+			if k.partition == p {
+				agreements[k.replica] = a
 			}
-			if ps != nil {
-				r.Epoch, r.LogEnd, r.DurableEnd, r.Committed, r.LastLogEpoch = ps.GetEpoch(), ps.GetLogEnd(), ps.GetDurable(), ps.GetCommitted(), ps.GetLastLogEpoch()
-				switch {
-				case ps.GetError() != "":
-					r.Log = chainplan.LogCorrupt
-				case ps.GetLogEnd() == 0:
-					r.Log = chainplan.LogEmpty
-				}
-				if a, ok := in.Agreements[agreeKey{p, id}]; ok && a.chainEpoch == cur.Epoch && a.logEnd == r.LogEnd && a.lastLogEpoch == r.LastLogEpoch {
-					r.Agreement = &a.offset
-				}
-			}
-			reps = append(reps, r)
 		}
-		plan, err := chainplan.Next(chainplan.Input{Chain: cur, Replicas: reps, ReplicationFactor: in.Replication, MinLength: in.MinLength})
+		var chain *chainplan.Chain
+		if c, ok := in.Chains[p]; ok {
+			chain = &c
+		}
+		r, err := chainmaster.Plan(chainmaster.Input{
+			Stream: in.Stream, Partition: p, Config: cfg, Replication: in.Replication, MinLength: in.MinLength,
+			Addrs: in.Addrs, Failed: in.Failed, Reports: reports, Answered: answered, Chain: chain, Agreements: agreements,
+		})
 		if err != nil {
-			return nil, fmt.Errorf("partition %s/%d: %w", in.Stream, p, err)
+			return nil, err
 		}
-		if !plan.Changed && len(plan.Actions) == 0 {
-			continue
+		if r != nil {
+			out = append(out, r)
 		}
-		configure := func(epoch uint64, members []string) *catenapb.ConfigureRequest {
-			req := &catenapb.ConfigureRequest{Stream: in.Stream, Partition: p, Epoch: epoch, Config: cfg}
-			for _, m := range members {
-				req.Members = append(req.Members, &catenapb.Member{Id: m, Addr: in.Addrs[m]})
-			}
-			return req
-		}
-		call := func(kind callKind, to string) repairCall {
-			return repairCall{Kind: kind, Replica: to, Addr: in.Addrs[to]}
-		}
-		pr := partitionRepair{Partition: p, Chain: cur, Plan: plan}
-		for _, a := range plan.Actions {
-			switch a.Kind {
-			case chainplan.ActionConfigure:
-				c := call(callConfigure, a.Member)
-				c.Configure = configure(cur.Epoch, cur.Members)
-				pr.Calls = append(pr.Calls, c)
-			case chainplan.ActionFindDivergence:
-				// Tell the returning replica the current chain first: it
-				// stops believing in the membership it left (it has no role
-				// in this one), which Truncate requires.
-				c := call(callConfigure, a.Member)
-				c.Configure = configure(cur.Epoch, cur.Members)
-				pr.Calls = append(pr.Calls, c)
-				c = call(callEpochEnd, a.From)
-				c.EpochEnd = &catenapb.EpochEndRequest{Stream: in.Stream, Partition: p, Epoch: a.Epoch}
-				c.Member, c.MemberAddr = a.Member, in.Addrs[a.Member]
-				if ps := reports[a.Member]; ps != nil {
-					c.MemberLogEnd = ps.GetLogEnd()
-				}
-				pr.Calls = append(pr.Calls, c)
-			case chainplan.ActionTruncate:
-				c := call(callConfigure, a.Member)
-				c.Configure = configure(cur.Epoch, cur.Members)
-				pr.Calls = append(pr.Calls, c)
-				c = call(callTruncate, a.Member)
-				c.Truncate = &catenapb.TruncateRequest{Stream: in.Stream, Partition: p, To: a.To}
-				pr.Calls = append(pr.Calls, c)
-			case chainplan.ActionCatchUp, chainplan.ActionJoinAtTail:
-				// The joiner catches up as the new tail through the link.
-			}
-		}
-		if plan.Changed {
-			// Tail first: by the time a predecessor links, its successor
-			// already knows the epoch. A member in doubt (it did not answer
-			// this round: paused, partitioned) is not called, so it cannot
-			// hold the master up; when it answers again it has not
-			// confirmed the epoch and gets it then (ActionConfigure).
-			req := configure(plan.Epoch, plan.Members)
-			for i := len(plan.Members) - 1; i >= 0; i-- {
-				if in.Failed[plan.Members[i]] || !in.Answered[plan.Members[i]] {
-					continue
-				}
-				c := call(callConfigure, plan.Members[i])
-				c.Configure = req
-				pr.Calls = append(pr.Calls, c)
-			}
-		}
-		out = append(out, pr)
 	}
 	return out, nil
 }
@@ -255,7 +112,7 @@ type master struct {
 	silent     map[string]bool                     // declared failed by the timeout (for logs)
 	reports    map[string]*catenapb.StatusResponse // last answer of each replica
 	chains     map[uint32]chainplan.Chain
-	agreements map[agreeKey]agreement
+	agreements map[agreeKey]chainmaster.Agreement
 }
 
 const (
@@ -327,7 +184,7 @@ func (m *master) repair(ctx context.Context) {
 		for _, pr := range repairs {
 			m.log.Info("Reordering chain", "stream", m.stream, "partition", pr.Partition, "epoch", pr.Plan.Epoch,
 				"reason", pr.Plan.Reason, "from", pr.Chain.Members, "fromEpoch", pr.Chain.Epoch, "members", pr.Plan.Members,
-				"writesAllowed", pr.Plan.WritesAllowed, "actions", actionStrings(pr.Plan.Actions))
+				"writesAllowed", pr.Plan.WritesAllowed, "actions", chainmaster.ActionStrings(pr.Plan.Actions))
 			if pr.Plan.Changed {
 				// Recorded before it is installed, as the operator writes
 				// the ReplicationChain first: a half-installed epoch is
@@ -342,14 +199,6 @@ func (m *master) repair(ctx context.Context) {
 			}
 		}
 	}
-}
-
-func actionStrings(as []chainplan.Action) []string {
-	out := make([]string, len(as))
-	for i, a := range as {
-		out[i] = a.String()
-	}
-	return out
 }
 
 // gather asks every replica whose process runs for its status, all at
@@ -401,64 +250,10 @@ func (m *master) gather(ctx context.Context) map[string]bool {
 	return out
 }
 
-func (m *master) execute(ctx context.Context, pr partitionRepair) error {
-	for _, c := range pr.Calls {
-		conn, err := m.pool.Get(c.Addr)
-		if err != nil {
-			return err
-		}
-		rc := catenapb.NewReplicaClient(conn)
-		cctx, cancel := context.WithTimeout(ctx, repairCallTimeout)
-		switch c.Kind {
-		case callConfigure:
-			_, err = rc.Configure(cctx, c.Configure)
-			if err != nil {
-				err = fmt.Errorf("configure %s at epoch %d: %w", c.Replica, c.Configure.GetEpoch(), err)
-			}
-		case callTruncate:
-			var ps *catenapb.PartitionStatus
-			ps, err = rc.Truncate(cctx, c.Truncate)
-			if err != nil {
-				err = fmt.Errorf("truncate %s to %d: %w", c.Replica, c.Truncate.GetTo(), err)
-			} else {
-				m.log.Info("Truncated returning replica", "stream", m.stream, "partition", pr.Partition, "replica", c.Replica, "logEnd", ps.GetLogEnd())
-			}
-		case callEpochEnd:
-			err = m.findAgreement(cctx, pr, c, rc)
-		}
-		cancel()
-		if err != nil {
-			return err
-		}
+func (m *master) execute(ctx context.Context, pr *chainmaster.Repair) error {
+	found, err := chainmaster.Executor{Conns: m.pool, Log: m.log, CallTimeout: repairCallTimeout}.Execute(ctx, m.stream, pr)
+	for id, a := range found {
+		m.agreements[agreeKey{pr.Partition, id}] = a
 	}
-	return nil
-}
-
-// findAgreement asks a chain member where the returning replica's last log
-// epoch ended and records the offset below which the returning replica's
-// log agrees with the chain (Kafka's leader-epoch rule: if the chain holds
-// no batch of that epoch, the answer names the largest epoch it holds
-// below it, and the returning replica's own end of that epoch bounds the
-// agreement too).
-func (m *master) findAgreement(ctx context.Context, pr partitionRepair, c repairCall, rc catenapb.ReplicaClient) error {
-	resp, err := rc.EpochEnd(ctx, c.EpochEnd)
-	if err != nil {
-		return fmt.Errorf("ask %s where epoch %d ended: %w", c.Replica, c.EpochEnd.GetEpoch(), err)
-	}
-	off := min(resp.GetEndOffset(), c.MemberLogEnd)
-	if resp.GetEpoch() < c.EpochEnd.GetEpoch() {
-		conn, err := m.pool.Get(c.MemberAddr)
-		if err != nil {
-			return err
-		}
-		own, err := catenapb.NewReplicaClient(conn).EpochEnd(ctx, &catenapb.EpochEndRequest{Stream: m.stream, Partition: pr.Partition, Epoch: resp.GetEpoch()})
-		if err != nil {
-			return fmt.Errorf("ask %s where its epoch %d ended: %w", c.Member, resp.GetEpoch(), err)
-		}
-		off = min(off, own.GetEndOffset())
-	}
-	m.agreements[agreeKey{pr.Partition, c.Member}] = agreement{chainEpoch: pr.Chain.Epoch, logEnd: c.MemberLogEnd, lastLogEpoch: c.EpochEnd.GetEpoch(), offset: off}
-	m.log.Info("Found where a returning replica agrees with the chain", "stream", m.stream, "partition", pr.Partition,
-		"replica", c.Member, "lastLogEpoch", c.EpochEnd.GetEpoch(), "asked", c.Replica, "agreesBelow", off, "logEnd", c.MemberLogEnd)
-	return nil
+	return err
 }

@@ -5,13 +5,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
 func ps(id string, epoch uint64, members []string, end, lastEpoch uint64) *catenapb.PartitionStatus {
 	st := &catenapb.PartitionStatus{Stream: "s", Partition: 0, ReplicaId: id, Epoch: epoch, LogEnd: end, Durable: end, Committed: min(end, 10), LastLogEpoch: lastEpoch,
-		Config: &catenapb.StreamConfig{Partitions: 1}}
+		Config: &catenapb.StreamConfig{Partitions: 1, MinChainLength: 1}}
 	for _, m := range members {
 		st.Members = append(st.Members, &catenapb.Member{Id: m, Addr: m + ":1"})
 	}
@@ -22,21 +23,21 @@ func resp(parts ...*catenapb.PartitionStatus) *catenapb.StatusResponse {
 	return &catenapb.StatusResponse{Partitions: parts}
 }
 
-func describe(prs []partitionRepair) string {
+func describe(prs []*chainmaster.Repair) string {
 	var b strings.Builder
 	for _, pr := range prs {
 		fmt.Fprintf(&b, "p%d %q:", pr.Partition, pr.Plan.Reason)
 		for _, c := range pr.Calls {
 			switch c.Kind {
-			case callConfigure:
+			case chainmaster.CallConfigure:
 				var ms []string
 				for _, m := range c.Configure.GetMembers() {
 					ms = append(ms, m.GetId())
 				}
 				fmt.Fprintf(&b, " configure(%s@%d %v)", c.Replica, c.Configure.GetEpoch(), ms)
-			case callEpochEnd:
+			case chainmaster.CallEpochEnd:
 				fmt.Fprintf(&b, " epochend(%s e%d for %s)", c.Replica, c.EpochEnd.GetEpoch(), c.Member)
-			case callTruncate:
+			case chainmaster.CallTruncate:
 				fmt.Fprintf(&b, " truncate(%s to %d)", c.Replica, c.Truncate.GetTo())
 			}
 		}
@@ -53,7 +54,7 @@ func TestPlanRepairsKilledHeadRejoins(t *testing.T) {
 		Addrs:      map[string]string{"r0": "r0:1", "r1": "r1:1", "r2": "r2:1"},
 		Failed:     map[string]bool{},
 		Chains:     map[uint32]chainplan.Chain{},
-		Agreements: map[agreeKey]agreement{},
+		Agreements: map[agreeKey]chainmaster.Agreement{},
 		Reports: map[string]*catenapb.StatusResponse{
 			"r0": resp(ps("r0", 1, abc, 10, 1)), "r1": resp(ps("r1", 1, abc, 10, 1)), "r2": resp(ps("r2", 1, abc, 10, 1)),
 		},
@@ -90,13 +91,13 @@ func TestPlanRepairsKilledHeadRejoins(t *testing.T) {
 	step(`p0 "asking where a returning member's log stops agreeing with the chain": configure(r0@2 [r1 r2]) epochend(r1 e1 for r0);`)
 
 	// The head said epoch 1 ended at 10.
-	in.Agreements[agreeKey{0, "r0"}] = agreement{chainEpoch: 2, logEnd: 13, lastLogEpoch: 1, offset: 10}
+	in.Agreements[agreeKey{0, "r0"}] = chainmaster.Agreement{ChainEpoch: 2, LogEnd: 13, LastLogEpoch: 1, Offset: 10}
 	step(`p0 "truncating a returning member's suffix the chain never committed": configure(r0@2 [r1 r2]) truncate(r0 to 10);`)
 
 	// Truncated: the old agreement no longer describes its log; asked again.
 	in.Reports["r0"] = resp(ps("r0", 2, abc[1:], 10, 1))
 	step(`p0 "asking where a returning member's log stops agreeing with the chain": configure(r0@2 [r1 r2]) epochend(r1 e1 for r0);`)
-	in.Agreements[agreeKey{0, "r0"}] = agreement{chainEpoch: 2, logEnd: 10, lastLogEpoch: 1, offset: 10}
+	in.Agreements[agreeKey{0, "r0"}] = chainmaster.Agreement{ChainEpoch: 2, LogEnd: 10, LastLogEpoch: 1, Offset: 10}
 	step(`p0 "returning member re-enters at the tail": configure(r0@3 [r1 r2 r0]) configure(r2@3 [r1 r2 r0]) configure(r1@3 [r1 r2 r0]);`)
 
 	// Installed and caught up: nothing left.
@@ -194,7 +195,7 @@ func TestPlanRepairsCarriesMinChainLength(t *testing.T) {
 	if got := prs[0].Calls[0].Configure.GetConfig().GetMinChainLength(); got != 2 {
 		t.Errorf("install carries min_chain_length %d, want 2", got)
 	}
-	if got := in.Reports["r2"].GetPartitions()[0].GetConfig().GetMinChainLength(); got != 0 {
+	if got := in.Reports["r2"].GetPartitions()[0].GetConfig().GetMinChainLength(); got != 1 {
 		t.Errorf("planning changed the report's config (min_chain_length %d)", got)
 	}
 }

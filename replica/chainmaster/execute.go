@@ -1,0 +1,152 @@
+package chainmaster
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+// DefaultCallTimeout bounds each RPC of a repair.
+const DefaultCallTimeout = 5 * time.Second
+
+// Executor makes a repair's RPCs, in order, stopping at the first failure
+// (the next round plans again from fresh reports).
+type Executor struct {
+	Conns *transport.Pool
+	Log   logr.Logger
+	// CallTimeout bounds each RPC (0: DefaultCallTimeout).
+	CallTimeout time.Duration
+}
+
+// Execute carries out r's calls for stream. Agreements found on the way
+// (EpochEnd exchanges) are returned by replica, also when a later call
+// fails.
+func (e Executor) Execute(ctx context.Context, stream string, r *Repair) (map[string]Agreement, error) {
+	found := map[string]Agreement{}
+	timeout := e.CallTimeout
+	if timeout <= 0 {
+		timeout = DefaultCallTimeout
+	}
+	for _, c := range r.Calls {
+		conn, err := e.Conns.Get(c.Addr)
+		if err != nil {
+			return found, err
+		}
+		rc := catenapb.NewReplicaClient(conn)
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		switch c.Kind {
+		case CallConfigure:
+			_, err = rc.Configure(cctx, c.Configure)
+			if err != nil {
+				err = fmt.Errorf("configure %s at epoch %d: %w", c.Replica, c.Configure.GetEpoch(), err)
+			}
+		case CallTruncate:
+			var ps *catenapb.PartitionStatus
+			ps, err = rc.Truncate(cctx, c.Truncate)
+			if err != nil {
+				err = fmt.Errorf("truncate %s to %d: %w", c.Replica, c.Truncate.GetTo(), err)
+			} else {
+				e.Log.Info("Truncated returning replica", "stream", stream, "partition", r.Partition, "replica", c.Replica, "logEnd", ps.GetLogEnd())
+			}
+		case CallEpochEnd:
+			var a Agreement
+			a, err = e.findAgreement(cctx, stream, r, c, rc)
+			if err == nil {
+				found[c.Member] = a
+			}
+		}
+		cancel()
+		if err != nil {
+			return found, err
+		}
+	}
+	return found, nil
+}
+
+// findAgreement asks a chain member where the returning replica's last log
+// epoch ended and returns the offset below which the returning replica's
+// log agrees with the chain (Kafka's leader-epoch rule: if the chain holds
+// no batch of that epoch, the answer names the largest epoch it holds below
+// it, and the returning replica's own end of that epoch bounds the
+// agreement too).
+func (e Executor) findAgreement(ctx context.Context, stream string, r *Repair, c Call, rc catenapb.ReplicaClient) (Agreement, error) {
+	resp, err := rc.EpochEnd(ctx, c.EpochEnd)
+	if err != nil {
+		return Agreement{}, fmt.Errorf("ask %s where epoch %d ended: %w", c.Replica, c.EpochEnd.GetEpoch(), err)
+	}
+	off := min(resp.GetEndOffset(), c.MemberLogEnd)
+	if resp.GetEpoch() < c.EpochEnd.GetEpoch() {
+		conn, err := e.Conns.Get(c.MemberAddr)
+		if err != nil {
+			return Agreement{}, err
+		}
+		own, err := catenapb.NewReplicaClient(conn).EpochEnd(ctx, &catenapb.EpochEndRequest{Stream: stream, Partition: r.Partition, Epoch: resp.GetEpoch()})
+		if err != nil {
+			return Agreement{}, fmt.Errorf("ask %s where its epoch %d ended: %w", c.Member, resp.GetEpoch(), err)
+		}
+		off = min(off, own.GetEndOffset())
+	}
+	e.Log.Info("Found where a returning replica agrees with the chain", "stream", stream, "partition", r.Partition,
+		"replica", c.Member, "lastLogEpoch", c.EpochEnd.GetEpoch(), "asked", c.Replica, "agreesBelow", off, "logEnd", c.MemberLogEnd)
+	return Agreement{ChainEpoch: r.Chain.Epoch, LogEnd: c.MemberLogEnd, LastLogEpoch: c.EpochEnd.GetEpoch(), Offset: off}, nil
+}
+
+// Gather asks every replica in addrs for its status of stream (one
+// partition when partition is not nil), all at once and each within
+// timeout, so that a paused replica cannot hold the others up. It returns
+// the answers by replica id; a replica missing from the result did not
+// answer (or another replica answered at its address).
+func Gather(ctx context.Context, conns *transport.Pool, addrs map[string]string, stream string, partition *uint32, timeout time.Duration) map[string]*catenapb.StatusResponse {
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		out = map[string]*catenapb.StatusResponse{}
+	)
+	for id, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := conns.Get(addr)
+			if err != nil {
+				return
+			}
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{Stream: stream, Partition: partition})
+			cancel()
+			if status.Code(err) == codes.NotFound {
+				// It answered: it hosts nothing of the partition.
+				resp, err = &catenapb.StatusResponse{ReplicaId: id}, nil
+			}
+			// An answer from another replica than the one asked for (an
+			// address reused by another process) is no answer.
+			if err == nil && resp.GetReplicaId() == id {
+				mu.Lock()
+				out[id] = resp
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// PartitionReports picks partition p of stream out of Status answers.
+func PartitionReports(resps map[string]*catenapb.StatusResponse, stream string, p uint32) map[string]*catenapb.PartitionStatus {
+	out := map[string]*catenapb.PartitionStatus{}
+	for id, resp := range resps {
+		for _, ps := range resp.GetPartitions() {
+			if ps.GetStream() == stream && ps.GetPartition() == p {
+				out[id] = ps
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,258 @@
+// Package chainmaster is a chain master's work for one partition, shared by the
+// operator's chain controller and `catena dev`: Plan turns what the
+// replicas report into the planner's input (replica/chainplan), and the
+// plan into the RPCs that carry it out; Executor makes those RPCs. Neither
+// keeps the master's record of the chain: the operator keeps it in the
+// ReplicationChain's status, catena dev in memory. Both write the new
+// membership to that record before Execute installs it, so that a master
+// that dies half-way is finished by the next one (members that have not
+// confirmed the epoch get it again).
+package chainmaster
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/catena-streams/catena/replica/chainplan"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// Input is what Plan decides from, for one partition.
+type Input struct {
+	Stream    string
+	Partition uint32
+	// Config is sent with every Configure; members that report another
+	// config are sent it again under the current epoch. Nil: nothing is
+	// known of the stream yet, and Plan returns nil.
+	Config *catenapb.StreamConfig
+	// Replication is the chain length to grow to; MinLength the fewest
+	// full copies that take writes.
+	Replication, MinLength int
+	// Addrs of every replica that may be a member, by id.
+	Addrs map[string]string
+	// Failed replicas: the master has declared them failed.
+	Failed map[string]bool
+	// Reports are each replica's latest report of this partition (possibly
+	// from an earlier round). Answered says who answered this round: one
+	// that answered without a report of the partition holds none of it;
+	// one that did not answer is in doubt unless Failed.
+	Reports  map[string]*catenapb.PartitionStatus
+	Answered map[string]bool
+	// Chain is the master's record of the chain. Nil: the membership of the
+	// highest epoch any replica reports.
+	Chain *chainplan.Chain
+	// Agreements found by earlier EpochEnd exchanges, by replica.
+	Agreements map[string]Agreement
+}
+
+// Agreement is a returning replica's agreement with a chain: its log agrees
+// with the chain below Offset. It is valid while the chain epoch and the
+// replica's log are what they were when it was found.
+type Agreement struct {
+	ChainEpoch, LogEnd, LastLogEpoch uint64
+	Offset                           uint64
+}
+
+// CallKind is an RPC the master makes.
+type CallKind int
+
+const (
+	CallConfigure CallKind = iota + 1
+	CallEpochEnd
+	CallTruncate
+)
+
+// Call is one RPC to one replica.
+type Call struct {
+	Kind    CallKind
+	Replica string // who receives the call
+	Addr    string
+
+	Configure *catenapb.ConfigureRequest
+	Truncate  *catenapb.TruncateRequest
+	// EpochEnd asks a chain member where Member's last log epoch ended;
+	// the answer, capped at Member's log end, is Member's agreement.
+	EpochEnd     *catenapb.EpochEndRequest
+	Member       string
+	MemberAddr   string
+	MemberLogEnd uint64
+}
+
+// Repair is the plan for one partition and the calls carrying it out, in
+// order.
+type Repair struct {
+	Partition uint32
+	Chain     chainplan.Chain // the chain the plan starts from
+	Plan      chainplan.Plan
+	Calls     []Call
+}
+
+// Plan returns the next step for the partition's chain and the calls that
+// carry it out, or nil when there is nothing to do (or nothing known to act
+// on). It does no I/O.
+func Plan(in Input) (*Repair, error) {
+	if in.Config == nil {
+		return nil, nil
+	}
+	ids := make([]string, 0, len(in.Addrs))
+	for id := range in.Addrs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+
+	var cur chainplan.Chain
+	if in.Chain != nil {
+		cur = chainplan.Chain{Epoch: in.Chain.Epoch, Members: slices.Clone(in.Chain.Members)}
+	} else {
+		latest := LatestReport(in.Reports)
+		if latest == nil {
+			return nil, nil // not configured yet: initial placement is the caller's
+		}
+		cur.Epoch = latest.GetEpoch()
+		for _, m := range latest.GetMembers() {
+			cur.Members = append(cur.Members, m.GetId())
+		}
+	}
+
+	reps := make([]chainplan.Replica, 0, len(ids))
+	for _, id := range ids {
+		reps = append(reps, replicaOf(in, id, cur))
+	}
+	plan, err := chainplan.Next(chainplan.Input{Chain: cur, Replicas: reps, ReplicationFactor: in.Replication, MinLength: in.MinLength})
+	if err != nil {
+		return nil, fmt.Errorf("partition %s/%d: %w", in.Stream, in.Partition, err)
+	}
+
+	configure := func(epoch uint64, members []string) *catenapb.ConfigureRequest {
+		req := &catenapb.ConfigureRequest{Stream: in.Stream, Partition: in.Partition, Epoch: epoch, Config: in.Config}
+		for _, m := range members {
+			req.Members = append(req.Members, &catenapb.Member{Id: m, Addr: in.Addrs[m]})
+		}
+		return req
+	}
+	call := func(kind CallKind, to string) Call {
+		return Call{Kind: kind, Replica: to, Addr: in.Addrs[to]}
+	}
+	r := &Repair{Partition: in.Partition, Chain: cur, Plan: plan}
+	for _, a := range plan.Actions {
+		switch a.Kind {
+		case chainplan.ActionConfigure:
+			c := call(CallConfigure, a.Member)
+			c.Configure = configure(cur.Epoch, cur.Members)
+			r.Calls = append(r.Calls, c)
+		case chainplan.ActionFindDivergence:
+			// Tell the returning replica the current chain first: it
+			// stops believing in the membership it left (it has no role
+			// in this one), which Truncate requires.
+			c := call(CallConfigure, a.Member)
+			c.Configure = configure(cur.Epoch, cur.Members)
+			r.Calls = append(r.Calls, c)
+			c = call(CallEpochEnd, a.From)
+			c.EpochEnd = &catenapb.EpochEndRequest{Stream: in.Stream, Partition: in.Partition, Epoch: a.Epoch}
+			c.Member, c.MemberAddr = a.Member, in.Addrs[a.Member]
+			c.MemberLogEnd = in.Reports[a.Member].GetLogEnd()
+			r.Calls = append(r.Calls, c)
+		case chainplan.ActionTruncate:
+			c := call(CallConfigure, a.Member)
+			c.Configure = configure(cur.Epoch, cur.Members)
+			r.Calls = append(r.Calls, c)
+			c = call(CallTruncate, a.Member)
+			c.Truncate = &catenapb.TruncateRequest{Stream: in.Stream, Partition: in.Partition, To: a.To}
+			r.Calls = append(r.Calls, c)
+		case chainplan.ActionCatchUp, chainplan.ActionJoinAtTail:
+			// The joiner catches up as the new tail through the link.
+		}
+	}
+	if plan.Changed {
+		// Tail first: by the time a predecessor links, its successor
+		// already knows the epoch. A member in doubt (it did not answer
+		// this round: paused, partitioned) is not called, so it cannot
+		// hold the master up; when it answers again it has not confirmed
+		// the epoch and gets it then (ActionConfigure).
+		req := configure(plan.Epoch, plan.Members)
+		for i := len(plan.Members) - 1; i >= 0; i-- {
+			m := plan.Members[i]
+			if in.Failed[m] || !in.Answered[m] {
+				continue
+			}
+			c := call(CallConfigure, m)
+			c.Configure = req
+			r.Calls = append(r.Calls, c)
+		}
+	} else if len(plan.Actions) == 0 {
+		// The membership is settled: members running with another stream
+		// config (retention changed, partitions added, another minimum
+		// chain length) get the master's under the same epoch.
+		for i := len(cur.Members) - 1; i >= 0; i-- {
+			m := cur.Members[i]
+			ps := in.Reports[m]
+			if !in.Answered[m] || in.Failed[m] || ps == nil || ps.GetEpoch() != cur.Epoch || proto.Equal(ps.GetConfig(), in.Config) {
+				continue
+			}
+			c := call(CallConfigure, m)
+			c.Configure = configure(cur.Epoch, cur.Members)
+			r.Calls = append(r.Calls, c)
+		}
+	}
+	if !plan.Changed && len(r.Calls) == 0 {
+		return nil, nil
+	}
+	return r, nil
+}
+
+// replicaOf is the planner's view of one replica.
+func replicaOf(in Input, id string, cur chainplan.Chain) chainplan.Replica {
+	r := chainplan.Replica{ID: id, Health: chainplan.Unknown}
+	ps := in.Reports[id]
+	switch {
+	case in.Failed[id]:
+		r.Health = chainplan.Failed
+	case in.Answered[id] && ps == nil:
+		r.Health, r.Log = chainplan.Alive, chainplan.LogEmpty
+	case in.Answered[id]:
+		r.Health = chainplan.Alive
+	}
+	if ps == nil {
+		return r
+	}
+	r.Epoch, r.LogEnd, r.DurableEnd, r.Committed, r.LastLogEpoch = ps.GetEpoch(), ps.GetLogEnd(), ps.GetDurable(), ps.GetCommitted(), ps.GetLastLogEpoch()
+	switch {
+	case ps.GetError() != "":
+		r.Log = chainplan.LogCorrupt
+	case ps.GetLogEnd() == 0:
+		r.Log = chainplan.LogEmpty
+	}
+	if a, ok := in.Agreements[id]; ok && a.ChainEpoch == cur.Epoch && a.LogEnd == r.LogEnd && a.LastLogEpoch == r.LastLogEpoch {
+		r.Agreement = &a.Offset
+	}
+	return r
+}
+
+// LatestReport is the report of the highest epoch (ties: the first in id
+// order), or nil when no replica reports a configured partition.
+func LatestReport(reports map[string]*catenapb.PartitionStatus) *catenapb.PartitionStatus {
+	ids := make([]string, 0, len(reports))
+	for id := range reports {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var latest *catenapb.PartitionStatus
+	for _, id := range ids {
+		if ps := reports[id]; ps != nil && ps.GetEpoch() > 0 && (latest == nil || ps.GetEpoch() > latest.GetEpoch()) {
+			latest = ps
+		}
+	}
+	return latest
+}
+
+// ActionStrings renders a plan's actions for logs and events.
+func ActionStrings(as []chainplan.Action) []string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = a.String()
+	}
+	return out
+}
