@@ -140,9 +140,11 @@ func Plan(in Input) (*Repair, error) {
 	for _, a := range plan.Actions {
 		switch a.Kind {
 		case chainplan.ActionConfigure:
+			// Members confirm in chain order; they are configured tail
+			// first, like an install (ActionConfigure comes alone).
 			c := call(CallConfigure, a.Member)
 			c.Configure = configure(cur.Epoch, cur.Members)
-			r.Calls = append(r.Calls, c)
+			r.Calls = slices.Insert(r.Calls, 0, c)
 		case chainplan.ActionFindDivergence:
 			// Tell the returning replica the current chain first: it
 			// stops believing in the membership it left (it has no role

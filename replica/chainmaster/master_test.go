@@ -1,0 +1,154 @@
+package chainmaster
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/catena-streams/catena/replica/chainplan"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+var cfg = &catenapb.StreamConfig{Partitions: 1, MinChainLength: 2}
+
+func rep(epoch uint64, members []string, end uint64, c *catenapb.StreamConfig) *catenapb.PartitionStatus {
+	ps := &catenapb.PartitionStatus{Stream: "s", Epoch: epoch, LogEnd: end, Durable: end, Committed: end, LastLogEpoch: epoch, Config: c}
+	for _, m := range members {
+		ps.Members = append(ps.Members, &catenapb.Member{Id: m, Addr: m + ":1"})
+	}
+	return ps
+}
+
+// calls renders a repair's calls: kind(to@epoch [members]).
+func calls(r *Repair) string {
+	if r == nil {
+		return "nothing"
+	}
+	var out []string
+	for _, c := range r.Calls {
+		switch c.Kind {
+		case CallConfigure:
+			var ms []string
+			for _, m := range c.Configure.GetMembers() {
+				ms = append(ms, m.GetId()+"="+m.GetAddr())
+			}
+			out = append(out, fmt.Sprintf("configure(%s@%d %v)", c.Replica, c.Configure.GetEpoch(), ms))
+		case CallEpochEnd:
+			out = append(out, fmt.Sprintf("epochend(%s e%d for %s)", c.Replica, c.EpochEnd.GetEpoch(), c.Member))
+		case CallTruncate:
+			out = append(out, fmt.Sprintf("truncate(%s to %d)", c.Replica, c.Truncate.GetTo()))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+func TestPlan(t *testing.T) {
+	abc := []string{"a", "b", "c"}
+	addrs := map[string]string{"a": "a:1", "b": "b:1", "c": "c:1"}
+	all := map[string]bool{"a": true, "b": true, "c": true}
+	other := &catenapb.StreamConfig{Partitions: 2, MinChainLength: 2}
+	for _, tc := range []struct {
+		name string
+		in   Input
+		want string
+	}{
+		{
+			name: "nothing known of the stream",
+			in:   Input{Addrs: addrs, Answered: all, Replication: 3},
+			want: "nothing",
+		},
+		{
+			name: "no record and no configured replica: placement is the caller's",
+			in:   Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, Reports: map[string]*catenapb.PartitionStatus{}},
+			want: "nothing",
+		},
+		{
+			name: "a recorded chain nobody runs yet is installed tail first",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2,
+				Chain: &chainplan.Chain{Epoch: 1, Members: abc}, Reports: map[string]*catenapb.PartitionStatus{}},
+			want: "configure(c@1 [a=a:1 b=b:1 c=c:1]) configure(b@1 [a=a:1 b=b:1 c=c:1]) configure(a@1 [a=a:1 b=b:1 c=c:1])",
+		},
+		{
+			name: "a member in doubt is not called; the others are",
+			in: Input{Config: cfg, Addrs: addrs, Answered: map[string]bool{"a": true, "c": true}, Replication: 3, MinLength: 2,
+				Chain: &chainplan.Chain{Epoch: 1, Members: abc}, Reports: map[string]*catenapb.PartitionStatus{}},
+			want: "configure(c@1 [a=a:1 b=b:1 c=c:1]) configure(a@1 [a=a:1 b=b:1 c=c:1])",
+		},
+		{
+			name: "a settled chain with the master's config: nothing",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2,
+				Chain:   &chainplan.Chain{Epoch: 1, Members: abc},
+				Reports: map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(1, abc, 5, cfg), "c": rep(1, abc, 5, cfg)}},
+			want: "nothing",
+		},
+		{
+			name: "members running another config get the master's under the same epoch",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2,
+				Chain:   &chainplan.Chain{Epoch: 1, Members: abc},
+				Reports: map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, other), "b": rep(1, abc, 5, cfg), "c": rep(1, abc, 5, other)}},
+			want: "configure(c@1 [a=a:1 b=b:1 c=c:1]) configure(a@1 [a=a:1 b=b:1 c=c:1])",
+		},
+		{
+			name: "without a record, the chain of the highest epoch reported",
+			in: Input{Config: cfg, Addrs: addrs, Answered: map[string]bool{"b": true, "c": true}, Failed: map[string]bool{"a": true}, Replication: 3, MinLength: 2,
+				Reports: map[string]*catenapb.PartitionStatus{"b": rep(3, abc, 5, cfg), "c": rep(2, abc, 5, cfg)}},
+			want: "configure(c@4 [b=b:1 c=c:1]) configure(b@4 [b=b:1 c=c:1])",
+		},
+		{
+			name: "a returning member is asked where it agrees, after learning the chain",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2,
+				Chain:   &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Reports: map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 7, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@2 [b=b:1 c=c:1]) epochend(b e1 for a)",
+		},
+		{
+			name: "an agreement below its log end truncates it",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 7, LastLogEpoch: 1, Offset: 5}},
+				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 7, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@2 [b=b:1 c=c:1]) truncate(a to 5)",
+		},
+		{
+			name: "an agreement of another epoch is stale and asked again",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 1, LogEnd: 7, LastLogEpoch: 1, Offset: 5}},
+				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 7, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@2 [b=b:1 c=c:1]) epochend(b e1 for a)",
+		},
+		{
+			name: "an agreeing returning member joins at the tail",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
+				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.in.Stream = "s"
+			r, err := Plan(tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := calls(r); got != tc.want {
+				t.Errorf("calls\n got %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLatestReport(t *testing.T) {
+	if LatestReport(nil) != nil {
+		t.Error("no reports: want nil")
+	}
+	unconfigured := map[string]*catenapb.PartitionStatus{"a": rep(0, nil, 0, nil)}
+	if LatestReport(unconfigured) != nil {
+		t.Error("only epoch 0: want nil")
+	}
+	reports := map[string]*catenapb.PartitionStatus{"a": rep(2, nil, 0, nil), "b": rep(3, nil, 0, nil), "c": rep(3, nil, 0, cfg)}
+	if got := LatestReport(reports); got != reports["b"] {
+		t.Errorf("got %v, want b's (highest epoch, first by id)", got)
+	}
+}
