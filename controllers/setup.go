@@ -2,19 +2,31 @@ package controllers
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/catena-streams/catena/rpc/transport"
 )
 
 // Options configure the operator's reconcilers.
 type Options struct {
 	// Image is the container image of replica pods.
 	Image string
+	// ReplicaAddr says where replica pods are reached (nil: PodDNSAddr,
+	// through the pool's headless Service). Tests point it at replica
+	// processes on loopback.
+	ReplicaAddr ReplicaAddrFunc
+	// ReplicaTLS is the client TLS config for the replica admin API (nil:
+	// plaintext).
+	ReplicaTLS *tls.Config
+	// FailureTimeout: see DefaultFailureTimeout (0: that).
+	FailureTimeout time.Duration
 }
 
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // SetupWithManager registers every reconciler of the operator with mgr,
 // whose scheme must hold client-go's kinds and api/v1alpha1's.
@@ -26,9 +38,29 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}
-	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme()}
+	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image}
 	if err := streams.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("failed to set up the Stream controller: %w", err)
+	}
+	addr := opts.ReplicaAddr
+	if addr == nil {
+		addr = PodDNSAddr
+	}
+	conns := transport.NewPool(opts.ReplicaTLS)
+	chains := &ChainReconciler{
+		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("catena-operator"),
+		Conns: conns, ReplicaAddr: addr, FailureTimeout: opts.FailureTimeout,
+	}
+	if err := chains.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("failed to set up the ReplicationChain controller: %w", err)
+	}
+	// Connections to replicas close with the manager.
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		<-ctx.Done()
+		conns.Close()
+		return nil
+	})); err != nil {
+		return fmt.Errorf("failed to register the replica connection pool: %w", err)
 	}
 	return nil
 }

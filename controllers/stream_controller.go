@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,12 +27,16 @@ import (
 const streamPoolIndex = "streams.catena.io/hostingPool"
 
 // StreamReconciler creates a Stream's own ReplicaPool (when it names no
-// shared one) and one Partition and one ReplicationChain per partition, and
-// reports their progress in the Stream's status. It does not configure the
-// chains: the chain controller does.
+// shared one), one Partition and one ReplicationChain per partition, and
+// the ingestion Deployment and Service clients connect to, and reports
+// their progress in the Stream's status. It does not configure the chains:
+// the chain controller does. When the Stream's volumeReclaimPolicy is
+// Delete, it deletes the volumes of the Stream's own pool with the Stream.
 type StreamReconciler struct {
 	Client client.Client
 	Scheme *runtime.Scheme
+	// Image is the container image of ingestion pods, the operator's own.
+	Image string
 }
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=streams,verbs=get;list;watch;update;patch
@@ -38,6 +45,11 @@ type StreamReconciler struct {
 // +kubebuilder:rbac:groups=streams.catena.io,resources=streams/finalizers,verbs=update
 // +kubebuilder:rbac:groups=streams.catena.io,resources=partitions,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicationchains,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// Deleting a Stream whose volumeReclaimPolicy is Delete deletes its pool's claims.
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;delete
 
 // Reconcile brings one Stream's children into existence and records what
 // it observed.
@@ -50,8 +62,10 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !stream.DeletionTimestamp.IsZero() {
-		// Owner references delete the children; nothing else to release.
-		return reconcile.Result{}, nil
+		return reconcile.Result{}, r.finalize(ctx, stream)
+	}
+	if changed, err := r.syncVolumesFinalizer(ctx, stream); err != nil || changed {
+		return reconcile.Result{}, err
 	}
 
 	before := stream.DeepCopy()
@@ -69,7 +83,8 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	}()
 
 	desired := desiredStreamChildren(stream)
-	if err := r.reconcilePool(ctx, stream, desired.Pool, &obs); err != nil {
+	pool, err := r.reconcilePool(ctx, stream, desired.Pool, &obs)
+	if err != nil {
 		return reconcile.Result{}, err
 	}
 	if err := r.reconcilePartitions(ctx, stream, desired.Partitions, &obs); err != nil {
@@ -78,31 +93,35 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if err := r.reconcileChains(ctx, stream, desired.Chains, &obs); err != nil {
 		return reconcile.Result{}, err
 	}
+	if err := r.reconcileIngestion(ctx, stream, desiredIngestion(stream, pool, r.Image), &obs); err != nil {
+		return reconcile.Result{}, err
+	}
 	return reconcile.Result{}, nil
 }
 
 // reconcilePool applies the Stream's own pool, unless its name is taken by
 // a pool the Stream does not control, and reads the pool hosting the
-// Stream.
-func (r *StreamReconciler) reconcilePool(ctx context.Context, stream *streamsv1alpha1.Stream, own *streamsv1alpha1.ReplicaPool, obs *streamObservation) error {
+// Stream. It returns that pool, or nil when it does not exist or is not
+// the Stream's to use.
+func (r *StreamReconciler) reconcilePool(ctx context.Context, stream *streamsv1alpha1.Stream, own *streamsv1alpha1.ReplicaPool, obs *streamObservation) (*streamsv1alpha1.ReplicaPool, error) {
 	pool := &streamsv1alpha1.ReplicaPool{}
 	key := types.NamespacedName{Namespace: stream.Namespace, Name: stream.PoolName()}
 	err := r.Client.Get(ctx, key, pool)
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("failed to read ReplicaPool %s: %w", key.Name, err)
+		return nil, fmt.Errorf("failed to read ReplicaPool %s: %w", key.Name, err)
 	}
 	found := err == nil
 	if own != nil {
 		if found && !metav1.IsControlledBy(pool, stream) {
 			obs.PoolFound, obs.PoolOwned = true, false
 			log.FromContext(ctx).Info("Own pool name is taken by another ReplicaPool", "replicaPool", key.Name, "reason", streamsv1alpha1.StreamPoolConflictReason)
-			return nil
+			return nil, nil
 		}
 		if !found {
 			log.FromContext(ctx).Info("Creating own pool", "replicaPool", key.Name)
 		}
 		if err := applyOwned(ctx, r.Client, r.Scheme, stream, own); err != nil {
-			return err
+			return nil, err
 		}
 		if !found {
 			pool = own // applied just now: no status yet
@@ -111,11 +130,12 @@ func (r *StreamReconciler) reconcilePool(ctx context.Context, stream *streamsv1a
 		obs.PoolOwned = true
 	}
 	obs.PoolFound = found
-	if found {
-		obs.PoolReplicas = pool.Spec.Replicas
-		obs.PoolReady = pool.IsReady()
+	if !found {
+		return nil, nil
 	}
-	return nil
+	obs.PoolReplicas = pool.Spec.Replicas
+	obs.PoolReady = pool.IsReady()
+	return pool, nil
 }
 
 // reconcilePartitions creates the Partitions that are missing. Their spec
@@ -175,6 +195,77 @@ func (r *StreamReconciler) reconcileChains(ctx context.Context, stream *streamsv
 	return nil
 }
 
+// reconcileIngestion applies the Stream's ingestion Deployment, Service and
+// PodDisruptionBudget, leaving alone any whose name is taken by an object
+// the Stream does not control, and reads the Deployment's availability.
+// Without a pool to point it at (want.Deployment nil), an existing
+// Deployment is kept as it is.
+func (r *StreamReconciler) reconcileIngestion(ctx context.Context, stream *streamsv1alpha1.Stream, want ingestion, obs *streamObservation) error {
+	svc := &corev1.Service{}
+	ok, err := r.applyUnlessTaken(ctx, stream, want.Service, svc, obs)
+	if err != nil {
+		return err
+	}
+	obs.IngestServiceFound = ok
+
+	deploy := &appsv1.Deployment{}
+	if want.Deployment != nil {
+		ok, err = r.applyUnlessTaken(ctx, stream, want.Deployment, deploy, obs)
+	} else {
+		_, ok, err = r.readControlled(ctx, stream, types.NamespacedName{Namespace: stream.Namespace, Name: stream.IngestName()}, "Deployment", deploy, obs)
+	}
+	if err != nil {
+		return err
+	}
+	obs.IngestionFound = ok
+	if ok {
+		// As read before the apply: a Deployment created just now has no
+		// status yet, which is zero available replicas.
+		obs.IngestionAvailable = deploy.Status.AvailableReplicas
+	}
+
+	_, err = r.applyUnlessTaken(ctx, stream, want.PDB, &policyv1.PodDisruptionBudget{}, obs)
+	return err
+}
+
+// applyUnlessTaken reads the object named like desired into current and
+// applies desired, unless an object the Stream does not control holds the
+// name. It reports whether the Stream's object exists now.
+func (r *StreamReconciler) applyUnlessTaken(ctx context.Context, stream *streamsv1alpha1.Stream, desired, current client.Object, obs *streamObservation) (bool, error) {
+	key := client.ObjectKeyFromObject(desired)
+	kind := kindOf(desired)
+	exists, controlled, err := r.readControlled(ctx, stream, key, kind, current, obs)
+	if err != nil || (exists && !controlled) {
+		return false, err
+	}
+	if !exists {
+		log.FromContext(ctx).Info("Creating the Stream's ingestion "+kind, "name", key.Name)
+	}
+	if err := applyOwned(ctx, r.Client, r.Scheme, stream, desired); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// readControlled reads key into obj and reports whether it exists and
+// whether the Stream controls it. One that exists under another
+// controller, or none, is recorded in obs as a conflict: applying over it
+// would take over something that is not the Stream's.
+func (r *StreamReconciler) readControlled(ctx context.Context, stream *streamsv1alpha1.Stream, key types.NamespacedName, kind string, obj client.Object, obs *streamObservation) (exists, controlled bool, _ error) {
+	if err := r.Client.Get(ctx, key, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, false, nil
+		}
+		return false, false, fmt.Errorf("failed to read %s %s: %w", kind, key.Name, err)
+	}
+	if !metav1.IsControlledBy(obj, stream) {
+		obs.IngestionConflict = kind + " " + key.Name
+		log.FromContext(ctx).Info("The name of an ingestion object is taken", "object", obs.IngestionConflict, "reason", streamsv1alpha1.StreamIngestionConflictReason)
+		return true, false, nil
+	}
+	return true, true, nil
+}
+
 func (r *StreamReconciler) patchStatus(ctx context.Context, before, stream *streamsv1alpha1.Stream) error {
 	if equality.Semantic.DeepEqual(before.Status, stream.Status) {
 		return nil
@@ -186,7 +277,8 @@ func (r *StreamReconciler) patchStatus(ctx context.Context, before, stream *stre
 }
 
 // SetupWithManager registers the reconciler: it watches Streams, the
-// Partitions and ReplicationChains they own, and the pools hosting them
+// Partitions, ReplicationChains and ingestion objects they own, and the
+// pools hosting them
 // (their own pool included, through the same index).
 func (r *StreamReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(ctx, &streamsv1alpha1.Stream{}, streamPoolIndex, func(obj client.Object) []string {
@@ -198,6 +290,9 @@ func (r *StreamReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 		For(&streamsv1alpha1.Stream{}).
 		Owns(&streamsv1alpha1.Partition{}).
 		Owns(&streamsv1alpha1.ReplicationChain{}).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Owns(&policyv1.PodDisruptionBudget{}).
 		Watches(&streamsv1alpha1.ReplicaPool{}, handler.EnqueueRequestsFromMapFunc(r.streamsOnPool)).
 		Named("stream").
 		Complete(r)

@@ -85,6 +85,16 @@ type streamObservation struct {
 	Partitions, Chains int32
 	// PartitionsReady counts the Partitions whose Ready condition is True.
 	PartitionsReady int32
+	// IngestionFound and IngestServiceFound are whether the ingestion
+	// Deployment and Service exist under the Stream's control.
+	IngestionFound, IngestServiceFound bool
+	// IngestionAvailable is the ingestion Deployment's
+	// status.availableReplicas.
+	IngestionAvailable int32
+	// IngestionConflict names the ingestion object ("Service orders")
+	// whose name is taken by one the Stream does not control; "" when
+	// none is.
+	IngestionConflict string
 }
 
 // streamStatus is the Stream's status given what was observed. Like
@@ -94,6 +104,11 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 	status.ObservedGeneration = stream.Generation
 	status.Pool = stream.PoolName()
 	status.PartitionsReady = obs.PartitionsReady
+	status.Endpoints = streamsv1alpha1.StreamEndpoints{}
+	if obs.IngestServiceFound {
+		status.Endpoints.Producers = ingestEndpoint(stream)
+		status.Endpoints.Consumers = ingestEndpoint(stream)
+	}
 
 	gen := stream.Generation
 	want := stream.Spec.Partitions
@@ -116,6 +131,10 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 		c := cond(streamsv1alpha1.StreamDegradedCondition, metav1.ConditionTrue, streamsv1alpha1.StreamReplicationFactorExceedsPoolReason,
 			fmt.Sprintf("replicationFactor %d exceeds the %d replicas of ReplicaPool %s", stream.Spec.ReplicationFactor, obs.PoolReplicas, stream.PoolName()))
 		degraded = &c
+	case obs.IngestionConflict != "":
+		c := cond(streamsv1alpha1.StreamDegradedCondition, metav1.ConditionTrue, streamsv1alpha1.StreamIngestionConflictReason,
+			fmt.Sprintf("%s exists and is not owned by this Stream", obs.IngestionConflict))
+		degraded = &c
 	}
 
 	// Progressing: children still missing.
@@ -129,6 +148,12 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 	if obs.Chains < want {
 		missing = append(missing, fmt.Sprintf("%d of %d ReplicationChains", want-obs.Chains, want))
 	}
+	if !obs.IngestionFound {
+		missing = append(missing, "ingestion Deployment "+stream.IngestName())
+	}
+	if !obs.IngestServiceFound {
+		missing = append(missing, "ingestion Service "+stream.IngestServiceName())
+	}
 	if len(missing) > 0 {
 		meta.SetStatusCondition(&status.Conditions, cond(streamsv1alpha1.StreamProgressingCondition, metav1.ConditionTrue,
 			streamsv1alpha1.StreamProvisioningReason, fmt.Sprintf("Missing %s", joinList(missing))))
@@ -137,7 +162,8 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 			streamsv1alpha1.StreamUpToDateReason, "Every child of the Stream exists"))
 	}
 
-	// Ready: the pool is ready and every partition is served.
+	// Ready: the pool is ready, every partition is served and clients can
+	// reach the ingestion tier.
 	switch {
 	case degraded != nil:
 		meta.SetStatusCondition(&status.Conditions, cond(streamsv1alpha1.StreamReadyCondition, metav1.ConditionFalse, degraded.Reason, degraded.Message))
@@ -148,9 +174,12 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 	case obs.PartitionsReady < want:
 		meta.SetStatusCondition(&status.Conditions, cond(streamsv1alpha1.StreamReadyCondition, metav1.ConditionFalse,
 			streamsv1alpha1.StreamPartitionsNotReadyReason, fmt.Sprintf("%d of %d partitions are ready", obs.PartitionsReady, want)))
+	case obs.IngestionAvailable < 1:
+		meta.SetStatusCondition(&status.Conditions, cond(streamsv1alpha1.StreamReadyCondition, metav1.ConditionFalse,
+			streamsv1alpha1.StreamIngestionNotReadyReason, fmt.Sprintf("Ingestion Deployment %s has no available pod", stream.IngestName())))
 	default:
 		meta.SetStatusCondition(&status.Conditions, cond(streamsv1alpha1.StreamReadyCondition, metav1.ConditionTrue,
-			streamsv1alpha1.StreamPartitionsReadyReason, fmt.Sprintf("%d of %d partitions are ready", obs.PartitionsReady, want)))
+			streamsv1alpha1.StreamPartitionsReadyReason, fmt.Sprintf("%d of %d partitions are ready; %d ingestion pods are available", obs.PartitionsReady, want, obs.IngestionAvailable)))
 	}
 	if degraded == nil {
 		meta.RemoveStatusCondition(&status.Conditions, streamsv1alpha1.StreamDegradedCondition)

@@ -1,8 +1,10 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -84,7 +86,14 @@ func TestStreamStatus(t *testing.T) {
 		readyReason, progReason string
 		degradedReason          string // "" when not degraded
 	}
-	complete := streamObservation{PoolFound: true, PoolOwned: true, PoolReplicas: 3, Partitions: 3, Chains: 3}
+	complete := streamObservation{PoolFound: true, PoolOwned: true, PoolReplicas: 3, Partitions: 3, Chains: 3,
+		IngestionFound: true, IngestServiceFound: true, IngestionAvailable: 2}
+	servedButNoIngestion := func(f func(*streamObservation)) streamObservation {
+		o := complete
+		o.PoolReady, o.PartitionsReady = true, 3
+		f(&o)
+		return o
+	}
 	with := func(f func(*streamObservation)) streamObservation { o := complete; f(&o); return o }
 	shared := testStream(func(s *streamsv1alpha1.StreamSpec) { s.Pool = "shared" })
 	tests := []struct {
@@ -107,6 +116,20 @@ func TestStreamStatus(t *testing.T) {
 			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamPoolConflictReason, streamsv1alpha1.StreamUpToDateReason, streamsv1alpha1.StreamPoolConflictReason}},
 		{"shared pool missing", shared, with(func(o *streamObservation) { o.PoolFound = false; o.PoolOwned = false }),
 			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamPoolNotFoundReason, streamsv1alpha1.StreamUpToDateReason, streamsv1alpha1.StreamPoolNotFoundReason}},
+		{"ingestion not created yet", testStream(nil), servedButNoIngestion(func(o *streamObservation) {
+			o.IngestionFound, o.IngestServiceFound, o.IngestionAvailable = false, false, 0
+		}),
+			want{metav1.ConditionFalse, metav1.ConditionTrue, streamsv1alpha1.StreamIngestionNotReadyReason, streamsv1alpha1.StreamProvisioningReason, ""}},
+		{"ingestion Deployment without an available pod", testStream(nil), servedButNoIngestion(func(o *streamObservation) { o.IngestionAvailable = 0 }),
+			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamIngestionNotReadyReason, streamsv1alpha1.StreamUpToDateReason, ""}},
+		{"ingestion available, pool not ready", testStream(nil), with(func(o *streamObservation) { o.PartitionsReady = 3 }),
+			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamPoolNotReadyReason, streamsv1alpha1.StreamUpToDateReason, ""}},
+		{"one available ingestion pod is enough", testStream(nil), servedButNoIngestion(func(o *streamObservation) { o.IngestionAvailable = 1 }),
+			want{metav1.ConditionTrue, metav1.ConditionFalse, streamsv1alpha1.StreamPartitionsReadyReason, streamsv1alpha1.StreamUpToDateReason, ""}},
+		{"ingestion Service name taken", testStream(nil), servedButNoIngestion(func(o *streamObservation) {
+			o.IngestServiceFound, o.IngestionConflict = false, "Service events"
+		}),
+			want{metav1.ConditionFalse, metav1.ConditionTrue, streamsv1alpha1.StreamIngestionConflictReason, streamsv1alpha1.StreamProvisioningReason, streamsv1alpha1.StreamIngestionConflictReason}},
 		{"shared pool too small", shared, with(func(o *streamObservation) { o.PoolOwned = false; o.PoolReplicas = 2; o.PoolReady = true }),
 			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamReplicationFactorExceedsPoolReason, streamsv1alpha1.StreamUpToDateReason, streamsv1alpha1.StreamReplicationFactorExceedsPoolReason}},
 	}
@@ -135,6 +158,40 @@ func TestStreamStatus(t *testing.T) {
 				expectCondition(t, got.Conditions, streamsv1alpha1.StreamDegradedCondition, metav1.ConditionTrue, tt.want.degradedReason, gen)
 			}
 		})
+	}
+}
+
+func TestStreamStatusEndpointsAndMessages(t *testing.T) {
+	stream := testStream(nil)
+
+	got := streamStatus(stream, streamObservation{})
+	if got.Endpoints != (streamsv1alpha1.StreamEndpoints{}) {
+		t.Errorf("endpoints without a Service = %+v, want none", got.Endpoints)
+	}
+	prog := meta.FindStatusCondition(got.Conditions, streamsv1alpha1.StreamProgressingCondition)
+	for _, want := range []string{"ingestion Deployment events-ingest", "ingestion Service events"} {
+		if prog == nil || !strings.Contains(prog.Message, want) {
+			t.Errorf("Progressing = %+v, want its message to list %q", prog, want)
+		}
+	}
+
+	stream.Status = got
+	got = streamStatus(stream, streamObservation{IngestServiceFound: true})
+	want := streamsv1alpha1.StreamEndpoints{Producers: "events.ns.svc:7070", Consumers: "events.ns.svc:7070"}
+	if got.Endpoints != want {
+		t.Errorf("endpoints = %+v, want %+v", got.Endpoints, want)
+	}
+
+	// A Service lost to a conflict no longer serves the Stream: its
+	// address must not stay in the status.
+	stream.Status = got
+	got = streamStatus(stream, streamObservation{IngestionConflict: "Service events"})
+	if got.Endpoints != (streamsv1alpha1.StreamEndpoints{}) {
+		t.Errorf("endpoints after losing the Service = %+v, want none", got.Endpoints)
+	}
+	ready := meta.FindStatusCondition(got.Conditions, streamsv1alpha1.StreamReadyCondition)
+	if ready == nil || !strings.Contains(ready.Message, "Service events exists and is not owned by this Stream") {
+		t.Errorf("Ready = %+v, want the conflict in its message", ready)
 	}
 }
 

@@ -5,7 +5,7 @@ package v1alpha1
 const (
 	// StreamReadyCondition is True when every partition's chain has
 	// replicationFactor members in chain at its target epoch and the
-	// ingestion Service has ready endpoints: producers can write and
+	// ingestion Deployment has an available pod: producers can write and
 	// consumers can read every partition.
 	StreamReadyCondition = "Ready"
 	// StreamProgressingCondition is True while the operator is bringing the
@@ -47,6 +47,13 @@ const (
 	// the shared pool has fewer replicas than replicationFactor, which the
 	// API server cannot check because it sees one object at a time.
 	StreamReplicationFactorExceedsPoolReason = "ReplicationFactorExceedsPool"
+	// StreamIngestionNotReadyReason (Ready False): the ingestion Deployment
+	// has no available pod, so producers and consumers cannot connect.
+	StreamIngestionNotReadyReason = "IngestionNotReady"
+	// StreamIngestionConflictReason (Ready False, Degraded True): the name
+	// of the Stream's ingestion Deployment, Service or PodDisruptionBudget
+	// is taken by an object the Stream does not own.
+	StreamIngestionConflictReason = "IngestionConflict"
 	// StreamUnderReplicatedReason (Degraded True): some chains have fewer
 	// members in chain than replicationFactor; writes still complete on the
 	// remaining members.

@@ -10,6 +10,9 @@ const (
 	// DefaultIngestionReplicas is the number of ingestion pods, two so that
 	// producers ride out the loss of one.
 	DefaultIngestionReplicas int32 = 2
+	// DefaultVolumeReclaimPolicy keeps a Stream's volumes after it is
+	// deleted: deleting records takes a second, explicit step.
+	DefaultVolumeReclaimPolicy = VolumeReclaimRetain
 )
 
 // Limits of a Stream, enforced by the schema.
@@ -20,12 +23,15 @@ const (
 	// each write's latency.
 	MaxReplicationFactor int32 = 7
 	// MaxStreamNameLength keeps the Stream's own pool name, <stream>-pool,
-	// within MaxReplicaPoolNameLength.
+	// within MaxReplicaPoolNameLength. The other names derived from it are
+	// shorter than a DNS label (63): the ingestion Deployment
+	// <stream>-ingest (54) and Service <stream>.
 	MaxStreamNameLength = MaxReplicaPoolNameLength - len(ownPoolSuffix)
 )
 
 // ownPoolSuffix names a Stream's own pool after the Stream.
 const ownPoolSuffix = "-pool"
 
-// ingestSuffix names a Stream's ingestion Deployment and Service.
+// ingestSuffix names a Stream's ingestion Deployment and its
+// PodDisruptionBudget.
 const ingestSuffix = "-ingest"

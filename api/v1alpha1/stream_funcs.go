@@ -41,8 +41,23 @@ func (s *Stream) OwnPoolSpec() ReplicaPoolSpec {
 	return spec
 }
 
-// IngestName is the name of the Stream's ingestion Deployment and Service.
+// IngestName is the name of the Stream's ingestion Deployment and of its
+// PodDisruptionBudget.
 func (s *Stream) IngestName() string { return s.Name + ingestSuffix }
+
+// IngestServiceName is the name of the Stream's ingestion Service, the
+// Stream's own, so that clients address a Stream by its name.
+func (s *Stream) IngestServiceName() string { return s.Name }
+
+// VolumesFinalizer holds a Stream whose volumeReclaimPolicy is Delete until
+// the operator has deleted the PersistentVolumeClaims of its own pool.
+const VolumesFinalizer = "streams.catena.io/volumes"
+
+// DeletesVolumes reports whether deleting the Stream deletes the volumes of
+// its own pool.
+func (s *Stream) DeletesVolumes() bool {
+	return s.HasOwnPool() && s.Spec.VolumeReclaimPolicy == VolumeReclaimDelete
+}
 
 // PartitionName is the name of the Partition and of the ReplicationChain of
 // the partition with the given index.

@@ -16,6 +16,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement))",message="replicas, storage, resources and placement describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) || self.replicationFactor <= (has(self.replicas) ? self.replicas : 3)",message="replicationFactor must not exceed replicas (3 when omitted): each member of a partition's chain needs its own replica pod"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)",message="pool is immutable: a Stream's partitions cannot move to another pool"
+// +kubebuilder:validation:XValidation:rule="!has(self.pool) || !has(self.volumeReclaimPolicy) || self.volumeReclaimPolicy != 'Delete'",message="volumeReclaimPolicy Delete needs a pool of the Stream's own: the volumes of a shared pool belong to the ReplicaPool, not to a Stream on it"
 type StreamSpec struct {
 	// pool names the ReplicaPool, in the Stream's namespace, that hosts the
 	// Stream's chains. When omitted, the Stream gets a pool of its own from
@@ -63,6 +64,20 @@ type StreamSpec struct {
 	// +kubebuilder:default={}
 	Ingestion IngestionSpec `json:"ingestion,omitempty,omitzero"`
 
+	// volumeReclaimPolicy says what becomes of the volumes of the Stream's
+	// own pool when the Stream is deleted. Retain (the default) keeps their
+	// PersistentVolumeClaims, and so the records, after the Stream, its pool
+	// and StatefulSet are gone; delete them by hand with
+	//   kubectl delete pvc -n <namespace> -l app.kubernetes.io/name=catena,app.kubernetes.io/component=replica,app.kubernetes.io/instance=<stream>-pool
+	// Delete deletes those claims when the Stream is deleted (the operator
+	// holds the Stream with the finalizer streams.catena.io/volumes until it
+	// has), and with them the volumes whose StorageClass reclaim policy is
+	// Delete. Only without pool: a shared pool's volumes belong to the
+	// ReplicaPool.
+	// +optional
+	// +kubebuilder:default=Retain
+	VolumeReclaimPolicy VolumeReclaimPolicy `json:"volumeReclaimPolicy,omitempty"`
+
 	// replicas is the number of replica pods of the Stream's own pool; 3
 	// when omitted. Only without pool.
 	// +optional
@@ -85,6 +100,20 @@ type StreamSpec struct {
 	// +optional
 	Placement *PlacementSpec `json:"placement,omitempty"`
 }
+
+// VolumeReclaimPolicy says what becomes of the volumes of a Stream's own
+// pool when the Stream is deleted.
+// +kubebuilder:validation:Enum=Retain;Delete
+type VolumeReclaimPolicy string
+
+const (
+	// VolumeReclaimRetain keeps the PersistentVolumeClaims of the Stream's
+	// own pool after the Stream is deleted.
+	VolumeReclaimRetain VolumeReclaimPolicy = "Retain"
+	// VolumeReclaimDelete deletes the PersistentVolumeClaims of the
+	// Stream's own pool when the Stream is deleted.
+	VolumeReclaimDelete VolumeReclaimPolicy = "Delete"
+)
 
 // RetentionSpec bounds each partition's log. Whichever bound is reached
 // first trims the oldest segments; a segment is removed whole, so a

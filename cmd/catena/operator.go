@@ -2,16 +2,21 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/controllers"
+	"github.com/catena-streams/catena/rpc/transport"
 )
 
 // operatorLeaderElectionID names the Lease that operator replicas contend
@@ -23,6 +28,8 @@ func newOperatorCommand() *cobra.Command {
 		metricsAddr, probeAddr, image string
 		leaderElect                   bool
 		verbosity                     int
+		failureTimeout                time.Duration
+		tlsFiles                      transport.TLSFiles
 	)
 	cmd := &cobra.Command{
 		Use:   "operator",
@@ -41,6 +48,10 @@ func newOperatorCommand() *cobra.Command {
 			if err := streamsv1alpha1.AddToScheme(scheme); err != nil {
 				return fmt.Errorf("failed to register streams.catena.io kinds: %w", err)
 			}
+			replicaTLS, err := tlsFiles.Config()
+			if err != nil {
+				return err
+			}
 			cfg, err := ctrl.GetConfig()
 			if err != nil {
 				return fmt.Errorf("failed to find a kubeconfig: %w", err)
@@ -54,11 +65,16 @@ func newOperatorCommand() *cobra.Command {
 				// Stop reconciling as soon as leadership is lost, and let a
 				// new leader take over without waiting for the lease.
 				LeaderElectionReleaseOnCancel: true,
+				// The chain controller watches replica pods only: caching
+				// every pod of the cluster would cost memory for nothing.
+				Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+					&corev1.Pod{}: {Label: controllers.ReplicaPodSelector()},
+				}},
 			})
 			if err != nil {
 				return fmt.Errorf("failed to create the controller manager: %w", err)
 			}
-			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image}); err != nil {
+			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image, ReplicaTLS: replicaTLS, FailureTimeout: failureTimeout}); err != nil {
 				return err
 			}
 			if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -78,6 +94,8 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address to serve /healthz and /readyz on")
 	cmd.Flags().BoolVar(&leaderElect, "leader-elect", false, "elect a leader among operator replicas, so that only one reconciles")
 	cmd.Flags().StringVar(&image, "image", "catena:dev", "container image of replica pods")
+	cmd.Flags().DurationVar(&failureTimeout, "failure-timeout", controllers.DefaultFailureTimeout, "how long a replica may stay silent, or its pod not Ready, before its chains are reordered without it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
+	tlsFlags(cmd, &tlsFiles)
 	return cmd
 }

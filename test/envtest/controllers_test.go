@@ -1,7 +1,6 @@
 package envtest_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,11 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/controllers"
@@ -42,40 +37,8 @@ var _ = Describe("Operator", Ordered, func() {
 	var standaloneNS, sharedNS string
 
 	BeforeAll(func() {
-		// The controllers' logs show with a failing spec's output.
-		ctrl.SetLogger(GinkgoLogr)
-		// The manager starts its informers and reconciles on a machine
-		// shared with other work, under -race: allow it more than the
-		// default second, and poll often.
-		SetDefaultEventuallyTimeout(operatorTimeout)
-		SetDefaultEventuallyPollingInterval(50 * time.Millisecond)
-		DeferCleanup(func() {
-			SetDefaultEventuallyTimeout(time.Second)
-			SetDefaultEventuallyPollingInterval(10 * time.Millisecond)
-		})
 		standaloneNS, sharedNS = newNamespace(), newNamespace()
-		mgr, err := ctrl.NewManager(testEnv.Config, ctrl.Options{
-			Scheme:                 k8s.Scheme(),
-			Metrics:                metricsserver.Options{BindAddress: "0"},
-			HealthProbeBindAddress: "0",
-			Cache: cache.Options{DefaultNamespaces: map[string]cache.Config{
-				standaloneNS: {}, sharedNS: {},
-			}},
-			Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		})
-		Expect(err).NotTo(HaveOccurred())
-		mgrCtx, stop := context.WithCancel(ctx)
-		Expect(controllers.SetupWithManager(mgrCtx, mgr, controllers.Options{Image: testImage})).To(Succeed())
-		done := make(chan struct{})
-		go func() {
-			defer GinkgoRecover()
-			defer close(done)
-			Expect(mgr.Start(mgrCtx)).To(Succeed())
-		}()
-		DeferCleanup(func() {
-			stop()
-			Eventually(done).Should(BeClosed(), "the manager did not stop")
-		})
+		startOperator(controllers.Options{Image: testImage}, standaloneNS, sharedNS)
 	})
 
 	It("gives a Stream applied alone its own pool, StatefulSet, Service, PDB, Partitions and chains", func() {

@@ -55,6 +55,9 @@ var _ = BeforeSuite(func() {
 })
 
 var _ = AfterSuite(func() {
+	if catenaBinPath != "" {
+		_ = os.RemoveAll(filepath.Dir(catenaBinPath))
+	}
 	if cancel != nil {
 		cancel()
 	}

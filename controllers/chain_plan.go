@@ -1,0 +1,347 @@
+package controllers
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/replica/chainplan"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// The chain controller's decisions, as pure functions of what it read:
+// where a new chain goes, what the pool's pods say of each replica's
+// health, the stream config every member runs, and the status of the
+// ReplicationChain and its Partition. The reconciler reads, calls these and
+// replica/chainmaster, and writes.
+
+// podLoad is how many chains of a pool a replica pod serves, by role.
+type podLoad struct {
+	Members, Heads, Tails int
+}
+
+// poolLoad counts, per pod, the memberships of chains on the pool. Chains
+// without members yet count nothing.
+func poolLoad(chains []streamsv1alpha1.ReplicationChain) map[string]podLoad {
+	out := map[string]podLoad{}
+	for i := range chains {
+		ms := chains[i].Status.Members
+		for j, m := range ms {
+			l := out[m.Name]
+			l.Members++
+			if j == 0 {
+				l.Heads++
+			}
+			if j == len(ms)-1 {
+				l.Tails++
+			}
+			out[m.Name] = l
+		}
+	}
+	return out
+}
+
+// placeChain picks the members of a new chain of length rf, head first, from
+// the pool's pods in ordinal order. It balances the chains of every stream
+// on the pool: the head is the pod heading the fewest chains (then serving
+// the fewest, then the lowest ordinal), and the chain continues from it in
+// ring order. A ring keeps the three roles balanced together: with heads
+// even, the tails (heads shifted by rf-1) and the memberships are even too,
+// which choosing each role greedily does not achieve (the last chain can
+// find the only pod short of a tail already taken as its head). The pool's
+// StatefulSet spreads consecutive pods across nodes and zones. It returns
+// fewer than rf members only when the pool has fewer pods.
+func placeChain(pods []string, load map[string]podLoad, rf int) []string {
+	n := len(pods)
+	rf = min(rf, n)
+	if rf <= 0 {
+		return nil
+	}
+	start := 0
+	for i, p := range pods {
+		l, best := load[p], load[pods[start]]
+		if l.Heads < best.Heads || (l.Heads == best.Heads && l.Members < best.Members) {
+			start = i
+		}
+	}
+	chosen := make([]string, rf)
+	for k := range rf {
+		chosen[k] = pods[(start+k)%n]
+	}
+	return chosen
+}
+
+// addPlacement records a placed chain in load.
+func addPlacement(load map[string]podLoad, members []string) {
+	for i, m := range members {
+		l := load[m]
+		l.Members++
+		if i == 0 {
+			l.Heads++
+		}
+		if i == len(members)-1 {
+			l.Tails++
+		}
+		load[m] = l
+	}
+}
+
+// memberHealth is what the pod and the replica's answers say of a replica:
+// Alive when it answered this round; Failed when its pod is gone for good
+// (terminated, deleted, failed) or has not been Ready for the failure
+// timeout, or when it has not answered for the failure timeout since it
+// last did; Unknown otherwise (not answering yet, or not for long: the
+// chain waits rather than reorders on a hiccup). pod is nil when no pod
+// exists; lastAnswer is zero when the replica never answered this operator.
+func memberHealth(pod *corev1.Pod, answered bool, lastAnswer, now time.Time, timeout time.Duration) chainplan.Health {
+	if answered {
+		return chainplan.Alive
+	}
+	if !lastAnswer.IsZero() && now.Sub(lastAnswer) >= timeout {
+		return chainplan.Failed
+	}
+	if pod == nil {
+		return chainplan.Unknown
+	}
+	if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+		return chainplan.Failed
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue && !c.LastTransitionTime.IsZero() && now.Sub(c.LastTransitionTime.Time) >= timeout {
+			return chainplan.Failed
+		}
+	}
+	return chainplan.Unknown
+}
+
+// streamConfig is the config every member of the Stream's chains runs.
+func streamConfig(stream *streamsv1alpha1.Stream) *catenapb.StreamConfig {
+	cfg := &catenapb.StreamConfig{
+		Partitions:     uint32(stream.Spec.Partitions),
+		Durability:     catenapb.Durability_DURABILITY_FSYNC,
+		MinChainLength: uint32(minChainLength(stream)),
+	}
+	if stream.Spec.Durability.Mode == streamsv1alpha1.DurabilityInterval {
+		cfg.Durability = catenapb.Durability_DURABILITY_INTERVAL
+		if d := stream.Spec.Durability.FsyncInterval; d != nil {
+			cfg.FsyncIntervalMs = uint32(max(d.Duration.Milliseconds(), 1))
+		}
+	}
+	if r := stream.Spec.Retention; r != nil {
+		if r.Time != nil {
+			cfg.RetentionMs = r.Time.Duration.Milliseconds()
+		}
+		if r.Bytes != nil {
+			cfg.RetentionBytes = r.Bytes.Value()
+		}
+	}
+	return cfg
+}
+
+// minChainLength is the fewest full copies a partition of the Stream must
+// have to take writes: a majority of the replication factor, so that an
+// acknowledged record is on at least two members whenever the factor is
+// three or more.
+func minChainLength(stream *streamsv1alpha1.Stream) int {
+	return int(stream.Spec.ReplicationFactor)/2 + 1
+}
+
+// chainRecord is the master's record of the chain, from its status: nil
+// when the operator has not placed it yet.
+func chainRecord(chain *streamsv1alpha1.ReplicationChain) *chainplan.Chain {
+	if chain.Status.TargetEpoch == 0 || len(chain.Status.Members) == 0 {
+		return nil
+	}
+	rec := &chainplan.Chain{Epoch: uint64(chain.Status.TargetEpoch)}
+	for _, m := range chain.Status.Members {
+		rec.Members = append(rec.Members, m.Name)
+	}
+	return rec
+}
+
+// reconfigurationReason names why a plan changes the chain from prev to
+// next.
+func reconfigurationReason(prev, next []string, planReason string) streamsv1alpha1.ReconfigurationReason {
+	if len(next) < len(prev) {
+		// The first removed member names the case: it is what the
+		// survivors' new roles follow from.
+		for i, m := range prev {
+			if slices.Contains(next, m) {
+				continue
+			}
+			switch i {
+			case 0:
+				return streamsv1alpha1.ReconfigurationHeadFailed
+			case len(prev) - 1:
+				return streamsv1alpha1.ReconfigurationTailFailed
+			default:
+				return streamsv1alpha1.ReconfigurationMiddleFailed
+			}
+		}
+	}
+	switch planReason {
+	case chainplan.ReasonAddReturning:
+		return streamsv1alpha1.ReconfigurationMemberReturned
+	case chainplan.ReasonAddNew:
+		return streamsv1alpha1.ReconfigurationMemberReplaced
+	}
+	return streamsv1alpha1.ReconfigurationRebalanced
+}
+
+// chainObservation is what the chain controller learnt of a chain's
+// members this round.
+type chainObservation struct {
+	// Reports are the members' reports of the partition (absent: none).
+	Reports map[string]*catenapb.PartitionStatus
+	// Health of every replica pod of the pool.
+	Health map[string]chainplan.Health
+	// WritesAllowed is the planner's verdict on the chain as it stands.
+	WritesAllowed bool
+	// MinLength is the fewest full copies that take writes.
+	MinLength int
+}
+
+// chainStatus is the ReplicationChain's status given its record (already
+// in status) and what was observed: each member's state and confirmed
+// epoch, and the conditions. Transition times of unchanged conditions are
+// kept.
+func chainStatus(chain *streamsv1alpha1.ReplicationChain, obs chainObservation) streamsv1alpha1.ReplicationChainStatus {
+	status := *chain.Status.DeepCopy()
+	status.ObservedGeneration = chain.Generation
+	target := status.TargetEpoch
+	var committed uint64
+	for _, ps := range obs.Reports {
+		committed = max(committed, ps.GetCommitted())
+	}
+	var unconfirmed, catching, failed, refusing []string
+	for i := range status.Members {
+		m := &status.Members[i]
+		ps := obs.Reports[m.Name]
+		if ps != nil {
+			// A member's confirmation only grows, and never past the
+			// target the operator wrote (a report of a newer epoch means
+			// another master wrote it; the planner supersedes it).
+			m.ConfirmedEpoch = max(m.ConfirmedEpoch, min(int64(ps.GetEpoch()), target))
+		}
+		switch {
+		case obs.Health[m.Name] == chainplan.Failed:
+			m.State = streamsv1alpha1.MemberFailed
+			failed = append(failed, m.Name)
+		case ps != nil && ps.GetError() != "":
+			m.State = streamsv1alpha1.MemberFailed
+			refusing = append(refusing, fmt.Sprintf("%s: %s", m.Name, ps.GetError()))
+		case ps != nil && ps.GetDurable() < committed:
+			m.State = streamsv1alpha1.MemberCatchingUp
+			catching = append(catching, m.Name)
+		default:
+			m.State = streamsv1alpha1.MemberInChain
+		}
+		if m.ConfirmedEpoch < target {
+			unconfirmed = append(unconfirmed, m.Name)
+		}
+	}
+	gen := chain.Generation
+	set := func(typ string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&status.Conditions, metav1.Condition{Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
+	}
+	rf := int(chain.Spec.ReplicationFactor)
+	inChain := 0
+	for _, m := range status.Members {
+		if m.State == streamsv1alpha1.MemberInChain {
+			inChain++
+		}
+	}
+
+	switch {
+	case len(status.Members) < rf:
+		msg := fmt.Sprintf("%d of %d members in chain", len(status.Members), rf)
+		if !obs.WritesAllowed {
+			msg += fmt.Sprintf("; writes are refused below %d full copies", obs.MinLength)
+		}
+		set(streamsv1alpha1.ReplicationChainDegradedCondition, metav1.ConditionTrue, streamsv1alpha1.ReplicationChainUnderReplicatedReason, msg)
+	default:
+		set(streamsv1alpha1.ReplicationChainDegradedCondition, metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason,
+			fmt.Sprintf("%d of %d members in chain", len(status.Members), rf))
+	}
+	switch {
+	case len(unconfirmed) > 0:
+		set(streamsv1alpha1.ReplicationChainProgressingCondition, metav1.ConditionTrue, streamsv1alpha1.ReplicationChainAwaitingConfirmationReason,
+			fmt.Sprintf("Epoch %d not yet confirmed by %s", target, strings.Join(unconfirmed, ", ")))
+	case len(catching) > 0:
+		set(streamsv1alpha1.ReplicationChainProgressingCondition, metav1.ConditionTrue, streamsv1alpha1.ReplicationChainCatchingUpReason,
+			fmt.Sprintf("%s catching up to offset %d", strings.Join(catching, ", "), committed))
+	default:
+		set(streamsv1alpha1.ReplicationChainProgressingCondition, metav1.ConditionFalse, streamsv1alpha1.ReplicationChainConvergedReason,
+			fmt.Sprintf("Every member confirmed epoch %d", target))
+	}
+	switch {
+	case len(status.Members) == 0:
+		set(streamsv1alpha1.ReplicationChainReadyCondition, metav1.ConditionFalse, streamsv1alpha1.ReplicationChainAwaitingConfirmationReason, "Not placed yet")
+	case len(failed)+len(refusing) > 0:
+		set(streamsv1alpha1.ReplicationChainReadyCondition, metav1.ConditionFalse, streamsv1alpha1.ReplicationChainUnderReplicatedReason,
+			fmt.Sprintf("Failed members: %s", strings.Join(append(failed, refusing...), "; ")))
+	case len(unconfirmed) > 0:
+		set(streamsv1alpha1.ReplicationChainReadyCondition, metav1.ConditionFalse, streamsv1alpha1.ReplicationChainAwaitingConfirmationReason,
+			fmt.Sprintf("Epoch %d not yet confirmed by %s", target, strings.Join(unconfirmed, ", ")))
+	case inChain < rf:
+		set(streamsv1alpha1.ReplicationChainReadyCondition, metav1.ConditionFalse, streamsv1alpha1.ReplicationChainUnderReplicatedReason,
+			fmt.Sprintf("%d of %d members in chain", inChain, rf))
+	default:
+		set(streamsv1alpha1.ReplicationChainReadyCondition, metav1.ConditionTrue, streamsv1alpha1.ReplicationChainConvergedReason,
+			fmt.Sprintf("%d members in chain confirmed epoch %d", inChain, target))
+	}
+	return status
+}
+
+// partitionStatus is the Partition's status from its chain's status and
+// the members' reports. Offsets only grow: a round in which no member
+// answered keeps what was known.
+func partitionStatus(part *streamsv1alpha1.Partition, chain streamsv1alpha1.ReplicationChainStatus, reports map[string]*catenapb.PartitionStatus) streamsv1alpha1.PartitionStatus {
+	status := *part.Status.DeepCopy()
+	status.ObservedGeneration = part.Generation
+	status.Head, status.Tail = "", ""
+	if n := len(chain.Members); n > 0 {
+		status.Head, status.Tail = chain.Members[0].Name, chain.Members[n-1].Name
+	}
+	status.ChainEpoch = max(status.ChainEpoch, chain.TargetEpoch)
+	names := make([]string, 0, len(reports))
+	for id := range reports {
+		names = append(names, id)
+	}
+	sort.Strings(names)
+	var refusing []string
+	for _, id := range names {
+		ps := reports[id]
+		status.CommittedOffset = max(status.CommittedOffset, int64(ps.GetCommitted()))
+		status.LogStartOffset = max(status.LogStartOffset, int64(ps.GetLogStart()))
+		if ps.GetError() != "" {
+			refusing = append(refusing, fmt.Sprintf("%s: %s", id, ps.GetError()))
+		}
+	}
+	cond := metav1.Condition{Type: streamsv1alpha1.PartitionReadyCondition, ObservedGeneration: part.Generation}
+	ready := meta.FindStatusCondition(chain.Conditions, streamsv1alpha1.ReplicationChainReadyCondition)
+	degraded := meta.IsStatusConditionTrue(chain.Conditions, streamsv1alpha1.ReplicationChainDegradedCondition)
+	switch {
+	case len(refusing) > 0:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, streamsv1alpha1.PartitionReplicaErrorReason, strings.Join(refusing, "; ")
+	case ready != nil && ready.Status == metav1.ConditionTrue:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionTrue, streamsv1alpha1.PartitionChainReadyReason, ready.Message
+	case degraded || ready == nil:
+		msg := "Chain not placed yet"
+		if ready != nil {
+			msg = ready.Message
+		}
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, streamsv1alpha1.PartitionUnderReplicatedReason, msg
+	default:
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, streamsv1alpha1.PartitionChainReconfiguringReason, ready.Message
+	}
+	meta.SetStatusCondition(&status.Conditions, cond)
+	return status
+}

@@ -1,0 +1,368 @@
+package controllers
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/replica/chainplan"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+func TestPlaceChainBalancesRolesAcrossStreams(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pods   int
+		rf     int
+		chains int // placed one after the other, each seeing the others
+		// want: heads, tails and members of every pod.
+		wantHeads, wantTails, wantMembers []int
+	}{
+		{"one stream fills a pool of its size", 3, 3, 3, []int{1, 1, 1}, []int{1, 1, 1}, []int{3, 3, 3}},
+		{"two streams share a pool", 3, 3, 6, []int{2, 2, 2}, []int{2, 2, 2}, []int{6, 6, 6}},
+		{"a pool larger than the chains", 5, 3, 5, []int{1, 1, 1, 1, 1}, []int{1, 1, 1, 1, 1}, []int{3, 3, 3, 3, 3}},
+		{"more chains than pods, not a multiple", 4, 2, 6, []int{2, 1, 2, 1}, []int{1, 2, 1, 2}, []int{3, 3, 3, 3}},
+		{"replication factor 1", 3, 1, 4, []int{2, 1, 1}, []int{2, 1, 1}, []int{2, 1, 1}},
+		{"factor above the pool's size takes every pod", 2, 3, 2, []int{1, 1}, []int{1, 1}, []int{2, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pods []string
+			for i := range tc.pods {
+				pods = append(pods, fmt.Sprintf("p-%d", i))
+			}
+			load := map[string]podLoad{}
+			for range tc.chains {
+				members := placeChain(pods, load, tc.rf)
+				if want := min(tc.rf, tc.pods); len(members) != want {
+					t.Fatalf("placed %v, want %d members", members, want)
+				}
+				seen := map[string]bool{}
+				for _, m := range members {
+					if seen[m] {
+						t.Fatalf("placed %v: a pod twice", members)
+					}
+					seen[m] = true
+				}
+				addPlacement(load, members)
+			}
+			spread := func(f func(podLoad) int) int {
+				lo, hi := f(load[pods[0]]), f(load[pods[0]])
+				for _, p := range pods {
+					lo, hi = min(lo, f(load[p])), max(hi, f(load[p]))
+				}
+				return hi - lo
+			}
+			if h, tl, m := spread(func(l podLoad) int { return l.Heads }), spread(func(l podLoad) int { return l.Tails }), spread(func(l podLoad) int { return l.Members }); h > 1 || tl > 1 || m > 1 {
+				t.Errorf("unbalanced: heads differ by %d, tails by %d, members by %d", h, tl, m)
+			}
+			for i, p := range pods {
+				l := load[p]
+				if l.Heads != tc.wantHeads[i] || l.Tails != tc.wantTails[i] || l.Members != tc.wantMembers[i] {
+					t.Errorf("%s: heads %d tails %d members %d, want %d %d %d", p, l.Heads, l.Tails, l.Members, tc.wantHeads[i], tc.wantTails[i], tc.wantMembers[i])
+				}
+			}
+		})
+	}
+}
+
+func TestPlaceChainCountsChainsFromStatus(t *testing.T) {
+	chains := []streamsv1alpha1.ReplicationChain{
+		{Status: streamsv1alpha1.ReplicationChainStatus{Members: []streamsv1alpha1.ChainMember{{Name: "p-0"}, {Name: "p-1"}, {Name: "p-2"}}}},
+		{Status: streamsv1alpha1.ReplicationChainStatus{Members: []streamsv1alpha1.ChainMember{{Name: "p-1"}, {Name: "p-2"}, {Name: "p-0"}}}},
+		{}, // not placed yet: counts nothing
+	}
+	load := poolLoad(chains)
+	if got := load["p-0"]; got != (podLoad{Members: 2, Heads: 1, Tails: 1}) {
+		t.Errorf("p-0: %+v", got)
+	}
+	if got := load["p-2"]; got != (podLoad{Members: 2, Heads: 0, Tails: 1}) {
+		t.Errorf("p-2: %+v", got)
+	}
+	if got := placeChain([]string{"p-0", "p-1", "p-2"}, load, 3); fmt.Sprint(got) != "[p-2 p-0 p-1]" {
+		t.Errorf("next chain %v, want it headed by the pod heading none", got)
+	}
+	if got := placeChain(nil, load, 3); got != nil {
+		t.Errorf("empty pool placed %v", got)
+	}
+}
+
+func TestMemberHealth(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	timeout := 3 * time.Second
+	ready := func(status corev1.ConditionStatus, since time.Duration) *corev1.Pod {
+		return &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{
+			Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.NewTime(now.Add(-since)),
+		}}}}
+	}
+	deleting := ready(corev1.ConditionTrue, time.Minute)
+	deleting.DeletionTimestamp = ptr.To(metav1.NewTime(now))
+	for _, tc := range []struct {
+		name       string
+		pod        *corev1.Pod
+		answered   bool
+		lastAnswer time.Duration // ago; 0: never
+		want       chainplan.Health
+	}{
+		{"answers", ready(corev1.ConditionTrue, time.Minute), true, 0, chainplan.Alive},
+		{"answers though its pod is not ready", ready(corev1.ConditionFalse, time.Minute), true, 0, chainplan.Alive},
+		{"no pod, never answered: in doubt", nil, false, 0, chainplan.Unknown},
+		{"silent a moment", ready(corev1.ConditionTrue, time.Minute), false, time.Second, chainplan.Unknown},
+		{"silent for the timeout", ready(corev1.ConditionTrue, time.Minute), false, timeout, chainplan.Failed},
+		{"silent for the timeout, pod gone", nil, false, 10 * time.Second, chainplan.Failed},
+		{"pod deleted", deleting, false, time.Second, chainplan.Failed},
+		{"pod failed", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed}}, false, 0, chainplan.Failed},
+		{"pod not ready for the timeout", ready(corev1.ConditionFalse, timeout), false, 0, chainplan.Failed},
+		{"pod not ready a moment", ready(corev1.ConditionFalse, time.Second), false, 0, chainplan.Unknown},
+		{"pod pending, no conditions", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}, false, 0, chainplan.Unknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var last time.Time
+			if tc.lastAnswer > 0 {
+				last = now.Add(-tc.lastAnswer)
+			}
+			if got := memberHealth(tc.pod, tc.answered, last, now, timeout); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStreamConfig(t *testing.T) {
+	s := &streamsv1alpha1.Stream{Spec: streamsv1alpha1.StreamSpec{Partitions: 6, ReplicationFactor: 3}}
+	got := streamConfig(s)
+	want := &catenapb.StreamConfig{Partitions: 6, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 2}
+	if got.String() != want.String() {
+		t.Errorf("defaults: got %v, want %v", got, want)
+	}
+	s.Spec.ReplicationFactor = 5
+	s.Spec.Durability = streamsv1alpha1.DurabilitySpec{Mode: streamsv1alpha1.DurabilityInterval, FsyncInterval: &metav1.Duration{Duration: 20 * time.Millisecond}}
+	s.Spec.Retention = &streamsv1alpha1.RetentionSpec{Time: &metav1.Duration{Duration: time.Hour}, Bytes: ptr.To(resource.MustParse("2Gi"))}
+	got = streamConfig(s)
+	want = &catenapb.StreamConfig{Partitions: 6, Durability: catenapb.Durability_DURABILITY_INTERVAL, FsyncIntervalMs: 20,
+		RetentionMs: 3600000, RetentionBytes: 2 << 30, MinChainLength: 3}
+	if got.String() != want.String() {
+		t.Errorf("interval, retention: got %v, want %v", got, want)
+	}
+	for rf, want := range map[int32]int{1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 7: 4} {
+		s.Spec.ReplicationFactor = rf
+		if got := minChainLength(s); got != want {
+			t.Errorf("replicationFactor %d: min chain length %d, want %d", rf, got, want)
+		}
+	}
+}
+
+func TestReconfigurationReason(t *testing.T) {
+	abc := []string{"a", "b", "c"}
+	for _, tc := range []struct {
+		prev, next []string
+		plan       string
+		want       streamsv1alpha1.ReconfigurationReason
+	}{
+		{abc, []string{"b", "c"}, chainplan.ReasonRemoveFailed, streamsv1alpha1.ReconfigurationHeadFailed},
+		{abc, []string{"a", "c"}, chainplan.ReasonRemoveFailed, streamsv1alpha1.ReconfigurationMiddleFailed},
+		{abc, []string{"a", "b"}, chainplan.ReasonRemoveFailed, streamsv1alpha1.ReconfigurationTailFailed},
+		{abc, []string{"c"}, chainplan.ReasonRemoveFailed, streamsv1alpha1.ReconfigurationHeadFailed},
+		{abc, []string{"a"}, chainplan.ReasonRemoveFailed, streamsv1alpha1.ReconfigurationMiddleFailed},
+		{[]string{"b", "c"}, []string{"b", "c", "a"}, chainplan.ReasonAddReturning, streamsv1alpha1.ReconfigurationMemberReturned},
+		{[]string{"b", "c"}, []string{"b", "c", "d"}, chainplan.ReasonAddNew, streamsv1alpha1.ReconfigurationMemberReplaced},
+		{abc, abc, chainplan.ReasonSupersede, streamsv1alpha1.ReconfigurationRebalanced},
+	} {
+		if got := reconfigurationReason(tc.prev, tc.next, tc.plan); got != tc.want {
+			t.Errorf("%v -> %v (%s): got %s, want %s", tc.prev, tc.next, tc.plan, got, tc.want)
+		}
+	}
+}
+
+// chainWith is a placed chain of rf 3 at target epoch 2.
+func chainWith(members ...streamsv1alpha1.ChainMember) *streamsv1alpha1.ReplicationChain {
+	return &streamsv1alpha1.ReplicationChain{
+		ObjectMeta: metav1.ObjectMeta{Name: "s-0", Generation: 1},
+		Spec:       streamsv1alpha1.ReplicationChainSpec{Stream: "s", Partition: ptr.To[int32](0), Pool: "p", ReplicationFactor: 3},
+		Status:     streamsv1alpha1.ReplicationChainStatus{TargetEpoch: 2, Members: members},
+	}
+}
+
+func report(epoch, durable, committed uint64, errText string) *catenapb.PartitionStatus {
+	return &catenapb.PartitionStatus{Epoch: epoch, LogEnd: durable, Durable: durable, Committed: committed, Error: errText, LogStart: 4}
+}
+
+func TestChainStatus(t *testing.T) {
+	abc := func() []streamsv1alpha1.ChainMember {
+		return []streamsv1alpha1.ChainMember{{Name: "a", ConfirmedEpoch: 1}, {Name: "b", ConfirmedEpoch: 1}, {Name: "c", ConfirmedEpoch: 1}}
+	}
+	alive := map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Alive, "c": chainplan.Alive}
+	type cond struct {
+		status metav1.ConditionStatus
+		reason string
+	}
+	for _, tc := range []struct {
+		name          string
+		chain         *streamsv1alpha1.ReplicationChain
+		obs           chainObservation
+		wantConfirmed []int64
+		wantStates    []streamsv1alpha1.MemberState
+		ready, prog   cond
+		degraded      cond
+		wantMsg       string // in some condition's message
+	}{
+		{
+			name:  "every member confirmed the target",
+			chain: chainWith(abc()...),
+			obs: chainObservation{Health: alive, WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{
+				"a": report(2, 10, 10, ""), "b": report(2, 10, 10, ""), "c": report(2, 10, 10, "")}},
+			wantConfirmed: []int64{2, 2, 2},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain", "InChain", "InChain"},
+			ready:         cond{metav1.ConditionTrue, streamsv1alpha1.ReplicationChainConvergedReason},
+			prog:          cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainConvergedReason},
+			degraded:      cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason},
+		},
+		{
+			name:  "a member has not confirmed yet",
+			chain: chainWith(abc()...),
+			obs: chainObservation{Health: alive, WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{
+				"a": report(2, 10, 10, ""), "b": report(1, 10, 10, ""), "c": report(2, 10, 10, "")}},
+			wantConfirmed: []int64{2, 1, 2},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain", "InChain", "InChain"},
+			ready:         cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainAwaitingConfirmationReason},
+			prog:          cond{metav1.ConditionTrue, streamsv1alpha1.ReplicationChainAwaitingConfirmationReason},
+			degraded:      cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason},
+			wantMsg:       "Epoch 2 not yet confirmed by b",
+		},
+		{
+			name:  "a joiner at the tail is catching up",
+			chain: chainWith(abc()...),
+			obs: chainObservation{Health: alive, WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{
+				"a": report(2, 10, 10, ""), "b": report(2, 10, 10, ""), "c": report(2, 4, 4, "")}},
+			wantConfirmed: []int64{2, 2, 2},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain", "InChain", "CatchingUp"},
+			ready:         cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainUnderReplicatedReason},
+			prog:          cond{metav1.ConditionTrue, streamsv1alpha1.ReplicationChainCatchingUpReason},
+			degraded:      cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason},
+			wantMsg:       "c catching up to offset 10",
+		},
+		{
+			name:  "a member failed and is not removed yet; a silent one keeps its confirmation",
+			chain: chainWith(abc()...),
+			obs: chainObservation{Health: map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Failed, "c": chainplan.Unknown},
+				WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{"a": report(2, 10, 10, "")}},
+			wantConfirmed: []int64{2, 1, 1},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain", "Failed", "InChain"},
+			ready:         cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainUnderReplicatedReason},
+			prog:          cond{metav1.ConditionTrue, streamsv1alpha1.ReplicationChainAwaitingConfirmationReason},
+			degraded:      cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason},
+			wantMsg:       "Failed members: b",
+		},
+		{
+			name:  "a member refuses to serve a corrupt log",
+			chain: chainWith(abc()...),
+			obs: chainObservation{Health: alive, WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{
+				"a": report(2, 10, 10, ""), "b": report(2, 10, 10, "segment 0: checksum mismatch"), "c": report(2, 10, 10, "")}},
+			wantConfirmed: []int64{2, 2, 2},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain", "Failed", "InChain"},
+			ready:         cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainUnderReplicatedReason},
+			prog:          cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainConvergedReason},
+			degraded:      cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason},
+			wantMsg:       "b: segment 0: checksum mismatch",
+		},
+		{
+			name:  "a short chain that refuses writes says so",
+			chain: chainWith(streamsv1alpha1.ChainMember{Name: "a", ConfirmedEpoch: 2}),
+			obs: chainObservation{Health: alive, WritesAllowed: false, MinLength: 2, Reports: map[string]*catenapb.PartitionStatus{
+				"a": report(2, 10, 10, "")}},
+			wantConfirmed: []int64{2},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain"},
+			ready:         cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainUnderReplicatedReason},
+			prog:          cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainConvergedReason},
+			degraded:      cond{metav1.ConditionTrue, streamsv1alpha1.ReplicationChainUnderReplicatedReason},
+			wantMsg:       "writes are refused below 2 full copies",
+		},
+		{
+			name:  "a report of a newer epoch never confirms past the target",
+			chain: chainWith(abc()...),
+			obs: chainObservation{Health: alive, WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{
+				"a": report(5, 10, 10, ""), "b": report(2, 10, 10, ""), "c": report(2, 10, 10, "")}},
+			wantConfirmed: []int64{2, 2, 2},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain", "InChain", "InChain"},
+			ready:         cond{metav1.ConditionTrue, streamsv1alpha1.ReplicationChainConvergedReason},
+			prog:          cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainConvergedReason},
+			degraded:      cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := chainStatus(tc.chain, tc.obs)
+			for i, m := range st.Members {
+				if m.ConfirmedEpoch != tc.wantConfirmed[i] || m.State != tc.wantStates[i] {
+					t.Errorf("member %s: confirmed %d state %s, want %d %s", m.Name, m.ConfirmedEpoch, m.State, tc.wantConfirmed[i], tc.wantStates[i])
+				}
+			}
+			var msgs string
+			for typ, want := range map[string]cond{
+				streamsv1alpha1.ReplicationChainReadyCondition:       tc.ready,
+				streamsv1alpha1.ReplicationChainProgressingCondition: tc.prog,
+				streamsv1alpha1.ReplicationChainDegradedCondition:    tc.degraded,
+			} {
+				c := meta.FindStatusCondition(st.Conditions, typ)
+				if c == nil || c.Status != want.status || c.Reason != want.reason {
+					t.Errorf("%s: got %+v, want %s %s", typ, c, want.status, want.reason)
+					continue
+				}
+				if c.ObservedGeneration != 1 {
+					t.Errorf("%s: observedGeneration %d", typ, c.ObservedGeneration)
+				}
+				msgs += c.Message + "\n"
+			}
+			if tc.wantMsg != "" && !strings.Contains(msgs, tc.wantMsg) {
+				t.Errorf("no condition says %q:\n%s", tc.wantMsg, msgs)
+			}
+			if tc.chain.Status.Conditions != nil {
+				t.Errorf("chainStatus changed its input")
+			}
+		})
+	}
+}
+
+func TestPartitionStatus(t *testing.T) {
+	part := &streamsv1alpha1.Partition{
+		ObjectMeta: metav1.ObjectMeta{Name: "s-0", Generation: 1},
+		Status:     streamsv1alpha1.PartitionStatus{ChainEpoch: 2, CommittedOffset: 50, LogStartOffset: 4},
+	}
+	chain := chainWith(
+		streamsv1alpha1.ChainMember{Name: "a", ConfirmedEpoch: 2, State: streamsv1alpha1.MemberInChain},
+		streamsv1alpha1.ChainMember{Name: "b", ConfirmedEpoch: 2, State: streamsv1alpha1.MemberInChain},
+		streamsv1alpha1.ChainMember{Name: "c", ConfirmedEpoch: 2, State: streamsv1alpha1.MemberInChain},
+	)
+	chain.Status.TargetEpoch = 3
+	meta.SetStatusCondition(&chain.Status.Conditions, metav1.Condition{Type: streamsv1alpha1.ReplicationChainReadyCondition, Status: metav1.ConditionFalse, Reason: "AwaitingConfirmation", Message: "Epoch 3 not yet confirmed by c"})
+
+	// Members that answered report less than was known (a restarted one
+	// before catching up): offsets do not go back.
+	st := partitionStatus(part, chain.Status, map[string]*catenapb.PartitionStatus{"a": report(3, 60, 40, ""), "b": report(3, 60, 60, "")})
+	if st.Head != "a" || st.Tail != "c" || st.ChainEpoch != 3 || st.CommittedOffset != 60 || st.LogStartOffset != 4 {
+		t.Errorf("got %+v", st)
+	}
+	if c := meta.FindStatusCondition(st.Conditions, streamsv1alpha1.PartitionReadyCondition); c == nil || c.Status != metav1.ConditionFalse || c.Reason != streamsv1alpha1.PartitionChainReconfiguringReason {
+		t.Errorf("reconfiguring: %+v", c)
+	}
+	st = partitionStatus(part, chain.Status, nil)
+	if st.CommittedOffset != 50 {
+		t.Errorf("no answers: committed %d, want the known 50", st.CommittedOffset)
+	}
+
+	meta.SetStatusCondition(&chain.Status.Conditions, metav1.Condition{Type: streamsv1alpha1.ReplicationChainReadyCondition, Status: metav1.ConditionTrue, Reason: "Converged", Message: "3 members in chain confirmed epoch 3"})
+	st = partitionStatus(part, chain.Status, map[string]*catenapb.PartitionStatus{"a": report(3, 60, 60, "")})
+	if c := meta.FindStatusCondition(st.Conditions, streamsv1alpha1.PartitionReadyCondition); c == nil || c.Status != metav1.ConditionTrue || c.Reason != streamsv1alpha1.PartitionChainReadyReason {
+		t.Errorf("ready: %+v", c)
+	}
+	st = partitionStatus(part, chain.Status, map[string]*catenapb.PartitionStatus{"a": report(3, 60, 60, "frame at 12: bad checksum")})
+	if c := meta.FindStatusCondition(st.Conditions, streamsv1alpha1.PartitionReadyCondition); c == nil || c.Reason != streamsv1alpha1.PartitionReplicaErrorReason || c.Message != "a: frame at 12: bad checksum" {
+		t.Errorf("replica error: %+v", c)
+	}
+}

@@ -1,0 +1,193 @@
+package controllers
+
+import (
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+)
+
+// Ports and names of an ingestion pod. `catena ingest` serves producers and
+// consumers over gRPC on ingestPort, and its Service exposes the same port.
+const (
+	ingestPort      int32 = 7070
+	ingestPortName        = "grpc"
+	ingestContainer       = "ingest"
+	componentIngest       = "ingest"
+)
+
+// ingestSelectorLabels select the ingestion pods of a Stream. They are the
+// Deployment's immutable selector: never change them.
+func ingestSelectorLabels(stream *streamsv1alpha1.Stream) map[string]string {
+	return map[string]string{
+		labelName:      appName,
+		labelComponent: componentIngest,
+		labelInstance:  stream.Name,
+	}
+}
+
+// ingestLabels are the selector labels, the Stream's and who manages the
+// object.
+func ingestLabels(stream *streamsv1alpha1.Stream) map[string]string {
+	l := ingestSelectorLabels(stream)
+	l[labelManagedBy] = fieldOwner
+	l[labelStream] = stream.Name
+	return l
+}
+
+// ingestEndpoint is the in-cluster address of a Stream's ingestion Service,
+// which producers and consumers connect to.
+func ingestEndpoint(stream *streamsv1alpha1.Stream) string {
+	return fmt.Sprintf("%s.%s.svc:%d", stream.IngestServiceName(), stream.Namespace, ingestPort)
+}
+
+// ingestion is a Stream's ingestion tier: a Deployment of `catena ingest`
+// pods, the ClusterIP Service clients connect to, and a
+// PodDisruptionBudget.
+type ingestion struct {
+	// Deployment is nil while the pool hosting the Stream is unknown: its
+	// pods need the address of every replica.
+	Deployment *appsv1.Deployment
+	Service    *corev1.Service
+	PDB        *policyv1.PodDisruptionBudget
+}
+
+// desiredIngestion builds a Stream's ingestion tier from its spec and the
+// pool hosting it (nil when that pool does not exist or is not the
+// Stream's to use). It reads nothing but its arguments; owner references
+// are set by the caller.
+func desiredIngestion(stream *streamsv1alpha1.Stream, pool *streamsv1alpha1.ReplicaPool, image string) ingestion {
+	out := ingestion{Service: desiredIngestService(stream), PDB: desiredIngestPDB(stream)}
+	if pool != nil {
+		out.Deployment = desiredIngestDeployment(stream, pool, image)
+	}
+	return out
+}
+
+func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alpha1.ReplicaPool, image string) *appsv1.Deployment {
+	spec := stream.Spec.Ingestion
+	replicas := spec.Replicas
+	if replicas == 0 {
+		// The schema defaults it; a Stream built in Go may not have been
+		// through the API server.
+		replicas = streamsv1alpha1.DefaultIngestionReplicas
+	}
+	var resources corev1.ResourceRequirements
+	if spec.Resources != nil {
+		resources = *spec.Resources.DeepCopy()
+	}
+	tcpProbe := func() *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+			TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(ingestPortName)},
+		}}
+	}
+
+	container := corev1.Container{
+		Name:  ingestContainer,
+		Image: image,
+		Args: []string{
+			"ingest",
+			fmt.Sprintf("--listen=0.0.0.0:%d", ingestPort),
+			// A change of the pool's size changes the args and so rolls
+			// the ingestion pods onto the new membership.
+			"--replicas=" + strings.Join(replicaAddrs(pool), ","),
+		},
+		Ports:          []corev1.ContainerPort{{Name: ingestPortName, ContainerPort: ingestPort, Protocol: corev1.ProtocolTCP}},
+		Resources:      resources,
+		ReadinessProbe: tcpProbe(),
+		LivenessProbe:  tcpProbe(),
+		SecurityContext: &corev1.SecurityContext{
+			RunAsNonRoot:             ptr.To(true),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			AllowPrivilegeEscalation: ptr.To(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		},
+	}
+
+	podSpec := corev1.PodSpec{
+		Containers: []corev1.Container{container},
+		// Ingestion pods are stateless and interchangeable: spread them
+		// when the cluster allows, but never leave one pending for it.
+		Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
+				Weight: 100,
+				PodAffinityTerm: corev1.PodAffinityTerm{
+					LabelSelector: &metav1.LabelSelector{MatchLabels: ingestSelectorLabels(stream)},
+					TopologyKey:   nodeTopologyKey,
+				},
+			}},
+		}},
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot:   ptr.To(true),
+			RunAsUser:      ptr.To(replicaUID),
+			RunAsGroup:     ptr.To(replicaUID),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+	}
+
+	return &appsv1.Deployment{
+		TypeMeta: metav1.TypeMeta{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "Deployment"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      stream.IngestName(),
+			Namespace: stream.Namespace,
+			Labels:    ingestLabels(stream),
+		},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To(replicas),
+			Selector: &metav1.LabelSelector{MatchLabels: ingestSelectorLabels(stream)},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: ingestLabels(stream)},
+				Spec:       podSpec,
+			},
+		},
+	}
+}
+
+// desiredIngestService is the ClusterIP Service producers and consumers
+// connect to, named after the Stream. Unlike the pool's headless Service
+// it sends clients to ready pods only.
+func desiredIngestService(stream *streamsv1alpha1.Stream) *corev1.Service {
+	return &corev1.Service{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      stream.IngestServiceName(),
+			Namespace: stream.Namespace,
+			Labels:    ingestLabels(stream),
+		},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeClusterIP,
+			Selector: ingestSelectorLabels(stream),
+			Ports: []corev1.ServicePort{{
+				Name:       ingestPortName,
+				Port:       ingestPort,
+				TargetPort: intstr.FromString(ingestPortName),
+				Protocol:   corev1.ProtocolTCP,
+			}},
+		},
+	}
+}
+
+// desiredIngestPDB lets voluntary disruptions take at most one ingestion
+// pod at a time. With a single replica it blocks nothing, so it needs no
+// special case when replicas is 1.
+func desiredIngestPDB(stream *streamsv1alpha1.Stream) *policyv1.PodDisruptionBudget {
+	return &policyv1.PodDisruptionBudget{
+		TypeMeta: metav1.TypeMeta{APIVersion: policyv1.SchemeGroupVersion.String(), Kind: "PodDisruptionBudget"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      stream.IngestName(),
+			Namespace: stream.Namespace,
+			Labels:    ingestLabels(stream),
+		},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
+			Selector:       &metav1.LabelSelector{MatchLabels: ingestSelectorLabels(stream)},
+		},
+	}
+}

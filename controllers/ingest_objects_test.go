@@ -1,0 +1,167 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+)
+
+func TestReplicaAddrs(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		replicas int32
+		want     []string
+	}{
+		{"one", 1, []string{"shared-0.shared.ns.svc:7071"}},
+		{"three", 3, []string{"shared-0.shared.ns.svc:7071", "shared-1.shared.ns.svc:7071", "shared-2.shared.ns.svc:7071"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pool := testPool(func(s *streamsv1alpha1.ReplicaPoolSpec) { s.Replicas = tt.replicas })
+			if diff := cmp.Diff(tt.want, replicaAddrs(pool)); diff != "" {
+				t.Errorf("replicaAddrs() mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestDesiredIngestion(t *testing.T) {
+	const image = "registry.example/catena:v1"
+	ownPool := testPool(nil)
+	ownPool.Name = "events-pool"
+	fivePods := testPool(func(s *streamsv1alpha1.ReplicaPoolSpec) { s.Replicas = 5 })
+	tests := []struct {
+		name         string
+		stream       *streamsv1alpha1.Stream
+		pool         *streamsv1alpha1.ReplicaPool
+		wantReplicas int32 // 0 when no Deployment is wanted
+		wantAddrs    string
+		wantCPU      string // "" for no requests
+	}{
+		{"no pool yet: no Deployment", testStream(nil), nil, 0, "", ""},
+		{"own pool, replicas not defaulted by the API server", testStream(nil), ownPool,
+			streamsv1alpha1.DefaultIngestionReplicas,
+			"events-pool-0.events-pool.ns.svc:7071,events-pool-1.events-pool.ns.svc:7071,events-pool-2.events-pool.ns.svc:7071", ""},
+		{"shared pool of five, three ingestion pods with resources", testStream(func(s *streamsv1alpha1.StreamSpec) {
+			s.Pool = "shared"
+			s.Ingestion = streamsv1alpha1.IngestionSpec{Replicas: 3, Resources: &corev1.ResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m")},
+			}}
+		}), fivePods, 3,
+			"shared-0.shared.ns.svc:7071,shared-1.shared.ns.svc:7071,shared-2.shared.ns.svc:7071,shared-3.shared.ns.svc:7071,shared-4.shared.ns.svc:7071", "250m"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := desiredIngestion(tt.stream, tt.pool, image)
+			checkIngestService(t, got.Service)
+			if got.PDB == nil || got.PDB.Name != "events-ingest" || got.PDB.Spec.MaxUnavailable.IntValue() != 1 ||
+				!cmp.Equal(got.PDB.Spec.Selector.MatchLabels, ingestSelectorLabels(tt.stream)) {
+				t.Errorf("PDB = %+v, want events-ingest with maxUnavailable 1 over the ingestion pods", got.PDB)
+			}
+			if tt.wantReplicas == 0 {
+				if got.Deployment != nil {
+					t.Errorf("Deployment = %s, want none without a pool", got.Deployment.Name)
+				}
+				return
+			}
+			d := got.Deployment
+			if d == nil {
+				t.Fatal("no Deployment")
+			}
+			if d.Name != "events-ingest" || d.Namespace != "ns" || d.Kind != "Deployment" {
+				t.Errorf("Deployment %s/%s (kind %q), want ns/events-ingest", d.Namespace, d.Name, d.Kind)
+			}
+			if *d.Spec.Replicas != tt.wantReplicas {
+				t.Errorf("replicas = %d, want %d", *d.Spec.Replicas, tt.wantReplicas)
+			}
+			if !labels.SelectorFromSet(d.Spec.Selector.MatchLabels).Matches(labels.Set(d.Spec.Template.Labels)) {
+				t.Errorf("selector %v does not select the template's labels %v", d.Spec.Selector.MatchLabels, d.Spec.Template.Labels)
+			}
+			if !labels.SelectorFromSet(got.Service.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)) {
+				t.Errorf("Service selector %v does not select the pods %v", got.Service.Spec.Selector, d.Spec.Template.Labels)
+			}
+			if d.Spec.Template.Labels[labelStream] != "events" {
+				t.Errorf("pod labels %v lack the Stream", d.Spec.Template.Labels)
+			}
+
+			pod := d.Spec.Template.Spec
+			if len(pod.Containers) != 1 {
+				t.Fatalf("%d containers, want 1", len(pod.Containers))
+			}
+			c := pod.Containers[0]
+			if c.Image != image {
+				t.Errorf("image = %q, want %q", c.Image, image)
+			}
+			wantArgs := []string{"ingest", "--listen=0.0.0.0:7070", "--replicas=" + tt.wantAddrs}
+			if diff := cmp.Diff(wantArgs, c.Args); diff != "" {
+				t.Errorf("args mismatch (-want +got):\n%s", diff)
+			}
+			if len(c.Ports) != 1 || c.Ports[0].Name != "grpc" || c.Ports[0].ContainerPort != 7070 {
+				t.Errorf("ports = %+v, want grpc 7070", c.Ports)
+			}
+			for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+				if p == nil || p.TCPSocket == nil || p.TCPSocket.Port != intstr.FromString("grpc") {
+					t.Errorf("%s probe = %+v, want TCP on grpc", name, p)
+				}
+			}
+			if cpu := c.Resources.Requests.Cpu(); tt.wantCPU == "" && !cpu.IsZero() || tt.wantCPU != "" && cpu.Cmp(resource.MustParse(tt.wantCPU)) != 0 {
+				t.Errorf("cpu request = %s, want %q", cpu.String(), tt.wantCPU)
+			}
+			sc := c.SecurityContext
+			if sc == nil || !*sc.RunAsNonRoot || !*sc.ReadOnlyRootFilesystem || *sc.AllowPrivilegeEscalation ||
+				sc.Capabilities == nil || !cmp.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+				t.Errorf("container securityContext = %+v, want non-root, read-only root, no escalation, drop ALL", sc)
+			}
+			psc := pod.SecurityContext
+			if psc == nil || !*psc.RunAsNonRoot || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Errorf("pod securityContext = %+v, want non-root with the RuntimeDefault seccomp profile", psc)
+			}
+			aa := pod.Affinity
+			if aa == nil || aa.PodAntiAffinity == nil || len(aa.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution) != 0 ||
+				len(aa.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+				t.Fatalf("affinity = %+v, want one preferred anti-affinity term", aa)
+			}
+			term := aa.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm
+			if term.TopologyKey != corev1.LabelHostname || !cmp.Equal(term.LabelSelector.MatchLabels, ingestSelectorLabels(tt.stream)) {
+				t.Errorf("anti-affinity term = %+v, want across nodes, among this Stream's ingestion pods", term)
+			}
+		})
+	}
+}
+
+func checkIngestService(t *testing.T, svc *corev1.Service) {
+	t.Helper()
+	if svc == nil {
+		t.Fatal("no Service")
+	}
+	if svc.Name != "events" || svc.Namespace != "ns" || svc.Spec.Type != corev1.ServiceTypeClusterIP {
+		t.Errorf("Service %s/%s of type %q, want ClusterIP ns/events", svc.Namespace, svc.Name, svc.Spec.Type)
+	}
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "grpc" || svc.Spec.Ports[0].Port != 7070 ||
+		svc.Spec.Ports[0].TargetPort != intstr.FromString("grpc") {
+		t.Errorf("Service ports = %+v, want grpc 7070", svc.Spec.Ports)
+	}
+}
+
+// The ingestion pods must not be selected by the pool's selectors (or the
+// pool's by theirs) even when a Stream and a shared pool have one name.
+func TestIngestLabelsDoNotOverlapPoolLabels(t *testing.T) {
+	stream := testStream(func(s *streamsv1alpha1.StreamSpec) { s.Pool = "shared" })
+	stream.Name = "shared"
+	pool := testPool(nil)
+	if labels.SelectorFromSet(poolSelectorLabels(pool)).Matches(labels.Set(ingestLabels(stream))) {
+		t.Errorf("the pool's selector %v selects ingestion pods %v", poolSelectorLabels(pool), ingestLabels(stream))
+	}
+	if labels.SelectorFromSet(ingestSelectorLabels(stream)).Matches(labels.Set(poolLabels(pool))) {
+		t.Errorf("the ingestion selector %v selects replica pods %v", ingestSelectorLabels(stream), poolLabels(pool))
+	}
+	if got := ingestEndpoint(stream); !strings.HasPrefix(got, "shared.ns.svc:") {
+		t.Errorf("endpoint = %q", got)
+	}
+}
