@@ -17,8 +17,11 @@ CONTROLLER_GEN_VERSION     := v0.23.0
 CONTROLLER_GEN             := $(TOOLS_DIR)/controller-gen-$(CONTROLLER_GEN_VERSION)
 
 # What `make generate` and `make manifests` write; `make verify` fails when
-# regenerating changes any of it.
-GENERATED  := rpc/catenapb api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac
+# regenerating changes any of it. The Helm chart's CRDs and its ClusterRole's
+# rules are copies that `make manifests` makes of config/crd/bases and
+# config/rbac/role.yaml.
+GENERATED  := rpc/catenapb api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac \
+              charts/catena/crds charts/catena/files/manager-role.yaml
 
 .DEFAULT_GOAL := help
 
@@ -47,6 +50,9 @@ generate: $(TOOLS_DIR)/protoc-gen-go $(TOOLS_DIR)/protoc-gen-go-grpc $(CONTROLLE
 manifests: $(CONTROLLER_GEN) ## Generate the CRDs (config/crd/bases) and the operator's RBAC (config/rbac) from api/ and controllers/.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role crd paths="./api/...;./controllers/..." \
 	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	rm -f charts/catena/crds/*.yaml
+	cp config/crd/bases/*.yaml charts/catena/crds/
+	cp config/rbac/role.yaml charts/catena/files/manager-role.yaml
 
 .PHONY: fmt
 fmt: ## Format Go code.
@@ -79,13 +85,29 @@ build: ## Build bin/catena and bin/catenactl.
 ##@ Test
 
 .PHONY: test
-test: build lint verify envtest-assets ## Run unit, integration, fault and envtest API tests, and a short fuzz run.
-	KUBEBUILDER_ASSETS=$$(hack/k8s-binaries.sh | tail -1) $(GO) test -race -count=1 -timeout 20m $(PKGS)
+test: build lint verify envtest-assets chart-check ## Run unit, integration, fault and envtest API tests, and a short fuzz run.
+	KUBEBUILDER_ASSETS=$$(hack/k8s-binaries.sh | tail -1) HELM=$$(hack/helm.sh | tail -1) $(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./replica/partlog/
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once, cached per version outside the checkout) kube-apiserver, etcd and kubectl for envtest.
 	hack/k8s-binaries.sh
+
+.PHONY: helm
+helm: ## Build (once, cached per version outside the checkout) helm for chart-check and envtest.
+	hack/helm.sh
+
+.PHONY: chart-check
+chart-check: ## Lint and render the Helm chart
+	@helm=$$(hack/helm.sh | tail -1); \
+	"$$helm" lint --strict charts/catena; \
+	"$$helm" template catena charts/catena --namespace catena-system --include-crds >/dev/null; \
+	"$$helm" template catena charts/catena --namespace catena-system --include-crds \
+	  --set replicaCount=2,image.repository=registry.example.com/catena,image.tag=v0.0.1 \
+	  --set serviceAccount.create=false,serviceAccount.name=catena-operator,leaderElection.enabled=false \
+	  --set metrics.service.enabled=false,logVerbosity=2,priorityClassName=system-cluster-critical \
+	  --set nodeSelector.kubernetes\\.io/os=linux >/dev/null; \
+	echo "chart-check: charts/catena lints and renders"
 
 .PHONY: test-faults
 test-faults: build ## Run the fault-injection campaign for CATENA_FAULT_DURATION (default 5m; a short one runs in make test).
