@@ -27,7 +27,6 @@ type Options struct {
 	FailureTimeout time.Duration
 }
 
-
 // SetupWithManager registers every reconciler of the operator with mgr,
 // whose scheme must hold client-go's kinds and api/v1alpha1's.
 func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error {
