@@ -50,30 +50,40 @@ func poolLoad(chains []streamsv1alpha1.ReplicationChain) map[string]podLoad {
 
 // placeChain picks the members of a new chain of length rf, head first, from
 // the pool's pods in ordinal order. It balances the chains of every stream
-// on the pool: the head is the pod heading the fewest chains (then serving
-// the fewest, then the lowest ordinal), and the chain continues from it in
-// ring order. A ring keeps the three roles balanced together: with heads
-// even, the tails (heads shifted by rf-1) and the memberships are even too,
-// which choosing each role greedily does not achieve (the last chain can
-// find the only pod short of a tail already taken as its head). The pool's
-// StatefulSet spreads consecutive pods across nodes and zones. It returns
-// fewer than rf members only when the pool has fewer pods.
+// on the pool: a chain is a ring segment of rf consecutive pods, and the
+// segment chosen is the one whose head heads the fewest chains plus whose
+// tail ends the fewest (then whose pods serve the fewest, then the lowest
+// ordinal). Ring segments keep the roles balanced together, which picking
+// each role greedily does not (the last chain can find the only pod short
+// of a tail already taken as its head), and weighing head and tail at once
+// keeps tails even when streams of different replication factors share
+// the pool. The pool's StatefulSet spreads consecutive pods across nodes
+// and zones. It returns fewer than rf members only when the pool has fewer
+// pods.
 func placeChain(pods []string, load map[string]podLoad, rf int) []string {
 	n := len(pods)
 	rf = min(rf, n)
 	if rf <= 0 {
 		return nil
 	}
-	start := 0
-	for i, p := range pods {
-		l, best := load[p], load[pods[start]]
-		if l.Heads < best.Heads || (l.Heads == best.Heads && l.Members < best.Members) {
-			start = i
+	cost := func(start int) (roles, members int) {
+		h, tl := load[pods[start]].Heads, load[pods[(start+rf-1)%n]].Tails
+		roles = (h+1)*(h+1) + (tl+1)*(tl+1)
+		for k := range rf {
+			members += load[pods[(start+k)%n]].Members
+		}
+		return roles, members
+	}
+	best := 0
+	bestRoles, bestMembers := cost(0)
+	for start := 1; start < n; start++ {
+		if r, m := cost(start); r < bestRoles || (r == bestRoles && m < bestMembers) {
+			best, bestRoles, bestMembers = start, r, m
 		}
 	}
 	chosen := make([]string, rf)
 	for k := range rf {
-		chosen[k] = pods[(start+k)%n]
+		chosen[k] = pods[(best+k)%n]
 	}
 	return chosen
 }

@@ -73,6 +73,55 @@ func TestPlaceChainBalancesRolesAcrossStreams(t *testing.T) {
 	}
 }
 
+func TestPlaceChainBalancesStreamsOfDifferentFactors(t *testing.T) {
+	// The shared-pool sample: orders (12 partitions, factor 3) and clicks
+	// (24, factor 2) on 5 pods, their placements interleaved as the two
+	// Streams' chains are reconciled.
+	pods := []string{"p-0", "p-1", "p-2", "p-3", "p-4"}
+	for name, factorOf := range map[string]func(i int) int{
+		"interleaved":  func(i int) int { return 2 + btoi(i%3 == 0) },
+		"orders first": func(i int) int { return 2 + btoi(i < 12) },
+		"clicks first": func(i int) int { return 2 + btoi(i >= 24) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			load := map[string]podLoad{}
+			for i := range 36 {
+				addPlacement(load, placeChain(pods, load, factorOf(i)))
+			}
+			// Ring segments of two lengths cannot always even heads and
+			// tails to one apart; two of about seven each is the bound.
+			expectBalanced(t, pods, load, 2)
+		})
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func expectBalanced(t *testing.T, pods []string, load map[string]podLoad, most int) {
+	t.Helper()
+	lo, hi := map[string]int{}, map[string]int{}
+	for i, p := range pods {
+		for role, v := range map[string]int{"heads": load[p].Heads, "tails": load[p].Tails, "members": load[p].Members} {
+			if i == 0 || v < lo[role] {
+				lo[role] = v
+			}
+			if i == 0 || v > hi[role] {
+				hi[role] = v
+			}
+		}
+	}
+	for _, role := range []string{"heads", "tails", "members"} {
+		if hi[role]-lo[role] > most {
+			t.Errorf("%s differ by %d across pods: %+v", role, hi[role]-lo[role], load)
+		}
+	}
+}
+
 func TestPlaceChainCountsChainsFromStatus(t *testing.T) {
 	chains := []streamsv1alpha1.ReplicationChain{
 		{Status: streamsv1alpha1.ReplicationChainStatus{Members: []streamsv1alpha1.ChainMember{{Name: "p-0"}, {Name: "p-1"}, {Name: "p-2"}}}},

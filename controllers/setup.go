@@ -37,17 +37,19 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}
-	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image}
-	if err := streams.SetupWithManager(ctx, mgr); err != nil {
-		return fmt.Errorf("failed to set up the Stream controller: %w", err)
-	}
 	addr := opts.ReplicaAddr
 	if addr == nil {
 		addr = PodDNSAddr
 	}
 	conns := transport.NewPool(opts.ReplicaTLS)
+	recorder := mgr.GetEventRecorder("catena-operator")
+	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image,
+		Recorder: recorder, Conns: conns, ReplicaAddr: addr}
+	if err := streams.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("failed to set up the Stream controller: %w", err)
+	}
 	chains := &ChainReconciler{
-		Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("catena-operator"),
+		Client: mgr.GetClient(), Recorder: recorder,
 		Conns: conns, ReplicaAddr: addr, FailureTimeout: opts.FailureTimeout,
 	}
 	if err := chains.SetupWithManager(ctx, mgr); err != nil {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/rpc/transport"
 )
 
 // streamPoolIndex indexes Streams by the ReplicaPool hosting them, so that
@@ -37,6 +39,18 @@ type StreamReconciler struct {
 	Scheme *runtime.Scheme
 	// Image is the container image of ingestion pods, the operator's own.
 	Image string
+	// Recorder records Events on Streams (nil: none).
+	Recorder events.EventRecorder
+	// Conns and ReplicaAddr reach replicas: a deleted Stream whose policy
+	// is Delete has its partitions dropped from its shared pool's replicas.
+	Conns       *transport.Pool
+	ReplicaAddr ReplicaAddrFunc
+}
+
+func (r *StreamReconciler) event(stream *streamsv1alpha1.Stream, eventType, reason, action, note string, args ...any) {
+	if r.Recorder != nil {
+		r.Recorder.Eventf(stream, nil, eventType, reason, action, note, args...)
+	}
 }
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=streams,verbs=get;list;watch;update;patch
@@ -62,7 +76,7 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !stream.DeletionTimestamp.IsZero() {
-		return reconcile.Result{}, r.finalize(ctx, stream)
+		return r.finalize(ctx, stream)
 	}
 	if changed, err := r.syncVolumesFinalizer(ctx, stream); err != nil || changed {
 		return reconcile.Result{}, err

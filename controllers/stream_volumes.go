@@ -3,8 +3,11 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -13,8 +16,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
 // volumeCleanup is what to do with the volumes of a deleted Stream's own
@@ -38,6 +43,8 @@ func planVolumeCleanup(stream *streamsv1alpha1.Stream, pool *streamsv1alpha1.Rep
 	switch {
 	case !stream.DeletesVolumes():
 		return volumeCleanup{Keep: fmt.Sprintf("volumeReclaimPolicy is %s", stream.Spec.VolumeReclaimPolicy)}
+	case !stream.HasOwnPool():
+		return volumeCleanup{Keep: fmt.Sprintf("ReplicaPool %s is shared: the Stream's partitions are dropped from its replicas instead", stream.PoolName())}
 	case pool != nil && !metav1.IsControlledBy(pool, stream):
 		return volumeCleanup{Keep: fmt.Sprintf("ReplicaPool %s is not owned by this Stream", pool.Name)}
 	}
@@ -82,11 +89,30 @@ func (r *StreamReconciler) syncVolumesFinalizer(ctx context.Context, stream *str
 // Claims still mounted by a pod are held by Kubernetes' own pvc-protection
 // finalizer until the pod is gone, which garbage collection of the pool's
 // StatefulSet brings about once the Stream is deleted.
-func (r *StreamReconciler) finalize(ctx context.Context, stream *streamsv1alpha1.Stream) error {
+func (r *StreamReconciler) finalize(ctx context.Context, stream *streamsv1alpha1.Stream) (reconcile.Result, error) {
 	if !controllerutil.ContainsFinalizer(stream, streamsv1alpha1.VolumesFinalizer) {
 		// Owner references delete the children; nothing else to release.
-		return nil
+		return reconcile.Result{}, nil
 	}
+	if !stream.HasOwnPool() && stream.DeletesVolumes() {
+		pending, err := r.dropPartitions(ctx, stream)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if len(pending) > 0 {
+			log.FromContext(ctx).Info("Waiting for replicas to drop the deleted Stream's partitions", "replicaPool", stream.PoolName(), "pending", pending)
+			r.event(stream, corev1.EventTypeWarning, "DropPending", "Finalize",
+				"Waiting for %s of ReplicaPool %s to drop the Stream's partitions; remove the finalizer %s by hand to leave them there",
+				strings.Join(pending, ", "), stream.PoolName(), streamsv1alpha1.VolumesFinalizer)
+			return reconcile.Result{RequeueAfter: dropRetryInterval}, nil
+		}
+	}
+	return reconcile.Result{}, r.releaseVolumes(ctx, stream)
+}
+
+// releaseVolumes deletes the claims of the Stream's own pool when its policy
+// says so, then removes the finalizer.
+func (r *StreamReconciler) releaseVolumes(ctx context.Context, stream *streamsv1alpha1.Stream) error {
 	logger := log.FromContext(ctx)
 	var pool *streamsv1alpha1.ReplicaPool
 	if stream.HasOwnPool() {
@@ -133,6 +159,88 @@ func (r *StreamReconciler) patchFinalizers(ctx context.Context, before, stream *
 		return nil
 	case err != nil:
 		return fmt.Errorf("failed to patch the finalizers of Stream %s: %w", stream.Name, err)
+	}
+	return nil
+}
+
+// dropRetryInterval is how soon a deleted Stream's finalizer asks again the
+// replicas that have not dropped its partitions yet.
+const dropRetryInterval = 5 * time.Second
+
+// dropPartitions asks every replica pod of the Stream's shared pool to drop
+// its copy of each of the Stream's partitions, and returns the pods that
+// did not answer or still host one. Asking is idempotent: a replica without
+// the partition answers at once. Chain controllers stop acting on the
+// Stream's chains once it is being deleted; the check after the drops
+// catches a Configure that was in flight when the deletion began.
+func (r *StreamReconciler) dropPartitions(ctx context.Context, stream *streamsv1alpha1.Stream) ([]string, error) {
+	pool := &streamsv1alpha1.ReplicaPool{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: stream.Namespace, Name: stream.PoolName()}, pool); err != nil {
+		// The pool is gone, and its volumes with it or in its user's hands.
+		return nil, client.IgnoreNotFound(err)
+	}
+	var chains streamsv1alpha1.ReplicationChainList
+	if err := r.Client.List(ctx, &chains, client.InNamespace(stream.Namespace), client.MatchingLabels{labelStream: stream.Name}); err != nil {
+		return nil, fmt.Errorf("failed to list the ReplicationChains of Stream %s: %w", stream.Name, err)
+	}
+	addrs := map[string]string{}
+	for i := range pool.Spec.Replicas {
+		addrs[pool.PodName(i)] = r.ReplicaAddr(pool, pool.PodName(i))
+	}
+	partitions := map[uint32]bool{}
+	for p := range uint32(stream.Spec.Partitions) {
+		partitions[p] = true
+	}
+	for _, c := range chains.Items {
+		if c.Spec.Partition != nil {
+			partitions[uint32(*c.Spec.Partition)] = true
+		}
+		for _, m := range c.Status.Members {
+			if _, ok := addrs[m.Name]; !ok {
+				addrs[m.Name] = r.ReplicaAddr(pool, m.Name)
+			}
+		}
+	}
+	var pending []string
+	for _, pod := range slices.Sorted(maps.Keys(addrs)) {
+		if err := r.dropFrom(ctx, stream.Name, addrs[pod], partitions); err != nil {
+			log.FromContext(ctx).V(1).Info("A replica did not drop the deleted Stream's partitions", "replica", pod, "error", err.Error())
+			pending = append(pending, pod)
+		}
+	}
+	return pending, nil
+}
+
+// dropFrom drops every partition of stream from the replica at addr, and
+// checks that it hosts none afterwards.
+func (r *StreamReconciler) dropFrom(ctx context.Context, stream, addr string, partitions map[uint32]bool) error {
+	conn, err := r.Conns.Get(addr)
+	if err != nil {
+		return err
+	}
+	rc := catenapb.NewReplicaClient(conn)
+	cctx, cancel := context.WithTimeout(ctx, statusProbeTimeout)
+	defer cancel()
+	resp, err := rc.Status(cctx, &catenapb.StatusRequest{Stream: stream})
+	if err != nil {
+		return err
+	}
+	// What it hosts (partitions beyond the spec's count included) and what
+	// the spec says it might.
+	for _, ps := range resp.GetPartitions() {
+		partitions[ps.GetPartition()] = true
+	}
+	for _, p := range slices.Sorted(maps.Keys(partitions)) {
+		if _, err := rc.Drop(cctx, &catenapb.DropRequest{Stream: stream, Partition: p, Epoch: math.MaxUint64, StreamDeleted: true}); err != nil {
+			return err
+		}
+	}
+	resp, err = rc.Status(cctx, &catenapb.StatusRequest{Stream: stream})
+	if err != nil {
+		return err
+	}
+	if n := len(resp.GetPartitions()); n > 0 {
+		return fmt.Errorf("still hosts %d partitions", n)
 	}
 	return nil
 }

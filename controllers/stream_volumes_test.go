@@ -72,7 +72,8 @@ func TestDeletesVolumes(t *testing.T) {
 		{"own pool, unset", nil, false},
 		{"shared pool, Delete", func(s *streamsv1alpha1.StreamSpec) {
 			s.VolumeReclaimPolicy, s.Pool = streamsv1alpha1.VolumeReclaimDelete, "shared"
-		}, false},
+		}, true},
+		{"shared pool, Retain", func(s *streamsv1alpha1.StreamSpec) { s.Pool = "shared" }, false},
 	} {
 		if got := testStream(tt.spec).DeletesVolumes(); got != tt.want {
 			t.Errorf("%s: DeletesVolumes() = %v, want %v", tt.name, got, tt.want)

@@ -53,10 +53,10 @@ func (s *Stream) IngestServiceName() string { return s.Name }
 // the operator has deleted the PersistentVolumeClaims of its own pool.
 const VolumesFinalizer = "streams.catena.io/volumes"
 
-// DeletesVolumes reports whether deleting the Stream deletes the volumes of
-// its own pool.
+// DeletesVolumes reports whether deleting the Stream deletes its records:
+// the volumes of its own pool, or its partitions on a shared pool.
 func (s *Stream) DeletesVolumes() bool {
-	return s.HasOwnPool() && s.Spec.VolumeReclaimPolicy == VolumeReclaimDelete
+	return s.Spec.VolumeReclaimPolicy == VolumeReclaimDelete
 }
 
 // PartitionName is the name of the Partition and of the ReplicationChain of

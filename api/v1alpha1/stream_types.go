@@ -16,7 +16,6 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement))",message="replicas, storage, resources and placement describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) || self.replicationFactor <= (has(self.replicas) ? self.replicas : 3)",message="replicationFactor must not exceed replicas (3 when omitted): each member of a partition's chain needs its own replica pod"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)",message="pool is immutable: a Stream's partitions cannot move to another pool"
-// +kubebuilder:validation:XValidation:rule="!has(self.pool) || !has(self.volumeReclaimPolicy) || self.volumeReclaimPolicy != 'Delete'",message="volumeReclaimPolicy Delete needs a pool of the Stream's own: the volumes of a shared pool belong to the ReplicaPool, not to a Stream on it"
 type StreamSpec struct {
 	// pool names the ReplicaPool, in the Stream's namespace, that hosts the
 	// Stream's chains. When omitted, the Stream gets a pool of its own from
@@ -64,16 +63,19 @@ type StreamSpec struct {
 	// +kubebuilder:default={}
 	Ingestion IngestionSpec `json:"ingestion,omitempty,omitzero"`
 
-	// volumeReclaimPolicy says what becomes of the volumes of the Stream's
-	// own pool when the Stream is deleted. Retain (the default) keeps their
-	// PersistentVolumeClaims, and so the records, after the Stream, its pool
-	// and StatefulSet are gone; delete them by hand with
+	// volumeReclaimPolicy says what becomes of the Stream's records when
+	// the Stream is deleted. Retain (the default) keeps them: with a pool of
+	// its own, its PersistentVolumeClaims stay after the Stream, its pool
+	// and StatefulSet are gone (delete them by hand with
 	//   kubectl delete pvc -n <namespace> -l app.kubernetes.io/name=catena,app.kubernetes.io/component=replica,app.kubernetes.io/instance=<stream>-pool
-	// Delete deletes those claims when the Stream is deleted (the operator
-	// holds the Stream with the finalizer streams.catena.io/volumes until it
-	// has), and with them the volumes whose StorageClass reclaim policy is
-	// Delete. Only without pool: a shared pool's volumes belong to the
-	// ReplicaPool.
+	// ); on a shared pool, its partitions stay on the pool's volumes, and a
+	// Stream created again with the same name finds them. Delete deletes
+	// them: the claims of its own pool (and with them the volumes whose
+	// StorageClass reclaim policy is Delete), or, on a shared pool, every
+	// replica's copy of its partitions (Replica.Drop). The operator holds
+	// the Stream with the finalizer streams.catena.io/volumes until it has;
+	// a replica pod that stays down holds it too (an Event names it), until
+	// it returns or the finalizer is removed by hand.
 	// +optional
 	// +kubebuilder:default=Retain
 	VolumeReclaimPolicy VolumeReclaimPolicy `json:"volumeReclaimPolicy,omitempty"`

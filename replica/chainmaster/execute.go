@@ -59,9 +59,19 @@ func (e Executor) Execute(ctx context.Context, stream string, r *Repair) (map[st
 		case CallEpochEnd:
 			var a Agreement
 			a, err = e.findAgreement(cctx, stream, r, c, rc)
-			if err == nil {
+			switch {
+			case err == nil:
 				found[c.Member] = a
+			case status.Code(err) == codes.OutOfRange:
+				// The chain no longer holds the epoch the returning
+				// replica's log ends in (retention trimmed it): there is
+				// no point to cut back to. Its copy goes, and it rejoins
+				// empty, copying the whole log.
+				e.Log.Info("A returning replica's log cannot be reconciled with the chain; dropping its copy for a full one", "stream", stream, "partition", r.Partition, "replica", c.Member, "reason", err.Error())
+				err = e.drop(cctx, c.MemberAddr, c.Member, &catenapb.DropRequest{Stream: stream, Partition: r.Partition, Epoch: r.Chain.Epoch})
 			}
+		case CallDrop:
+			err = e.drop(cctx, c.Addr, c.Replica, c.Drop)
 		}
 		cancel()
 		if err != nil {
@@ -69,6 +79,21 @@ func (e Executor) Execute(ctx context.Context, stream string, r *Repair) (map[st
 		}
 	}
 	return found, nil
+}
+
+func (e Executor) drop(ctx context.Context, addr, replica string, req *catenapb.DropRequest) error {
+	conn, err := e.Conns.Get(addr)
+	if err != nil {
+		return err
+	}
+	resp, err := catenapb.NewReplicaClient(conn).Drop(ctx, req)
+	if err != nil {
+		return fmt.Errorf("drop %s's copy of %s/%d: %w", replica, req.GetStream(), req.GetPartition(), err)
+	}
+	if resp.GetDropped() {
+		e.Log.Info("Dropped a copy outside the chain", "stream", req.GetStream(), "partition", req.GetPartition(), "replica", replica, "epoch", req.GetEpoch())
+	}
+	return nil
 }
 
 // findAgreement asks a chain member where the returning replica's last log

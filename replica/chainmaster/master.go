@@ -63,6 +63,7 @@ const (
 	CallConfigure CallKind = iota + 1
 	CallEpochEnd
 	CallTruncate
+	CallDrop
 )
 
 // Call is one RPC to one replica.
@@ -73,6 +74,7 @@ type Call struct {
 
 	Configure *catenapb.ConfigureRequest
 	Truncate  *catenapb.TruncateRequest
+	Drop      *catenapb.DropRequest
 	// EpochEnd asks a chain member where Member's last log epoch ended;
 	// the answer, capped at Member's log end, is Member's agreement.
 	EpochEnd     *catenapb.EpochEndRequest
@@ -199,10 +201,52 @@ func Plan(in Input) (*Repair, error) {
 			r.Calls = append(r.Calls, c)
 		}
 	}
+	if !plan.Changed {
+		r.Calls = append(r.Calls, drops(in, cur, plan)...)
+	}
 	if !plan.Changed && len(r.Calls) == 0 {
 		return nil, nil
 	}
 	return r, nil
+}
+
+// drops are the copies of the partition outside the chain that nothing
+// needs: a corrupt copy at any time (it is never copied from, and dropping
+// it lets its replica rejoin empty), and any other copy once the chain is
+// complete (every member alive, a full copy, at the current epoch): a
+// replica replaced while it was away would otherwise keep its old copy
+// for ever. A replica that reports a newer epoch than the chain is left to
+// the planner.
+func drops(in Input, cur chainplan.Chain, plan chainplan.Plan) []Call {
+	complete := plan.Reason == chainplan.ReasonNoChange && len(plan.Actions) == 0
+	var committed uint64
+	for _, m := range cur.Members {
+		committed = max(committed, in.Reports[m].GetCommitted())
+	}
+	for _, m := range cur.Members {
+		ps := in.Reports[m]
+		if !in.Answered[m] || ps == nil || ps.GetEpoch() != cur.Epoch || ps.GetError() != "" || ps.GetDurable() < committed {
+			complete = false
+		}
+	}
+	ids := make([]string, 0, len(in.Reports))
+	for id := range in.Reports {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var out []Call
+	for _, id := range ids {
+		ps := in.Reports[id]
+		if slices.Contains(cur.Members, id) || !in.Answered[id] || in.Failed[id] || ps.GetEpoch() > cur.Epoch {
+			continue
+		}
+		if ps.GetError() == "" && !complete {
+			continue
+		}
+		out = append(out, Call{Kind: CallDrop, Replica: id, Addr: in.Addrs[id],
+			Drop: &catenapb.DropRequest{Stream: in.Stream, Partition: in.Partition, Epoch: cur.Epoch}})
+	}
+	return out
 }
 
 // replicaOf is the planner's view of one replica.

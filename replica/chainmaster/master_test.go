@@ -37,6 +37,8 @@ func calls(r *Repair) string {
 			out = append(out, fmt.Sprintf("epochend(%s e%d for %s)", c.Replica, c.EpochEnd.GetEpoch(), c.Member))
 		case CallTruncate:
 			out = append(out, fmt.Sprintf("truncate(%s to %d)", c.Replica, c.Truncate.GetTo()))
+		case CallDrop:
+			out = append(out, fmt.Sprintf("drop(%s@%d)", c.Replica, c.Drop.GetEpoch()))
 		}
 	}
 	return strings.Join(out, " ")
@@ -47,6 +49,11 @@ func TestPlan(t *testing.T) {
 	addrs := map[string]string{"a": "a:1", "b": "b:1", "c": "c:1"}
 	all := map[string]bool{"a": true, "b": true, "c": true}
 	other := &catenapb.StreamConfig{Partitions: 2, MinChainLength: 2}
+	bcd := []string{"b", "c", "d"}
+	addrs4 := map[string]string{"a": "a:1", "b": "b:1", "c": "c:1", "d": "d:1"}
+	all4 := map[string]bool{"a": true, "b": true, "c": true, "d": true}
+	corrupt := rep(1, abc, 7, cfg)
+	corrupt.Error = "segment 0: checksum mismatch"
 	for _, tc := range []struct {
 		name string
 		in   Input
@@ -124,6 +131,38 @@ func TestPlan(t *testing.T) {
 				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
 				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
 			want: "configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
+		},
+		{
+			name: "a complete chain drops the copy of a replica replaced while away",
+			in: Input{Config: cfg, Addrs: addrs4, Answered: all4, Replication: 3, MinLength: 2,
+				Chain: &chainplan.Chain{Epoch: 3, Members: bcd},
+				Reports: map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 7, cfg),
+					"b": rep(3, bcd, 9, cfg), "c": rep(3, bcd, 9, cfg), "d": rep(3, bcd, 9, cfg)}},
+			want: "drop(a@3)",
+		},
+		{
+			name: "an incomplete chain keeps every other copy",
+			in: Input{Config: cfg, Addrs: addrs4, Answered: all4, Replication: 3, MinLength: 2,
+				Chain: &chainplan.Chain{Epoch: 3, Members: bcd},
+				Reports: map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 7, cfg),
+					"b": rep(3, bcd, 9, cfg), "c": rep(3, bcd, 9, cfg), "d": rep(3, bcd, 4, cfg)}},
+			want: "nothing",
+		},
+		{
+			name: "a corrupt copy outside the chain is dropped at once",
+			in: Input{Config: cfg, Addrs: addrs4, Answered: all, Replication: 3, MinLength: 2,
+				Chain: &chainplan.Chain{Epoch: 3, Members: []string{"b", "c"}},
+				Reports: map[string]*catenapb.PartitionStatus{"a": corrupt,
+					"b": rep(3, []string{"b", "c"}, 9, cfg), "c": rep(3, []string{"b", "c"}, 9, cfg)}},
+			want: "drop(a@3)",
+		},
+		{
+			name: "a copy of a newer epoch than the chain's is the planner's",
+			in: Input{Config: cfg, Addrs: addrs4, Answered: all4, Replication: 3, MinLength: 2,
+				Chain: &chainplan.Chain{Epoch: 3, Members: bcd},
+				Reports: map[string]*catenapb.PartitionStatus{"a": rep(4, abc, 7, cfg),
+					"b": rep(3, bcd, 9, cfg), "c": rep(3, bcd, 9, cfg), "d": rep(3, bcd, 9, cfg)}},
+			want: "configure(d@5 [b=b:1 c=c:1 d=d:1]) configure(c@5 [b=b:1 c=c:1 d=d:1]) configure(b@5 [b=b:1 c=c:1 d=d:1])",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -92,3 +92,14 @@ func (m *metrics) forPartition(stream string, index uint32) *partitionMetrics {
 		logEnd:        m.logEnd.With(l),
 	}
 }
+
+// forget removes a dropped partition's series: a deleted stream must not
+// linger in the replica's metrics.
+func (m *metrics) forget(stream string, index uint32) {
+	l := prometheus.Labels{"stream": stream, "partition": strconv.FormatUint(uint64(index), 10)}
+	for _, v := range []interface{ Delete(prometheus.Labels) bool }{
+		m.syncSeconds, m.commitSeconds, m.bytesIn, m.recordsIn, m.bytesOut, m.recordsOut, m.committed, m.epoch, m.logEnd,
+	} {
+		v.Delete(l)
+	}
+}

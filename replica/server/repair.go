@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -128,4 +132,76 @@ func lastLogEpoch(l *partlog.Log) uint64 {
 		return 0
 	}
 	return eps[len(eps)-1].Epoch
+}
+
+// errDropped stops a partition that Drop is deleting: calls that found it
+// before it left the table are refused rather than served from a log being
+// removed.
+var errDropped = errors.New("partition was dropped from this replica")
+
+// droppedPrefix marks a partition directory being removed: Drop renames it
+// first (one atomic step), so that a crash half-way through the removal
+// leaves a directory that openExisting skips and removes, never a
+// partially deleted log that would be opened as a corrupt one.
+const droppedPrefix = ".dropped-"
+
+// Drop deletes this replica's copy of a partition. It refuses when the
+// replica has installed a newer epoch than the request's, or is a member of
+// the chain at the request's epoch (unless the stream is deleted): a
+// member at an older epoch was replaced while away and never told.
+func (s *Server) Drop(ctx context.Context, req *catenapb.DropRequest) (*catenapb.DropResponse, error) {
+	if !nameRE.MatchString(req.GetStream()) || len(req.GetStream()) > maxNameLen {
+		return nil, status.Errorf(codes.InvalidArgument, "drop: stream name %q must be 1-%d lowercase letters, digits or '-'", req.GetStream(), maxNameLen)
+	}
+	key := partKey{req.GetStream(), req.GetPartition()}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "replica is shutting down")
+	}
+	p := s.partitions[key]
+	if p == nil {
+		s.mu.Unlock()
+		return &catenapb.DropResponse{}, nil
+	}
+	p.mu.Lock()
+	var epoch uint64
+	member := false
+	if p.meta != nil {
+		epoch = p.meta.Epoch
+		member = slices.Contains(p.meta.memberIDs(), s.id)
+	}
+	switch {
+	case epoch > req.GetEpoch():
+		p.mu.Unlock()
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "drop %s/%d on %s: the replica has installed epoch %d, newer than the drop's %d", p.stream, p.index, s.id, epoch, req.GetEpoch())
+	case member && epoch == req.GetEpoch() && !req.GetStreamDeleted():
+		// A membership of an older epoch is one the master has replaced.
+		p.mu.Unlock()
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "drop %s/%d on %s: the replica is a member of the chain at epoch %d; only a replica outside the chain may drop its copy", p.stream, p.index, s.id, epoch)
+	}
+	p.failed = errDropped
+	p.broadcast()
+	p.mu.Unlock()
+	delete(s.partitions, key)
+	s.mu.Unlock()
+
+	p.close()
+	gone := filepath.Join(filepath.Dir(p.dir), fmt.Sprintf("%s%s-%d", droppedPrefix, filepath.Base(p.dir), time.Now().UnixNano()))
+	if err := os.Rename(p.dir, gone); err != nil {
+		return nil, status.Errorf(codes.Internal, "drop %s/%d on %s: %v", p.stream, p.index, s.id, err)
+	}
+	if err := syncDir(filepath.Dir(p.dir)); err != nil {
+		return nil, status.Errorf(codes.Internal, "drop %s/%d on %s: %v", p.stream, p.index, s.id, err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		// Renamed away: it no longer exists as a partition, and the next
+		// start removes it.
+		p.logger.Error(err, "Failed to remove a dropped partition's files", "dir", gone)
+	}
+	s.metrics.forget(p.stream, p.index)
+	p.logger.Info("Dropped partition", "epoch", epoch, "requestEpoch", req.GetEpoch(), "streamDeleted", req.GetStreamDeleted(), "wasMember", member)
+	return &catenapb.DropResponse{Dropped: true}, nil
 }

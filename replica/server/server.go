@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -152,6 +153,13 @@ func (s *Server) openExisting() error {
 			return fmt.Errorf("failed to list partitions of stream %s: %w", st.Name(), err)
 		}
 		for _, pd := range parts {
+			if strings.HasPrefix(pd.Name(), droppedPrefix) {
+				// A Drop renamed it and stopped before removing it.
+				if err := os.RemoveAll(filepath.Join(s.dataDir, "streams", st.Name(), pd.Name())); err != nil {
+					return fmt.Errorf("failed to remove dropped partition %s/%s: %w", st.Name(), pd.Name(), err)
+				}
+				continue
+			}
 			idx, err := strconv.ParseUint(pd.Name(), 10, 32)
 			if !pd.IsDir() || err != nil {
 				continue

@@ -882,3 +882,85 @@ func TestHeadRefusesWritesBelowMinChainLength(t *testing.T) {
 	}
 	converged(t, a, b)
 }
+
+func TestDropRules(t *testing.T) {
+	ctx := context.Background()
+	a := startNode(t, "a", nil)
+	configure(t, 2, a)
+	ac := client(t, a.addr)
+	if _, err := ac.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: records(1, 1, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	dir := a.srv.partitionDir("s", 0)
+
+	for _, tc := range []struct {
+		name string
+		req  *catenapb.DropRequest
+		code codes.Code
+	}{
+		{"a member's copy", &catenapb.DropRequest{Stream: "s", Partition: 0, Epoch: 2}, codes.FailedPrecondition},
+		{"under an older epoch than installed", &catenapb.DropRequest{Stream: "s", Partition: 0, Epoch: 1, StreamDeleted: true}, codes.FailedPrecondition},
+		{"a bad stream name", &catenapb.DropRequest{Stream: "S/../x", Partition: 0, Epoch: 9}, codes.InvalidArgument},
+	} {
+		if _, err := ac.Drop(ctx, tc.req); status.Code(err) != tc.code {
+			t.Errorf("drop %s: %v, want %v", tc.name, err, tc.code)
+		}
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatalf("refused drop (%s) touched the partition: %v", tc.name, err)
+		}
+		if st := status0(t, a); st.GetLogEnd() != 4 || st.GetError() != "" {
+			t.Fatalf("refused drop (%s) changed the partition: %v", tc.name, st)
+		}
+	}
+
+	// A member of epoch 2 that the master replaced under epoch 3 while it
+	// was away (it was never told): dropped, files and all.
+	resp, err := ac.Drop(ctx, &catenapb.DropRequest{Stream: "s", Partition: 0, Epoch: 3})
+	if err != nil || !resp.GetDropped() {
+		t.Fatalf("drop outside the chain: %v %v", resp, err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("dropped partition's directory: %v", err)
+	}
+	p := uint32(0)
+	if _, err := ac.Status(ctx, &catenapb.StatusRequest{Stream: "s", Partition: &p}); status.Code(err) != codes.NotFound {
+		t.Fatalf("status after drop: %v, want NotFound", err)
+	}
+	// Again: nothing to drop, and that is no error (the master retries).
+	if resp, err := ac.Drop(ctx, &catenapb.DropRequest{Stream: "s", Partition: 0, Epoch: 3}); err != nil || resp.GetDropped() {
+		t.Fatalf("second drop: %v %v", resp, err)
+	}
+	// The partition can be hosted again, empty: it rejoins as a new copy.
+	configure(t, 4, a)
+	if st := status0(t, a); st.GetLogEnd() != 0 || st.GetEpoch() != 4 {
+		t.Fatalf("re-created partition: %v", st)
+	}
+
+	// A deleted stream: even a member's copy goes.
+	if _, err := ac.Drop(ctx, &catenapb.DropRequest{Stream: "s", Partition: 0, Epoch: 4, StreamDeleted: true}); err != nil {
+		t.Fatalf("drop of a deleted stream's partition: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("deleted stream's partition directory: %v", err)
+	}
+}
+
+func TestRestartRemovesAHalfDroppedPartition(t *testing.T) {
+	a := startNode(t, "a", nil)
+	configure(t, 1, a)
+	// A Drop that renamed the directory and crashed before removing it.
+	dir := a.srv.partitionDir("s", 0)
+	stopNode(a)
+	gone := filepath.Join(filepath.Dir(dir), droppedPrefix+"00000-1")
+	if err := os.Rename(dir, gone); err != nil {
+		t.Fatal(err)
+	}
+	a = reopen(t, a)
+	resp, err := client(t, a.addr).Status(context.Background(), &catenapb.StatusRequest{})
+	if err != nil || len(resp.GetPartitions()) != 0 {
+		t.Fatalf("after restart: %v %v, want no partitions", resp, err)
+	}
+	if _, err := os.Stat(gone); !os.IsNotExist(err) {
+		t.Fatalf("half-dropped directory left behind: %v", err)
+	}
+}

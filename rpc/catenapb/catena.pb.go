@@ -1227,6 +1227,121 @@ func (x *ListStreamsResponse) GetStreams() []string {
 	return nil
 }
 
+type DropRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The chain epoch the master decided the drop under.
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The stream is deleted: drop even a member's copy.
+	StreamDeleted bool `protobuf:"varint,4,opt,name=stream_deleted,json=streamDeleted,proto3" json:"stream_deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropRequest) Reset() {
+	*x = DropRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropRequest) ProtoMessage() {}
+
+func (x *DropRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
+func (*DropRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *DropRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *DropRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *DropRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *DropRequest) GetStreamDeleted() bool {
+	if x != nil {
+		return x.StreamDeleted
+	}
+	return false
+}
+
+type DropResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether a copy was there to drop.
+	Dropped       bool `protobuf:"varint,1,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropResponse) Reset() {
+	*x = DropResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropResponse) ProtoMessage() {}
+
+func (x *DropResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
+func (*DropResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DropResponse) GetDropped() bool {
+	if x != nil {
+		return x.Dropped
+	}
+	return false
+}
+
 type EpochEndRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -1238,7 +1353,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1365,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1378,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -1305,7 +1420,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1432,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1445,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -1373,7 +1488,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1385,7 +1500,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1398,7 +1513,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -1432,7 +1547,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1559,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1572,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Member) GetId() string {
@@ -1488,7 +1603,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1615,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1628,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -1577,7 +1692,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1704,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1717,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -1721,7 +1836,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +1848,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +1861,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -1773,7 +1888,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1900,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1913,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -1831,7 +1946,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1958,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1971,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -1909,7 +2024,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2036,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2049,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -1993,7 +2108,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2005,7 +2120,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2018,7 +2133,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -2089,7 +2204,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2216,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2229,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -2212,7 +2327,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2224,7 +2339,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2237,7 +2352,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 type BatchData struct {
@@ -2250,7 +2365,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2377,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2390,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -2301,7 +2416,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +2428,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +2441,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -2350,7 +2465,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2477,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2490,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -2514,7 +2629,14 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\breplicas\x18\x04 \x03(\v2\x1a.catena.v1.PartitionStatusR\breplicas\"\x14\n" +
 	"\x12ListStreamsRequest\"/\n" +
 	"\x13ListStreamsResponse\x12\x18\n" +
-	"\astreams\x18\x01 \x03(\tR\astreams\"]\n" +
+	"\astreams\x18\x01 \x03(\tR\astreams\"\x80\x01\n" +
+	"\vDropRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12%\n" +
+	"\x0estream_deleted\x18\x04 \x01(\bR\rstreamDeleted\"(\n" +
+	"\fDropResponse\x12\x18\n" +
+	"\adropped\x18\x01 \x01(\bR\adropped\"]\n" +
 	"\x0fEpochEndRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
@@ -2635,7 +2757,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.catena.v1.SubscribeRequest\x1a\x18.catena.v1.FetchResponse0\x01\x12L\n" +
 	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12P\n" +
 	"\x0eDescribeStream\x12 .catena.v1.DescribeStreamRequest\x1a\x1c.catena.v1.StreamDescription\x12L\n" +
-	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse2\xed\x04\n" +
+	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse2\xa6\x05\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -2645,7 +2767,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x04Read\x12\x17.catena.v1.FetchRequest\x1a\x18.catena.v1.FetchResponse\x12L\n" +
 	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12C\n" +
 	"\bEpochEnd\x12\x1a.catena.v1.EpochEndRequest\x1a\x1b.catena.v1.EpochEndResponse\x12B\n" +
-	"\bTruncate\x12\x1a.catena.v1.TruncateRequest\x1a\x1a.catena.v1.PartitionStatusB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
+	"\bTruncate\x12\x1a.catena.v1.TruncateRequest\x1a\x1a.catena.v1.PartitionStatus\x127\n" +
+	"\x04Drop\x12\x16.catena.v1.DropRequest\x1a\x17.catena.v1.DropResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
 
 var (
 	file_catena_v1_catena_proto_rawDescOnce sync.Once
@@ -2660,7 +2783,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),               // 0: catena.v1.Durability
 	(OffsetSpec)(0),               // 1: catena.v1.OffsetSpec
@@ -2681,22 +2804,24 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*PartitionDescription)(nil),  // 16: catena.v1.PartitionDescription
 	(*ListStreamsRequest)(nil),    // 17: catena.v1.ListStreamsRequest
 	(*ListStreamsResponse)(nil),   // 18: catena.v1.ListStreamsResponse
-	(*EpochEndRequest)(nil),       // 19: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),      // 20: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),       // 21: catena.v1.TruncateRequest
-	(*Member)(nil),                // 22: catena.v1.Member
-	(*ConfigureRequest)(nil),      // 23: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),       // 24: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),         // 25: catena.v1.StatusRequest
-	(*StatusResponse)(nil),        // 26: catena.v1.StatusResponse
-	(*AppendRequest)(nil),         // 27: catena.v1.AppendRequest
-	(*AppendRecord)(nil),          // 28: catena.v1.AppendRecord
-	(*AppendResponse)(nil),        // 29: catena.v1.AppendResponse
-	(*ReplicateFrame)(nil),        // 30: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),             // 31: catena.v1.LinkHello
-	(*BatchData)(nil),             // 32: catena.v1.BatchData
-	(*CommitNotice)(nil),          // 33: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),          // 34: catena.v1.ReplicateAck
+	(*DropRequest)(nil),           // 19: catena.v1.DropRequest
+	(*DropResponse)(nil),          // 20: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),       // 21: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),      // 22: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),       // 23: catena.v1.TruncateRequest
+	(*Member)(nil),                // 24: catena.v1.Member
+	(*ConfigureRequest)(nil),      // 25: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),       // 26: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),         // 27: catena.v1.StatusRequest
+	(*StatusResponse)(nil),        // 28: catena.v1.StatusResponse
+	(*AppendRequest)(nil),         // 29: catena.v1.AppendRequest
+	(*AppendRecord)(nil),          // 30: catena.v1.AppendRecord
+	(*AppendResponse)(nil),        // 31: catena.v1.AppendResponse
+	(*ReplicateFrame)(nil),        // 32: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),             // 33: catena.v1.LinkHello
+	(*BatchData)(nil),             // 34: catena.v1.BatchData
+	(*CommitNotice)(nil),          // 35: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),          // 36: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
@@ -2706,50 +2831,52 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	1,  // 4: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
 	4,  // 5: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
 	16, // 6: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	22, // 7: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	24, // 8: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	22, // 9: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	24, // 7: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	26, // 8: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	24, // 9: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
 	4,  // 10: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	22, // 11: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	24, // 11: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
 	2,  // 12: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
 	4,  // 13: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
-	24, // 14: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	28, // 15: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	31, // 16: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	32, // 17: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	33, // 18: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	26, // 14: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	30, // 15: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	33, // 16: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	34, // 17: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	35, // 18: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
 	6,  // 19: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
 	9,  // 20: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
 	11, // 21: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
 	12, // 22: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
 	14, // 23: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
 	17, // 24: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	23, // 25: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	25, // 26: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	27, // 27: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	27, // 28: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	30, // 29: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	25, // 25: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	27, // 26: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	29, // 27: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	29, // 28: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	32, // 29: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
 	9,  // 30: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
 	12, // 31: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	19, // 32: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	21, // 33: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	8,  // 34: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	10, // 35: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	10, // 36: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	13, // 37: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	15, // 38: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	18, // 39: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	24, // 40: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	26, // 41: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	29, // 42: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	29, // 43: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	34, // 44: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	10, // 45: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	13, // 46: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	20, // 47: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	24, // 48: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	34, // [34:49] is the sub-list for method output_type
-	19, // [19:34] is the sub-list for method input_type
+	21, // 32: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	23, // 33: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	19, // 34: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	8,  // 35: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	10, // 36: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	10, // 37: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	13, // 38: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	15, // 39: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	18, // 40: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	26, // 41: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	28, // 42: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	31, // 43: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	31, // 44: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	36, // 45: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	10, // 46: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	13, // 47: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	22, // 48: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	26, // 49: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	20, // 50: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	35, // [35:51] is the sub-list for method output_type
+	19, // [19:35] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -2761,13 +2888,13 @@ func file_catena_v1_catena_proto_init() {
 		return
 	}
 	file_catena_v1_catena_proto_msgTypes[2].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[22].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[27].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[24].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[29].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[31].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[33].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -2777,7 +2904,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   32,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

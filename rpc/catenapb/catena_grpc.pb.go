@@ -346,6 +346,7 @@ const (
 	Replica_ListOffsets_FullMethodName  = "/catena.v1.Replica/ListOffsets"
 	Replica_EpochEnd_FullMethodName     = "/catena.v1.Replica/EpochEnd"
 	Replica_Truncate_FullMethodName     = "/catena.v1.Replica/Truncate"
+	Replica_Drop_FullMethodName         = "/catena.v1.Replica/Drop"
 )
 
 // ReplicaClient is the client API for Replica service.
@@ -382,6 +383,15 @@ type ReplicaClient interface {
 	// replica is not a member of the epoch it has installed; never below the
 	// committed offset it knows (FAILED_PRECONDITION).
 	Truncate(ctx context.Context, in *TruncateRequest, opts ...grpc.CallOption) (*PartitionStatus, error)
+	// Drop deletes this replica's copy of a partition: one the chain no
+	// longer needs (the replica was replaced while away, or its log is
+	// corrupt or too far behind to repair), or every copy of a deleted
+	// stream. Refused when the replica has installed a newer epoch than the
+	// request's, and when it is a member of the chain at the request's epoch
+	// (unless stream_deleted): a membership of an older epoch is one the
+	// master replaced. Dropping a partition that is not hosted succeeds: the
+	// master may retry.
+	Drop(ctx context.Context, in *DropRequest, opts ...grpc.CallOption) (*DropResponse, error)
 }
 
 type replicaClient struct {
@@ -488,6 +498,16 @@ func (c *replicaClient) Truncate(ctx context.Context, in *TruncateRequest, opts 
 	return out, nil
 }
 
+func (c *replicaClient) Drop(ctx context.Context, in *DropRequest, opts ...grpc.CallOption) (*DropResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DropResponse)
+	err := c.cc.Invoke(ctx, Replica_Drop_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ReplicaServer is the server API for Replica service.
 // All implementations must embed UnimplementedReplicaServer
 // for forward compatibility.
@@ -522,6 +542,15 @@ type ReplicaServer interface {
 	// replica is not a member of the epoch it has installed; never below the
 	// committed offset it knows (FAILED_PRECONDITION).
 	Truncate(context.Context, *TruncateRequest) (*PartitionStatus, error)
+	// Drop deletes this replica's copy of a partition: one the chain no
+	// longer needs (the replica was replaced while away, or its log is
+	// corrupt or too far behind to repair), or every copy of a deleted
+	// stream. Refused when the replica has installed a newer epoch than the
+	// request's, and when it is a member of the chain at the request's epoch
+	// (unless stream_deleted): a membership of an older epoch is one the
+	// master replaced. Dropping a partition that is not hosted succeeds: the
+	// master may retry.
+	Drop(context.Context, *DropRequest) (*DropResponse, error)
 	mustEmbedUnimplementedReplicaServer()
 }
 
@@ -558,6 +587,9 @@ func (UnimplementedReplicaServer) EpochEnd(context.Context, *EpochEndRequest) (*
 }
 func (UnimplementedReplicaServer) Truncate(context.Context, *TruncateRequest) (*PartitionStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method Truncate not implemented")
+}
+func (UnimplementedReplicaServer) Drop(context.Context, *DropRequest) (*DropResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Drop not implemented")
 }
 func (UnimplementedReplicaServer) mustEmbedUnimplementedReplicaServer() {}
 func (UnimplementedReplicaServer) testEmbeddedByValue()                 {}
@@ -720,6 +752,24 @@ func _Replica_Truncate_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Replica_Drop_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DropRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).Drop(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_Drop_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).Drop(ctx, req.(*DropRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Replica_ServiceDesc is the grpc.ServiceDesc for Replica service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -754,6 +804,10 @@ var Replica_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Truncate",
 			Handler:    _Replica_Truncate_Handler,
+		},
+		{
+			MethodName: "Drop",
+			Handler:    _Replica_Drop_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

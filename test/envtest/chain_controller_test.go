@@ -9,7 +9,9 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
@@ -72,68 +74,89 @@ var _ = Describe("Chain controller", Ordered, func() {
 		return cs
 	}
 
-	It("installs a Stream's chains on the replicas and reports what they confirmed", func() {
-		for i := range 3 {
-			replicas.start(ns, fmt.Sprintf("orders-pool-%d", i))
-		}
-		Expect(k8s.Create(ctx, manifest(ns, "Stream", "orders", `
-partitions: 3
-replicas: 3
-retention:
-  time: 24h
-  bytes: 1Gi`))).To(Succeed())
-
-		By("placing every chain on three pods and installing it at epoch 1")
-		var cs []streamsv1alpha1.ReplicationChain
-		Eventually(func(g Gomega) { cs = expectInstalled(g, "orders", 3, 3) }).Should(Succeed())
-		heads, tails := map[string]int{}, map[string]int{}
-		for _, c := range cs {
-			Expect(c.Status.TargetEpoch).To(Equal(int64(1)))
-			Expect(c.Status.LastReconfiguration).NotTo(BeNil())
-			Expect(c.Status.LastReconfiguration.Reason).To(Equal(streamsv1alpha1.ReconfigurationCreated))
-			heads[c.Head()]++
-			tails[c.Tail()]++
-		}
-		Expect(heads).To(HaveLen(3), "three chains on three pods: one head each")
-		Expect(tails).To(HaveLen(3), "three chains on three pods: one tail each")
-
-		By("sending the Stream's config with the membership")
-		hosted, err := replicas.get(ns, "orders-pool-0").hosted("orders")
-		Expect(err).NotTo(HaveOccurred())
-		Expect(hosted).To(HaveLen(3))
-		cfg := hosted[0].GetConfig()
-		Expect(cfg.GetPartitions()).To(Equal(uint32(3)))
-		Expect(cfg.GetRetentionMs()).To(Equal((24 * time.Hour).Milliseconds()))
-		Expect(cfg.GetRetentionBytes()).To(Equal(int64(1 << 30)))
-		Expect(cfg.GetDurability()).To(Equal(catenapb.Durability_DURABILITY_FSYNC))
-		Expect(cfg.GetMinChainLength()).To(Equal(uint32(2)))
-
-		By("reporting each Partition's head, tail, epoch and committed offset")
-		c0 := cs[0]
-		head := replicas.get(ns, c0.Head())
-		recs := make([]*catenapb.AppendRecord, 5)
+	// appendTo writes n records to a chain's partition through its head.
+	appendTo := func(c streamsv1alpha1.ReplicationChain, n int) {
+		recs := make([]*catenapb.AppendRecord, n)
 		for i := range recs {
 			recs[i] = &catenapb.AppendRecord{Value: []byte(fmt.Sprintf("r%d", i))}
 		}
 		actx, cancelAppend := context.WithTimeout(ctx, 10*time.Second)
-		_, err = head.client().Append(actx, &catenapb.AppendRequest{Stream: "orders", Partition: 0, Epoch: 1, Records: recs})
-		cancelAppend()
+		defer cancelAppend()
+		_, err := replicas.get(ns, c.Head()).client().Append(actx, &catenapb.AppendRequest{
+			Stream: c.Spec.Stream, Partition: uint32(*c.Spec.Partition), Epoch: uint64(c.Status.TargetEpoch), Records: recs})
+		ExpectWithOffset(1, err).NotTo(HaveOccurred(), "append to %s", c.Name)
+	}
+	// roles counts heads, tails and memberships per pod.
+	roles := func(cs []streamsv1alpha1.ReplicationChain) (heads, tails, members map[string]int) {
+		heads, tails, members = map[string]int{}, map[string]int{}, map[string]int{}
+		for _, c := range cs {
+			heads[c.Head()]++
+			tails[c.Tail()]++
+			for _, m := range c.Status.Members {
+				members[m.Name]++
+			}
+		}
+		return heads, tails, members
+	}
+	// spread is the difference between the most and the fewest of counts
+	// over pods.
+	spread := func(counts map[string]int, pods []string) int {
+		lo, hi := counts[pods[0]], counts[pods[0]]
+		for _, p := range pods {
+			lo, hi = min(lo, counts[p]), max(hi, counts[p])
+		}
+		return hi - lo
+	}
+
+	It("installs the standalone sample's chains on its replicas and makes the Stream Ready", func() {
+		for i := range 3 {
+			replicas.start(ns, fmt.Sprintf("events-pool-%d", i))
+		}
+		createSamples(ns, "stream-standalone.yaml")
+
+		By("placing every chain on three pods and installing it at epoch 1")
+		var cs []streamsv1alpha1.ReplicationChain
+		Eventually(func(g Gomega) { cs = expectInstalled(g, "events", 6, 3) }).Should(Succeed())
+		for _, c := range cs {
+			Expect(c.Status.TargetEpoch).To(Equal(int64(1)))
+			Expect(c.Status.LastReconfiguration).NotTo(BeNil())
+			Expect(c.Status.LastReconfiguration.Reason).To(Equal(streamsv1alpha1.ReconfigurationCreated))
+		}
+		heads, tails, _ := roles(cs)
+		Expect(heads).To(Equal(map[string]int{"events-pool-0": 2, "events-pool-1": 2, "events-pool-2": 2}))
+		Expect(tails).To(Equal(map[string]int{"events-pool-0": 2, "events-pool-1": 2, "events-pool-2": 2}))
+
+		By("sending the Stream's config with the membership")
+		hosted, err := replicas.get(ns, "events-pool-0").hosted("events")
 		Expect(err).NotTo(HaveOccurred())
+		Expect(hosted).To(HaveLen(6))
+		cfg := hosted[0].GetConfig()
+		Expect(cfg.GetPartitions()).To(Equal(uint32(6)))
+		Expect(cfg.GetRetentionMs()).To(Equal((168 * time.Hour).Milliseconds()))
+		Expect(cfg.GetRetentionBytes()).To(Equal(int64(20 << 30)))
+		Expect(cfg.GetDurability()).To(Equal(catenapb.Durability_DURABILITY_FSYNC))
+		Expect(cfg.GetMinChainLength()).To(Equal(uint32(2)))
+
+		By("reporting each Partition's head, tail, epoch and committed offset")
+		appendTo(cs[0], 5)
 		Eventually(func(g Gomega) {
 			var p streamsv1alpha1.Partition
-			g.Expect(k8s.Get(ctx, key(ns, "orders-0"), &p)).To(Succeed())
-			g.Expect(p.Status.Head).To(Equal(c0.Head()))
-			g.Expect(p.Status.Tail).To(Equal(c0.Tail()))
+			g.Expect(k8s.Get(ctx, key(ns, "events-0"), &p)).To(Succeed())
+			g.Expect(p.Status.Head).To(Equal(cs[0].Head()))
+			g.Expect(p.Status.Tail).To(Equal(cs[0].Tail()))
 			g.Expect(p.Status.ChainEpoch).To(Equal(int64(1)))
 			g.Expect(p.Status.CommittedOffset).To(Equal(int64(5)))
 			g.Expect(p.IsReady()).To(BeTrue())
 		}).Should(Succeed())
 
-		By("counting every Partition ready in the Stream")
+		By("making the Stream Ready once its pods run (written here: no kubelet or kube-controller-manager)")
+		markStatefulSetReady(ns, "events-pool")
+		markDeploymentAvailable(ns, "events-ingest", 2)
 		Eventually(func(g Gomega) {
 			var s streamsv1alpha1.Stream
-			g.Expect(k8s.Get(ctx, key(ns, "orders"), &s)).To(Succeed())
-			g.Expect(s.Status.PartitionsReady).To(Equal(int32(3)))
+			g.Expect(k8s.Get(ctx, key(ns, "events"), &s)).To(Succeed())
+			g.Expect(s.Status.PartitionsReady).To(Equal(int32(6)))
+			g.Expect(s.IsReady()).To(BeTrue(), "conditions: %+v", s.Status.Conditions)
 		}).Should(Succeed())
 
 		By("recording the placement as Events")
@@ -142,7 +165,7 @@ retention:
 			g.Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
 			var reasons []string
 			for _, e := range evs.Items {
-				if e.Regarding.Kind == "ReplicationChain" && e.Regarding.Name == "orders-0" {
+				if e.Regarding.Kind == "ReplicationChain" && e.Regarding.Name == "events-0" {
 					reasons = append(reasons, e.Reason)
 				}
 			}
@@ -150,57 +173,119 @@ retention:
 		}).Should(Succeed())
 	})
 
-	It("spreads the chains of two Streams on one shared ReplicaPool over the same pods", func() {
-		for i := range 3 {
-			replicas.start(ns, fmt.Sprintf("shared-%d", i))
+	sharedPods := []string{"shared-0", "shared-1", "shared-2", "shared-3", "shared-4"}
+
+	It("spreads the chains of the shared-pool sample's two Streams over the same pods", func() {
+		for _, pod := range sharedPods {
+			replicas.start(ns, pod)
 		}
-		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "shared", "replicas: 3"))).To(Succeed())
-		Expect(k8s.Create(ctx, manifest(ns, "Stream", "clicks", "pool: shared\npartitions: 3"))).To(Succeed())
-		Expect(k8s.Create(ctx, manifest(ns, "Stream", "views", "pool: shared\npartitions: 3"))).To(Succeed())
+		createSamples(ns, "shared-pool.yaml")
 
 		var all []streamsv1alpha1.ReplicationChain
 		Eventually(func(g Gomega) {
-			all = append(expectInstalled(g, "clicks", 3, 3), expectInstalled(g, "views", 3, 3)...)
+			all = append(expectInstalled(g, "orders", 12, 3), expectInstalled(g, "clicks", 24, 2)...)
 		}).Should(Succeed())
-		heads, tails := map[string]int{}, map[string]int{}
-		for _, c := range all {
-			heads[c.Head()]++
-			tails[c.Tail()]++
-		}
-		Expect(heads).To(Equal(map[string]int{"shared-0": 2, "shared-1": 2, "shared-2": 2}), "heads of both streams balanced over the pool")
-		Expect(tails).To(Equal(map[string]int{"shared-0": 2, "shared-1": 2, "shared-2": 2}), "tails of both streams balanced over the pool")
-		for i := range 3 {
-			p := replicas.get(ns, fmt.Sprintf("shared-%d", i))
-			for _, stream := range []string{"clicks", "views"} {
-				hosted, err := p.hosted(stream)
+		heads, tails, members := roles(all)
+		Expect(spread(heads, sharedPods)).To(BeNumerically("<=", 2), "heads of both streams balanced over the pool: %v", heads)
+		Expect(spread(tails, sharedPods)).To(BeNumerically("<=", 2), "tails of both streams balanced over the pool: %v", tails)
+		Expect(spread(members, sharedPods)).To(BeNumerically("<=", 2), "memberships balanced over the pool: %v", members)
+		for _, pod := range sharedPods {
+			for _, stream := range []string{"orders", "clicks"} {
+				hosted, err := replicas.get(ns, pod).hosted(stream)
 				Expect(err).NotTo(HaveOccurred())
-				Expect(hosted).To(HaveLen(3), "%s hosts every partition of %s (RF 3 on 3 pods)", p.id, stream)
+				Expect(hosted).NotTo(BeEmpty(), "%s hosts partitions of %s", pod, stream)
 			}
 		}
 	})
 
-	It("reorders the chains of a killed replica under a new epoch and takes it back at the tail", func() {
-		victim := replicas.get(ns, "shared-0")
+	It("replaces a killed replica in every chain it served, and drops its old copies when it returns", func() {
+		const victim = "shared-0"
 		before := map[string]streamsv1alpha1.ReplicationChain{}
 		Eventually(func(g Gomega) {
-			for _, c := range append(chains(g, "clicks", 3), chains(g, "views", 3)...) {
+			for _, c := range append(chains(g, "orders", 12), chains(g, "clicks", 24)...) {
 				before[c.Name] = c
 			}
 		}).Should(Succeed())
-		By("writing records to every partition, so that the killed replica returns with a log")
 		for _, c := range before {
-			recs := []*catenapb.AppendRecord{{Value: []byte("a")}, {Value: []byte("b")}, {Value: []byte("c")}}
-			actx, cancelAppend := context.WithTimeout(ctx, 10*time.Second)
-			_, err := replicas.get(ns, c.Head()).client().Append(actx, &catenapb.AppendRequest{
-				Stream: c.Spec.Stream, Partition: uint32(*c.Spec.Partition), Epoch: uint64(c.Status.TargetEpoch), Records: recs})
-			cancelAppend()
-			Expect(err).NotTo(HaveOccurred(), "append to %s", c.Name)
+			appendTo(c, 3)
 		}
-		victim.kill()
+		replicas.get(ns, victim).kill()
+
+		By("reordering its chains without it and completing them from the free pods")
+		Eventually(func(g Gomega) {
+			for _, c := range append(expectInstalled(g, "orders", 12, 3), expectInstalled(g, "clicks", 24, 2)...) {
+				prev := before[c.Name]
+				var names []string
+				for _, m := range c.Status.Members {
+					names = append(names, m.Name)
+				}
+				g.Expect(names).NotTo(ContainElement(victim), describeChain(&c))
+				if !slices.ContainsFunc(prev.Status.Members, func(m streamsv1alpha1.ChainMember) bool { return m.Name == victim }) {
+					g.Expect(c.Status.TargetEpoch).To(Equal(prev.Status.TargetEpoch), "a chain without the victim is left alone: %s", describeChain(&c))
+					continue
+				}
+				g.Expect(c.Status.TargetEpoch).To(BeNumerically(">=", prev.Status.TargetEpoch+2), "removal, then addition: %s", describeChain(&c))
+				g.Expect(c.Status.LastReconfiguration.Reason).To(Equal(streamsv1alpha1.ReconfigurationMemberReplaced), describeChain(&c))
+				// The survivors keep their order, and the replacement, a
+				// full copy now, is at the tail.
+				var survivors []string
+				for _, m := range prev.Status.Members {
+					if m.Name != victim {
+						survivors = append(survivors, m.Name)
+					}
+				}
+				g.Expect(names[:len(names)-1]).To(Equal(survivors), describeChain(&c))
+				hosted, err := replicas.get(ns, c.Tail()).hosted(c.Spec.Stream)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(hosted[uint32(*c.Spec.Partition)].GetDurable()).To(BeNumerically(">=", 3), "the replacement copied the log")
+			}
+		}).Should(Succeed())
+
+		By("recording why in Events")
+		Eventually(func(g Gomega) {
+			var evs eventsv1.EventList
+			g.Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+			reasons := map[string]bool{}
+			for _, e := range evs.Items {
+				reasons[e.Reason] = true
+			}
+			g.Expect(reasons).To(HaveKey(string(streamsv1alpha1.ReconfigurationMemberReplaced)))
+			g.Expect(reasons[string(streamsv1alpha1.ReconfigurationHeadFailed)] || reasons[string(streamsv1alpha1.ReconfigurationMiddleFailed)] ||
+				reasons[string(streamsv1alpha1.ReconfigurationTailFailed)]).To(BeTrue(), "%v", reasons)
+		}).Should(Succeed())
+
+		By("dropping the returning replica's copies that no chain needs any more")
+		replicas.start(ns, victim)
+		Eventually(func(g Gomega) {
+			for _, stream := range []string{"orders", "clicks"} {
+				hosted, err := replicas.get(ns, victim).hosted(stream)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(hosted).To(BeEmpty(), "%s still holds partitions of %s", victim, stream)
+			}
+		}).Should(Succeed())
+	})
+
+	It("reorders the chains of a killed replica under a new epoch and takes it back at the tail", func() {
+		for i := range 3 {
+			replicas.start(ns, fmt.Sprintf("trio-%d", i))
+		}
+		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "trio", "replicas: 3"))).To(Succeed())
+		Expect(k8s.Create(ctx, manifest(ns, "Stream", "views", "pool: trio\npartitions: 3"))).To(Succeed())
+		before := map[string]streamsv1alpha1.ReplicationChain{}
+		Eventually(func(g Gomega) {
+			for _, c := range expectInstalled(g, "views", 3, 3) {
+				before[c.Name] = c
+			}
+		}).Should(Succeed())
+		for _, c := range before {
+			appendTo(c, 3)
+		}
+		const victim = "trio-0"
+		replicas.get(ns, victim).kill()
 
 		By("removing it from every chain, with the role it had as the reason")
 		Eventually(func(g Gomega) {
-			for _, c := range append(chains(g, "clicks", 3), chains(g, "views", 3)...) {
+			for _, c := range chains(g, "views", 3) {
 				prev := before[c.Name]
 				g.Expect(c.Status.TargetEpoch).To(BeNumerically(">", prev.Status.TargetEpoch), describeChain(&c))
 				var names []string
@@ -208,13 +293,13 @@ retention:
 					names = append(names, m.Name)
 					g.Expect(m.ConfirmedEpoch).To(Equal(c.Status.TargetEpoch), describeChain(&c))
 				}
-				g.Expect(names).NotTo(ContainElement("shared-0"), describeChain(&c))
-				want := map[string]streamsv1alpha1.ReconfigurationReason{
-					prev.Head(): streamsv1alpha1.ReconfigurationHeadFailed,
-					prev.Tail(): streamsv1alpha1.ReconfigurationTailFailed,
-				}["shared-0"]
-				if want == "" {
-					want = streamsv1alpha1.ReconfigurationMiddleFailed
+				g.Expect(names).NotTo(ContainElement(victim), describeChain(&c))
+				want := streamsv1alpha1.ReconfigurationMiddleFailed
+				switch victim {
+				case prev.Head():
+					want = streamsv1alpha1.ReconfigurationHeadFailed
+				case prev.Tail():
+					want = streamsv1alpha1.ReconfigurationTailFailed
 				}
 				g.Expect(c.Status.LastReconfiguration.Reason).To(Equal(want), describeChain(&c))
 				g.Expect(meta.IsStatusConditionTrue(c.Status.Conditions, streamsv1alpha1.ReplicationChainDegradedCondition)).To(BeTrue(), describeChain(&c))
@@ -222,25 +307,43 @@ retention:
 		}).Should(Succeed())
 
 		By("taking the returning replica back at the tail of every chain")
-		replicas.start(ns, "shared-0")
+		replicas.start(ns, victim)
 		Eventually(func(g Gomega) {
-			for _, c := range append(expectInstalled(g, "clicks", 3, 3), expectInstalled(g, "views", 3, 3)...) {
-				g.Expect(c.Tail()).To(Equal("shared-0"), describeChain(&c))
+			for _, c := range expectInstalled(g, "views", 3, 3) {
+				g.Expect(c.Tail()).To(Equal(victim), describeChain(&c))
 				g.Expect(c.Status.LastReconfiguration.Reason).To(Equal(streamsv1alpha1.ReconfigurationMemberReturned), describeChain(&c))
 				g.Expect(meta.IsStatusConditionTrue(c.Status.Conditions, streamsv1alpha1.ReplicationChainDegradedCondition)).To(BeFalse(), describeChain(&c))
-				hosted, err := replicas.get(ns, "shared-0").hosted(c.Spec.Stream)
+				hosted, err := replicas.get(ns, victim).hosted(c.Spec.Stream)
 				g.Expect(err).NotTo(HaveOccurred())
-				g.Expect(hosted[uint32(*c.Spec.Partition)].GetDurable()).To(BeNumerically(">=", 3), "%s's copy of %s", "shared-0", c.Name)
+				g.Expect(hosted[uint32(*c.Spec.Partition)].GetDurable()).To(BeNumerically(">=", 3), "%s's copy of %s", victim, c.Name)
 			}
 		}).Should(Succeed())
+	})
+
+	It("drops a deleted Stream's partitions from its shared pool when its policy is Delete, and keeps them with Retain", func() {
+		Expect(k8s.Create(ctx, manifest(ns, "Stream", "scratch", "pool: trio\npartitions: 2\nvolumeReclaimPolicy: Delete"))).To(Succeed())
+		Expect(k8s.Create(ctx, manifest(ns, "Stream", "keep", "pool: trio\npartitions: 2"))).To(Succeed())
 		Eventually(func(g Gomega) {
-			var evs eventsv1.EventList
-			g.Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
-			var reasons []string
-			for _, e := range evs.Items {
-				reasons = append(reasons, e.Reason)
-			}
-			g.Expect(slices.Contains(reasons, string(streamsv1alpha1.ReconfigurationMemberReturned))).To(BeTrue(), "%v", reasons)
+			expectInstalled(g, "scratch", 2, 3)
+			expectInstalled(g, "keep", 2, 3)
 		}).Should(Succeed())
+		for _, name := range []string{"scratch", "keep"} {
+			Expect(k8s.Delete(ctx, &streamsv1alpha1.Stream{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})).To(Succeed())
+		}
+		Eventually(func(g Gomega) {
+			for _, name := range []string{"scratch", "keep"} {
+				err := k8s.Get(ctx, key(ns, name), &streamsv1alpha1.Stream{})
+				g.Expect(apierrors.IsNotFound(err)).To(BeTrue(), "Stream %s: %v", name, err)
+			}
+		}).Should(Succeed())
+		for i := range 3 {
+			p := replicas.get(ns, fmt.Sprintf("trio-%d", i))
+			hosted, err := p.hosted("scratch")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(hosted).To(BeEmpty(), "%s still hosts the deleted Stream's partitions", p.id)
+			hosted, err = p.hosted("keep")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(hosted).To(HaveLen(2), "%s dropped a Retain Stream's partitions", p.id)
+		}
 	})
 })
