@@ -156,10 +156,13 @@ func streamConfig(stream *streamsv1alpha1.Stream) *catenapb.StreamConfig {
 }
 
 // minChainLength is the fewest full copies a partition of the Stream must
-// have to take writes: a majority of the replication factor, so that an
-// acknowledged record is on at least two members whenever the factor is
-// three or more.
+// have to take writes: spec.minChainLength, or a majority of the
+// replication factor, so that an acknowledged record is on at least two
+// members whenever the factor is three or more.
 func minChainLength(stream *streamsv1alpha1.Stream) int {
+	if n := stream.Spec.MinChainLength; n != nil && *n >= 1 {
+		return int(min(*n, max(stream.Spec.ReplicationFactor, 1)))
+	}
 	return int(stream.Spec.ReplicationFactor)/2 + 1
 }
 

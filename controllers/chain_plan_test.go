@@ -206,6 +206,14 @@ func TestStreamConfig(t *testing.T) {
 			t.Errorf("replicationFactor %d: min chain length %d, want %d", rf, got, want)
 		}
 	}
+	s.Spec.ReplicationFactor, s.Spec.MinChainLength = 3, ptr.To[int32](1)
+	if got := streamConfig(s).GetMinChainLength(); got != 1 {
+		t.Errorf("minChainLength 1: config carries %d", got)
+	}
+	s.Spec.MinChainLength = ptr.To[int32](3)
+	if got := minChainLength(s); got != 3 {
+		t.Errorf("minChainLength 3 of 3: %d", got)
+	}
 }
 
 func TestReconfigurationReason(t *testing.T) {

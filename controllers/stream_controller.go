@@ -1,14 +1,17 @@
 package controllers
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -191,9 +194,18 @@ func (r *StreamReconciler) reconcileChains(ctx context.Context, stream *streamsv
 		return fmt.Errorf("failed to list the ReplicationChains of Stream %s: %w", stream.Name, err)
 	}
 	existing := make(map[string]bool, len(list.Items))
+	slices.SortFunc(list.Items, func(a, b streamsv1alpha1.ReplicationChain) int { return cmp.Compare(a.Name, b.Name) })
 	for i := range list.Items {
-		if metav1.IsControlledBy(&list.Items[i], stream) {
-			existing[list.Items[i].Name] = true
+		c := &list.Items[i]
+		if !metav1.IsControlledBy(c, stream) {
+			continue
+		}
+		existing[c.Name] = true
+		if d := meta.FindStatusCondition(c.Status.Conditions, streamsv1alpha1.ReplicationChainDegradedCondition); d != nil && d.Status == metav1.ConditionTrue {
+			obs.ShortChains = append(obs.ShortChains, c.Name+": "+d.Message)
+		}
+		if meta.IsStatusConditionTrue(c.Status.Conditions, streamsv1alpha1.ReplicationChainProgressingCondition) {
+			obs.Reconfiguring = append(obs.Reconfiguring, c.Name)
 		}
 	}
 	obs.Chains = int32(len(existing))

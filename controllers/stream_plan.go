@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -95,6 +96,10 @@ type streamObservation struct {
 	// whose name is taken by one the Stream does not control; "" when
 	// none is.
 	IngestionConflict string
+	// ShortChains are the chains shorter than the replication factor (their
+	// Degraded condition is True), each as "<name>: <its message>", in name
+	// order; Reconfiguring the chains whose Progressing condition is True.
+	ShortChains, Reconfiguring []string
 }
 
 // streamStatus is the Stream's status given what was observed. Like
@@ -135,6 +140,10 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 		c := cond(streamsv1alpha1.StreamDegradedCondition, metav1.ConditionTrue, streamsv1alpha1.StreamIngestionConflictReason,
 			fmt.Sprintf("%s exists and is not owned by this Stream", obs.IngestionConflict))
 		degraded = &c
+	case len(obs.ShortChains) > 0:
+		c := cond(streamsv1alpha1.StreamDegradedCondition, metav1.ConditionTrue, streamsv1alpha1.StreamUnderReplicatedReason,
+			fmt.Sprintf("%d chains have fewer than %d members: %s", len(obs.ShortChains), stream.Spec.ReplicationFactor, strings.Join(obs.ShortChains, "; ")))
+		degraded = &c
 	}
 
 	// Progressing: children still missing.
@@ -154,10 +163,14 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 	if !obs.IngestServiceFound {
 		missing = append(missing, "ingestion Service "+stream.IngestServiceName())
 	}
-	if len(missing) > 0 {
+	switch {
+	case len(missing) > 0:
 		meta.SetStatusCondition(&status.Conditions, cond(streamsv1alpha1.StreamProgressingCondition, metav1.ConditionTrue,
 			streamsv1alpha1.StreamProvisioningReason, fmt.Sprintf("Missing %s", joinList(missing))))
-	} else {
+	case len(obs.Reconfiguring) > 0:
+		meta.SetStatusCondition(&status.Conditions, cond(streamsv1alpha1.StreamProgressingCondition, metav1.ConditionTrue,
+			streamsv1alpha1.StreamReconfiguringReason, fmt.Sprintf("Chains reconfiguring: %s", joinList(obs.Reconfiguring))))
+	default:
 		meta.SetStatusCondition(&status.Conditions, cond(streamsv1alpha1.StreamProgressingCondition, metav1.ConditionFalse,
 			streamsv1alpha1.StreamUpToDateReason, "Every child of the Stream exists"))
 	}

@@ -130,6 +130,17 @@ func TestStreamStatus(t *testing.T) {
 			o.IngestServiceFound, o.IngestionConflict = false, "Service events"
 		}),
 			want{metav1.ConditionFalse, metav1.ConditionTrue, streamsv1alpha1.StreamIngestionConflictReason, streamsv1alpha1.StreamProvisioningReason, streamsv1alpha1.StreamIngestionConflictReason}},
+		{"a chain shorter than the replication factor", testStream(nil), servedButNoIngestion(func(o *streamObservation) {
+			o.PartitionsReady = 2
+			o.ShortChains = []string{"events-1: 2 of 3 members in chain"}
+			o.Reconfiguring = []string{"events-1"}
+		}),
+			want{metav1.ConditionFalse, metav1.ConditionTrue, streamsv1alpha1.StreamUnderReplicatedReason, streamsv1alpha1.StreamReconfiguringReason, streamsv1alpha1.StreamUnderReplicatedReason}},
+		{"a chain still confirming its epoch", testStream(nil), servedButNoIngestion(func(o *streamObservation) {
+			o.PartitionsReady = 2
+			o.Reconfiguring = []string{"events-2"}
+		}),
+			want{metav1.ConditionFalse, metav1.ConditionTrue, streamsv1alpha1.StreamPartitionsNotReadyReason, streamsv1alpha1.StreamReconfiguringReason, ""}},
 		{"shared pool too small", shared, with(func(o *streamObservation) { o.PoolOwned = false; o.PoolReplicas = 2; o.PoolReady = true }),
 			want{metav1.ConditionFalse, metav1.ConditionFalse, streamsv1alpha1.StreamReplicationFactorExceedsPoolReason, streamsv1alpha1.StreamUpToDateReason, streamsv1alpha1.StreamReplicationFactorExceedsPoolReason}},
 	}
@@ -158,6 +169,17 @@ func TestStreamStatus(t *testing.T) {
 				expectCondition(t, got.Conditions, streamsv1alpha1.StreamDegradedCondition, metav1.ConditionTrue, tt.want.degradedReason, gen)
 			}
 		})
+	}
+}
+
+func TestStreamStatusNamesShortChains(t *testing.T) {
+	stream := testStream(nil)
+	got := streamStatus(stream, streamObservation{PoolFound: true, PoolOwned: true, PoolReplicas: 3, PoolReady: true, Partitions: 3, Chains: 3,
+		ShortChains: []string{"events-0: 1 of 3 members in chain; writes are refused below 2 full copies", "events-2: 2 of 3 members in chain"}})
+	d := meta.FindStatusCondition(got.Conditions, streamsv1alpha1.StreamDegradedCondition)
+	want := "2 chains have fewer than 3 members: events-0: 1 of 3 members in chain; writes are refused below 2 full copies; events-2: 2 of 3 members in chain"
+	if d == nil || d.Message != want {
+		t.Errorf("Degraded = %+v\nwant message %q", d, want)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement))",message="replicas, storage, resources and placement describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) || self.replicationFactor <= (has(self.replicas) ? self.replicas : 3)",message="replicationFactor must not exceed replicas (3 when omitted): each member of a partition's chain needs its own replica pod"
+// +kubebuilder:validation:XValidation:rule="!has(self.minChainLength) || self.minChainLength <= self.replicationFactor",message="minChainLength must not exceed replicationFactor: a chain never has more members"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)",message="pool is immutable: a Stream's partitions cannot move to another pool"
 type StreamSpec struct {
 	// pool names the ReplicaPool, in the Stream's namespace, that hosts the
@@ -47,6 +48,17 @@ type StreamSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="replicationFactor is immutable"
 	ReplicationFactor int32 `json:"replicationFactor,omitempty"`
 
+	// minChainLength is the fewest full copies a partition's chain must
+	// have for its head to take writes: below it, appends are refused
+	// (FAILED_PRECONDITION, reason CHAIN_TOO_SHORT) rather than acknowledged
+	// with fewer copies, and the chain's Degraded condition says so. A
+	// majority of replicationFactor when omitted (2 of 3, 3 of 5); 1 keeps
+	// a partition writable down to its last member. At most
+	// replicationFactor.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=7
+	MinChainLength *int32 `json:"minChainLength,omitempty"`
 	// retention bounds how much of each partition is kept. Records are kept
 	// for ever when omitted.
 	// +optional

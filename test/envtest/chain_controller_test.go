@@ -305,6 +305,15 @@ var _ = Describe("Chain controller", Ordered, func() {
 				g.Expect(meta.IsStatusConditionTrue(c.Status.Conditions, streamsv1alpha1.ReplicationChainDegradedCondition)).To(BeTrue(), describeChain(&c))
 			}
 		}).Should(Succeed())
+		By("saying in the Stream which chains are short")
+		Eventually(func(g Gomega) {
+			var s streamsv1alpha1.Stream
+			g.Expect(k8s.Get(ctx, key(ns, "views"), &s)).To(Succeed())
+			d := meta.FindStatusCondition(s.Status.Conditions, streamsv1alpha1.StreamDegradedCondition)
+			g.Expect(d).NotTo(BeNil())
+			g.Expect(d.Reason).To(Equal(streamsv1alpha1.StreamUnderReplicatedReason))
+			g.Expect(d.Message).To(ContainSubstring("3 chains have fewer than 3 members: views-0: 2 of 3 members in chain"))
+		}).Should(Succeed())
 
 		By("taking the returning replica back at the tail of every chain")
 		replicas.start(ns, victim)
@@ -317,6 +326,9 @@ var _ = Describe("Chain controller", Ordered, func() {
 				g.Expect(err).NotTo(HaveOccurred())
 				g.Expect(hosted[uint32(*c.Spec.Partition)].GetDurable()).To(BeNumerically(">=", 3), "%s's copy of %s", victim, c.Name)
 			}
+			var s streamsv1alpha1.Stream
+			g.Expect(k8s.Get(ctx, key(ns, "views"), &s)).To(Succeed())
+			g.Expect(meta.FindStatusCondition(s.Status.Conditions, streamsv1alpha1.StreamDegradedCondition)).To(BeNil())
 		}).Should(Succeed())
 	})
 
