@@ -205,7 +205,10 @@ var (
 	ErrNotHead     = errors.New("replica is not the head of the chain")
 	ErrWrongSender = errors.New("message from a member that is not this replica's neighbour")
 	ErrGap         = errors.New("forwarded range starts beyond the local log end")
-	ErrConflict    = errors.New("configuration conflicts with the one already installed for this epoch")
+	// ErrMember: a member was handed records copied outside the chain; it
+	// receives records through its link.
+	ErrMember   = errors.New("replica is a member of the chain; members receive records through their link")
+	ErrConflict = errors.New("configuration conflicts with the one already installed for this epoch")
 	// ErrBehind: the successor's log end at link time is beyond this
 	// replica's log end (beyond its durable end is normal: forwarding does
 	// not wait for durability).

@@ -219,6 +219,36 @@ func (r *Replica) Forwarded(epoch uint64, from string, base, count, committed ui
 	return eff, nil
 }
 
+// Copied handles records [base, base+count) copied from a chain member's
+// committed log while this replica is outside the chain (RoleNone): it is
+// catching up before the master adds it at the tail, so that commits do not
+// wait for a long copy. Members receive records through their link only
+// (ErrMember). Duplicates append nothing; a range that starts beyond the
+// log end is ErrGap; an overlap appends the new suffix (Effects.Append).
+// Copied records are committed at the source: its committed offset is
+// noted like a predecessor's notice, so it applies once this replica is a
+// member and holds the records durably. A non-member forwards,
+// acknowledges and commits nothing.
+func (r *Replica) Copied(base, count, committed uint64) (Effects, error) {
+	if r.role != RoleNone {
+		return Effects{}, fmt.Errorf("%w: %q is %v under epoch %d", ErrMember, r.self, r.role, r.epoch)
+	}
+	end := base + count
+	if end < base {
+		return Effects{}, fmt.Errorf("%w: copied %d records at %d", ErrOverflow, count, base)
+	}
+	if base > r.logEnd {
+		return Effects{}, fmt.Errorf("%w: copied [%d,%d), log end %d", ErrGap, base, end, r.logEnd)
+	}
+	var eff Effects
+	if end > r.logEnd {
+		eff.Append = &Range{Base: r.logEnd, End: end}
+		r.logEnd = end
+	}
+	r.noticed = max(r.noticed, min(committed, end))
+	return eff, nil
+}
+
 // Acked handles a cumulative acknowledgement from the successor. Old or
 // duplicate acks are ignored. An ack beyond the local log end is
 // ErrAckBeyondEnd: the successor cannot hold what was never written here

@@ -660,3 +660,41 @@ func TestDeposedHeadCannotCommit(t *testing.T) {
 		t.Fatalf("deposed head committed: %s", fmtStatus(st))
 	}
 }
+
+func copyOp(base, count, committed uint64) func(*Replica) (Effects, error) {
+	return func(r *Replica) (Effects, error) { return r.Copied(base, count, committed) }
+}
+
+func TestCopied(t *testing.T) {
+	st := func(logEnd, durable, committed uint64) func(*testing.T, Status) {
+		return func(t *testing.T, s Status) {
+			if s.LogEnd != logEnd || s.DurableEnd != durable || s.Committed != committed {
+				t.Errorf("%s, want log end %d durable %d committed %d", fmtStatus(s), logEnd, durable, committed)
+			}
+		}
+	}
+	// A non-member z holding [0,4) copies; when it joins at the tail the
+	// committed offset it copied under applies up to what it made durable.
+	joined := func(t testing.TB) *builder {
+		b := noneAt(t)
+		_, err := b.r.Copied(4, 6, 10)
+		b.must("copied", err)
+		return b.durable(10)
+	}
+	runOps(t, []opCase{
+		{name: "a non-member appends copied records at its log end", setup: noneAt, op: copyOp(4, 6, 10), wantEff: "append=[4,10)", check: st(10, 4, 0)},
+		{name: "an unconfigured replica (new, empty) copies from offset 0", setup: func(t testing.TB) *builder { return build(t, "z", 0) },
+			op: copyOp(0, 5, 5), wantEff: "append=[0,5)", check: st(5, 0, 0)},
+		{name: "a duplicate appends nothing", setup: noneAt, op: copyOp(0, 4, 4), wantEff: "no effects", check: st(4, 4, 0)},
+		{name: "an overlap appends the new suffix", setup: noneAt, op: copyOp(2, 5, 7), wantEff: "append=[4,7)", check: st(7, 4, 0)},
+		{name: "a non-member commits nothing", setup: func(t testing.TB) *builder { return noneAt(t).durable(4) }, op: copyOp(4, 2, 6), wantEff: "append=[4,6)", check: st(6, 4, 0)},
+		{name: "joining at the tail applies the copied commits up to durable", setup: joined, op: cfgOp(3, "a", "b", "z"),
+			wantEff: "ack-up=10 committed=10", check: st(10, 10, 10)},
+		{name: "gap", setup: noneAt, op: copyOp(5, 1, 6), wantErr: ErrGap},
+		{name: "overflow", setup: noneAt, op: copyOp(1, math.MaxUint64-0, 0), wantErr: ErrOverflow},
+		{name: "a head", setup: headAt, op: copyOp(10, 1, 11), wantErr: ErrMember},
+		{name: "a middle", setup: middleAt, op: copyOp(10, 1, 11), wantErr: ErrMember},
+		{name: "a tail", setup: tailAt, op: copyOp(10, 1, 11), wantErr: ErrMember},
+		{name: "a sole member", setup: soleAt, op: copyOp(4, 1, 5), wantErr: ErrMember},
+	})
+}

@@ -72,6 +72,11 @@ func (e Executor) Execute(ctx context.Context, stream string, r *Repair) (map[st
 			}
 		case CallDrop:
 			err = e.drop(cctx, c.Addr, c.Replica, c.Drop)
+		case CallCatchUp:
+			_, err = rc.CatchUp(cctx, c.CatchUp)
+			if err != nil {
+				err = fmt.Errorf("have %s catch up from %s: %w", c.Replica, c.CatchUp.GetSourceId(), err)
+			}
 		}
 		cancel()
 		if err != nil {

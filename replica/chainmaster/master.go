@@ -10,6 +10,7 @@
 package chainmaster
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sort"
@@ -46,7 +47,22 @@ type Input struct {
 	Chain *chainplan.Chain
 	// Agreements found by earlier EpochEnd exchanges, by replica.
 	Agreements map[string]Agreement
+	// JoinLag: a joining replica copies the log outside the chain
+	// (Replica.CatchUp) until it is within JoinLag offsets of the committed
+	// offset, then joins at the tail (0: DefaultJoinLag). See
+	// chainplan.Input.CopyOutside.
+	JoinLag uint64
+	// CatchUpInChain turns copying outside the chain off: joiners enter at
+	// once and the chain's commits wait for their whole copy.
+	CatchUpInChain bool
 }
+
+// DefaultJoinLag is how far behind the committed offset a joining replica
+// may be when it enters the chain: the link sends it the rest, and the
+// chain's commits wait for that much. A copy that follows its source
+// continuously is well within it; a bound of zero could be missed by every
+// report under steady writes.
+const DefaultJoinLag = 4096
 
 // Agreement is a returning replica's agreement with a chain: its log agrees
 // with the chain below Offset. It is valid while the chain epoch and the
@@ -64,6 +80,7 @@ const (
 	CallEpochEnd
 	CallTruncate
 	CallDrop
+	CallCatchUp
 )
 
 // Call is one RPC to one replica.
@@ -75,6 +92,7 @@ type Call struct {
 	Configure *catenapb.ConfigureRequest
 	Truncate  *catenapb.TruncateRequest
 	Drop      *catenapb.DropRequest
+	CatchUp   *catenapb.CatchUpRequest
 	// EpochEnd asks a chain member where Member's last log epoch ended;
 	// the answer, capped at Member's log end, is Member's agreement.
 	EpochEnd     *catenapb.EpochEndRequest
@@ -123,7 +141,8 @@ func Plan(in Input) (*Repair, error) {
 	for _, id := range ids {
 		reps = append(reps, replicaOf(in, id, cur))
 	}
-	plan, err := chainplan.Next(chainplan.Input{Chain: cur, Replicas: reps, ReplicationFactor: in.Replication, MinLength: in.MinLength})
+	plan, err := chainplan.Next(chainplan.Input{Chain: cur, Replicas: reps, ReplicationFactor: in.Replication, MinLength: in.MinLength,
+		CopyOutside: !in.CatchUpInChain, JoinLag: cmp.Or(in.JoinLag, DefaultJoinLag)})
 	if err != nil {
 		return nil, fmt.Errorf("partition %s/%d: %w", in.Stream, in.Partition, err)
 	}
@@ -166,8 +185,15 @@ func Plan(in Input) (*Repair, error) {
 			c = call(CallTruncate, a.Member)
 			c.Truncate = &catenapb.TruncateRequest{Stream: in.Stream, Partition: in.Partition, To: a.To}
 			r.Calls = append(r.Calls, c)
-		case chainplan.ActionCatchUp, chainplan.ActionJoinAtTail:
-			// The joiner catches up as the new tail through the link.
+		case chainplan.ActionCatchUp:
+			if plan.Changed {
+				// Joining now: the link sends the new tail the rest.
+				continue
+			}
+			c := call(CallCatchUp, a.Member)
+			c.CatchUp = &catenapb.CatchUpRequest{Chain: configure(cur.Epoch, cur.Members), SourceId: a.From, SourceAddr: in.Addrs[a.From]}
+			r.Calls = append(r.Calls, c)
+		case chainplan.ActionJoinAtTail:
 		}
 	}
 	if plan.Changed {

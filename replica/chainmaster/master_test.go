@@ -39,6 +39,8 @@ func calls(r *Repair) string {
 			out = append(out, fmt.Sprintf("truncate(%s to %d)", c.Replica, c.Truncate.GetTo()))
 		case CallDrop:
 			out = append(out, fmt.Sprintf("drop(%s@%d)", c.Replica, c.Drop.GetEpoch()))
+		case CallCatchUp:
+			out = append(out, fmt.Sprintf("catchup(%s@%d from %s=%s)", c.Replica, c.CatchUp.GetChain().GetEpoch(), c.CatchUp.GetSourceId(), c.CatchUp.GetSourceAddr()))
 		}
 	}
 	return strings.Join(out, " ")
@@ -127,6 +129,22 @@ func TestPlan(t *testing.T) {
 		{
 			name: "an agreeing returning member joins at the tail",
 			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
+				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
+		},
+		{
+			name: "a joiner far behind copies outside the chain from the tail",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
+				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "catchup(a@2 from c=c:1)",
+		},
+		{
+			name: "catching up in the chain, the joiner enters at once",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2, CatchUpInChain: true,
 				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
 				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
 				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},

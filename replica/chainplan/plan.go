@@ -61,12 +61,16 @@
 //
 // # Catching up
 //
-// The replica data plane has no learner link, so a joiner catches up as the
-// new tail through the ordinary replication link (the handshake sends
-// everything past its log end). Commit waits for it meanwhile: the head's
-// acknowledgement is the minimum over every member. Because it is not
-// counted as a full copy until its log reaches the committed offset, a
-// failure during catch-up never makes it head or the last copy.
+// With Input.CopyOutside, a joiner first copies the committed log from the
+// tail while it is outside the chain (ActionCatchUp with the membership
+// unchanged: Replica.CatchUp), and the chain commits at its own pace. Once
+// its log is within JoinLag of the committed offset it is added at the tail
+// and the replication link sends it the rest (the handshake sends
+// everything past its log end); commit waits for it for that remainder
+// only. Without CopyOutside it is added at once and catches up as the tail,
+// and commit waits for the whole copy. Either way it is not counted as a
+// full copy until its log reaches the committed offset, so a failure
+// during catch-up never makes it head or the last copy.
 package chainplan
 
 import (
@@ -142,6 +146,14 @@ type Input struct {
 	ReplicationFactor int
 	// MinLength is the fewest full copies that may accept writes (>= 1).
 	MinLength int
+	// CopyOutside makes a joining replica copy the log outside the chain
+	// (ActionCatchUp alone, membership unchanged) until its log is within
+	// JoinLag offsets of the committed offset, and only then join at the
+	// tail, where the link sends it the rest: commits wait for it only for
+	// that remainder. Without it a joiner enters at once and catches up as
+	// the tail, and commits wait for the whole copy.
+	CopyOutside bool
+	JoinLag     uint64
 }
 
 // ActionKind says what the master must do to one replica.
@@ -215,6 +227,7 @@ const (
 	ReasonTruncate       = "truncating a returning member's suffix the chain never committed"
 	ReasonAddReturning   = "returning member re-enters at the tail"
 	ReasonAddNew         = "new member copies the log and enters at the tail"
+	ReasonCopying        = "a joining member is copying the log outside the chain"
 	ReasonWaitCatchUp    = "a member is still catching up"
 	ReasonWaitUnknown    = "a member's health is unknown"
 	ReasonNoCandidate    = "chain is short but no replica can join"
@@ -361,6 +374,14 @@ func Next(in Input) (Plan, error) {
 	c := cands[0]
 	head, tail := cur.Members[0], cur.Members[len(cur.Members)-1]
 	grown := append(slices.Clone(cur.Members), c.ID)
+	copying := func() Plan {
+		p := keep(ReasonCopying)
+		p.Actions = []Action{{Kind: ActionCatchUp, Member: c.ID, From: tail, To: c.LogEnd}}
+		return p
+	}
+	if in.CopyOutside && empty(c) && in.JoinLag < committed {
+		return copying(), nil
+	}
 	if empty(c) {
 		return change(grown, ReasonAddNew,
 			Action{Kind: ActionCatchUp, Member: c.ID, From: tail, To: 0},
@@ -375,6 +396,8 @@ func Next(in Input) (Plan, error) {
 		p := keep(ReasonTruncate)
 		p.Actions = []Action{{Kind: ActionTruncate, Member: c.ID, To: *c.Agreement}}
 		return p, nil
+	case in.CopyOutside && c.LogEnd+in.JoinLag < committed:
+		return copying(), nil
 	}
 	return change(grown, ReasonAddReturning,
 		Action{Kind: ActionCatchUp, Member: c.ID, From: tail, To: c.LogEnd},

@@ -49,6 +49,11 @@ func returning(id string, epoch, end uint64, agreement *uint64) Replica {
 
 func u64(v uint64) *uint64 { return &v }
 
+func copyOutside(in Input) Input {
+	in.CopyOutside, in.JoinLag = true, 10
+	return in
+}
+
 func chain(epoch uint64, members ...string) Chain { return Chain{Epoch: epoch, Members: members} }
 
 func in(c Chain, rf, minLen int, reps ...Replica) Input {
@@ -164,6 +169,23 @@ func TestNext(t *testing.T) {
 			Plan{Members: []string{"b", "c"}, Epoch: 6, Reason: ReasonNoCandidate, WritesAllowed: true}},
 		{"nothing to add", in(chain(6, "b", "c"), 3, 1, alive("b", 6, 120), alive("c", 6, 120)),
 			Plan{Members: []string{"b", "c"}, Epoch: 6, Reason: ReasonNoCandidate, WritesAllowed: true}},
+
+		// Copying outside the chain (CopyOutside, JoinLag 10; committed 100).
+		{"empty replica copies outside the chain first", copyOutside(in(chain(6, "b", "c"), 3, 1, alive("b", 6, 120), alive("c", 6, 120), emptyVol("a"))),
+			Plan{Members: []string{"b", "c"}, Epoch: 6, Reason: ReasonCopying, WritesAllowed: true,
+				Actions: []Action{{Kind: ActionCatchUp, Member: "a", From: "c", To: 0}}}},
+		{"a copy far behind keeps copying", copyOutside(in(chain(6, "b", "c"), 3, 1, alive("b", 6, 120), alive("c", 6, 120), returning("a", 6, 80, u64(80)))),
+			Plan{Members: []string{"b", "c"}, Epoch: 6, Reason: ReasonCopying, WritesAllowed: true,
+				Actions: []Action{{Kind: ActionCatchUp, Member: "a", From: "c", To: 80}}}},
+		{"a copy within the lag joins at the tail", copyOutside(in(chain(6, "b", "c"), 3, 1, alive("b", 6, 120), alive("c", 6, 120), returning("a", 6, 95, u64(95)))),
+			Plan{Members: []string{"b", "c", "a"}, Epoch: 7, Changed: true, Reason: ReasonAddReturning, WritesAllowed: true,
+				Actions: []Action{{Kind: ActionCatchUp, Member: "a", From: "c", To: 95}, {Kind: ActionJoinAtTail, Member: "a"}}}},
+		{"a returning member is cut back before it copies", copyOutside(in(chain(6, "b", "c"), 3, 1, alive("b", 6, 120), alive("c", 6, 120), returning("a", 5, 104, u64(60)))),
+			Plan{Members: []string{"b", "c"}, Epoch: 6, Reason: ReasonTruncate, WritesAllowed: true,
+				Actions: []Action{{Kind: ActionTruncate, Member: "a", To: 60}}}},
+		{"an empty replica of a young partition joins at once", copyOutside(in(chain(6, "b", "c"), 3, 1, alive("b", 6, 8), alive("c", 6, 8), emptyVol("a"))),
+			Plan{Members: []string{"b", "c", "a"}, Epoch: 7, Changed: true, Reason: ReasonAddNew, WritesAllowed: true,
+				Actions: []Action{{Kind: ActionCatchUp, Member: "a", From: "c", To: 0}, {Kind: ActionJoinAtTail, Member: "a"}}}},
 
 		// Lost volumes.
 		{"empty volume is a new member: full copy then tail", in(chain(6, "b", "c"), 3, 1, alive("b", 6, 120), alive("c", 6, 120), emptyVol("a")),

@@ -48,6 +48,8 @@ type partition struct {
 	freshBuf  []partlog.Record
 	freshIdx  []int
 	recBuf    []partlog.Record // decoded records of a forwarded frame, reused
+	// copy is the catch-up copy outside the chain, if one was started.
+	copy *copier
 	// recent holds frames appended here and not yet sent to the successor,
 	// so the link forwards them from memory rather than reading them back
 	// from the log; it falls back to the log (catch-up, a reset link) when

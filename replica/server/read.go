@@ -29,52 +29,17 @@ func (p *partition) read(ctx context.Context, req *catenapb.FetchRequest) (*cate
 	wait := min(time.Duration(req.GetMaxWaitMs())*time.Millisecond, maxReadWait)
 	from := req.GetOffset()
 
-	p.mu.Lock()
-	if err := p.usable(); err != nil {
-		p.mu.Unlock()
+	committed, err := p.waitPastCommitted(ctx, from, wait)
+	if err != nil {
 		return nil, err
 	}
-	if start := p.log.StartOffset(); from < start {
-		p.mu.Unlock()
-		return nil, status.Errorf(codes.OutOfRange, "offset %d of partition %s/%d was removed by retention; the log starts at %d", from, p.stream, p.index, start)
-	}
-	if wait > 0 && p.committed <= from {
-		timer := time.NewTimer(wait)
-		defer timer.Stop()
-		for expired := false; !expired && p.committed <= from && p.failed == nil; {
-			ch := p.changed
-			p.mu.Unlock()
-			select {
-			case <-ch:
-			case <-timer.C:
-				expired = true
-			case <-ctx.Done():
-				return nil, status.FromContextError(ctx.Err()).Err()
-			}
-			p.mu.Lock()
-		}
-		if err := p.usable(); err != nil {
-			p.mu.Unlock()
-			return nil, err
-		}
-	}
-	committed := p.committed
-	p.mu.Unlock()
-
 	resp := &catenapb.FetchResponse{Committed: committed, LogStart: p.log.StartOffset(), NextOffset: from}
 	if from >= committed {
 		return resp, nil
 	}
-	frames, err := p.log.ReadFrames(from, committed, maxBytes)
+	frames, err := p.committedFrames(from, committed, maxBytes)
 	if err != nil {
-		if errors.Is(err, partlog.ErrCorrupt) {
-			p.markCorrupt(err)
-			return nil, status.Errorf(codes.DataLoss, "partition %s/%d refuses to serve: %v", p.stream, p.index, err)
-		}
-		if errors.Is(err, partlog.ErrOutOfRange) {
-			return nil, status.Errorf(codes.OutOfRange, "partition %s/%d: %v", p.stream, p.index, err)
-		}
-		return nil, status.Errorf(codes.Internal, "partition %s/%d: failed to read from %d: %v", p.stream, p.index, from, err)
+		return nil, err
 	}
 	var bytes int
 	for _, fr := range frames {
@@ -96,6 +61,58 @@ func (p *partition) read(ctx context.Context, req *catenapb.FetchRequest) (*cate
 	p.m.recordsOut.Add(float64(len(resp.Records)))
 	p.m.bytesOut.Add(float64(bytes))
 	return resp, nil
+}
+
+// waitPastCommitted returns the committed offset once it is past from, or when
+// wait is over (0: at once). It refuses offsets below the log start:
+// retention removed them.
+func (p *partition) waitPastCommitted(ctx context.Context, from uint64, wait time.Duration) (uint64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.usable(); err != nil {
+		return 0, err
+	}
+	if start := p.log.StartOffset(); from < start {
+		return 0, status.Errorf(codes.OutOfRange, "offset %d of partition %s/%d was removed by retention; the log starts at %d", from, p.stream, p.index, start)
+	}
+	if wait > 0 && p.committed <= from {
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		for expired := false; !expired && p.committed <= from && p.failed == nil; {
+			ch := p.changed
+			p.mu.Unlock()
+			select {
+			case <-ch:
+			case <-timer.C:
+				expired = true
+			case <-ctx.Done():
+				p.mu.Lock()
+				return 0, status.FromContextError(ctx.Err()).Err()
+			}
+			p.mu.Lock()
+		}
+		if err := p.usable(); err != nil {
+			return 0, err
+		}
+	}
+	return p.committed, nil
+}
+
+// committedFrames reads whole frames from the one holding from, ending at
+// or below committed, as a status error on failure.
+func (p *partition) committedFrames(from, committed uint64, maxBytes int) ([][]byte, error) {
+	frames, err := p.log.ReadFrames(from, committed, maxBytes)
+	if err != nil {
+		if errors.Is(err, partlog.ErrCorrupt) {
+			p.markCorrupt(err)
+			return nil, status.Errorf(codes.DataLoss, "partition %s/%d refuses to serve: %v", p.stream, p.index, err)
+		}
+		if errors.Is(err, partlog.ErrOutOfRange) {
+			return nil, status.Errorf(codes.OutOfRange, "partition %s/%d: %v", p.stream, p.index, err)
+		}
+		return nil, status.Errorf(codes.Internal, "partition %s/%d: failed to read from %d: %v", p.stream, p.index, from, err)
+	}
+	return frames, nil
 }
 
 // listOffsets resolves earliest, latest (committed) or a timestamp.

@@ -591,6 +591,9 @@ func (p *partition) close() {
 	if p.linkStop != nil {
 		p.linkStop()
 	}
+	if p.copy != nil {
+		p.copy.cancel()
+	}
 	close(p.stop)
 	p.mu.Unlock()
 	p.wg.Wait()

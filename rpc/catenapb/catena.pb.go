@@ -1227,6 +1227,207 @@ func (x *ListStreamsResponse) GetStreams() []string {
 	return nil
 }
 
+type CatchUpRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The chain the replica is outside of, with the stream config.
+	Chain *ConfigureRequest `protobuf:"bytes,1,opt,name=chain,proto3" json:"chain,omitempty"`
+	// The chain member to copy from.
+	SourceId      string `protobuf:"bytes,2,opt,name=source_id,json=sourceId,proto3" json:"source_id,omitempty"`
+	SourceAddr    string `protobuf:"bytes,3,opt,name=source_addr,json=sourceAddr,proto3" json:"source_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CatchUpRequest) Reset() {
+	*x = CatchUpRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CatchUpRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CatchUpRequest) ProtoMessage() {}
+
+func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
+func (*CatchUpRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CatchUpRequest) GetChain() *ConfigureRequest {
+	if x != nil {
+		return x.Chain
+	}
+	return nil
+}
+
+func (x *CatchUpRequest) GetSourceId() string {
+	if x != nil {
+		return x.SourceId
+	}
+	return ""
+}
+
+func (x *CatchUpRequest) GetSourceAddr() string {
+	if x != nil {
+		return x.SourceAddr
+	}
+	return ""
+}
+
+type ReadFramesRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	From      uint64                 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
+	// 0: a default; capped by the server.
+	MaxBytes      uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	WaitMs        uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFramesRequest) Reset() {
+	*x = ReadFramesRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFramesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFramesRequest) ProtoMessage() {}
+
+func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
+func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReadFramesRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ReadFramesRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *ReadFramesRequest) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *ReadFramesRequest) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *ReadFramesRequest) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
+}
+
+type ReadFramesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whole frames, contiguous from the frame holding `from`, all below
+	// `committed`.
+	Frames        [][]byte `protobuf:"bytes,1,rep,name=frames,proto3" json:"frames,omitempty"`
+	Committed     uint64   `protobuf:"varint,2,opt,name=committed,proto3" json:"committed,omitempty"`
+	LogStart      uint64   `protobuf:"varint,3,opt,name=log_start,json=logStart,proto3" json:"log_start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFramesResponse) Reset() {
+	*x = ReadFramesResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFramesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFramesResponse) ProtoMessage() {}
+
+func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
+func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReadFramesResponse) GetFrames() [][]byte {
+	if x != nil {
+		return x.Frames
+	}
+	return nil
+}
+
+func (x *ReadFramesResponse) GetCommitted() uint64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
+func (x *ReadFramesResponse) GetLogStart() uint64 {
+	if x != nil {
+		return x.LogStart
+	}
+	return 0
+}
+
 type DropRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -1241,7 +1442,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1454,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1467,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -1307,7 +1508,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1520,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1533,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -1353,7 +1554,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1566,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1579,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -1420,7 +1621,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1633,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1646,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -1488,7 +1689,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1701,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1714,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -1547,7 +1748,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1760,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1773,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Member) GetId() string {
@@ -1603,7 +1804,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1816,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1829,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -1692,7 +1893,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1905,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1918,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -1836,7 +2037,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +2049,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +2062,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -1888,7 +2089,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1900,7 +2101,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1913,7 +2114,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -1946,7 +2147,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2159,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2172,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -2024,7 +2225,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2237,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2250,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -2108,7 +2309,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2321,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2334,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -2204,7 +2405,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2417,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2430,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -2327,7 +2528,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2540,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2553,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
 }
 
 type BatchData struct {
@@ -2365,7 +2566,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2578,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2591,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -2416,7 +2617,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +2629,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +2642,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -2465,7 +2666,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2477,7 +2678,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2490,7 +2691,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -2629,7 +2830,22 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\breplicas\x18\x04 \x03(\v2\x1a.catena.v1.PartitionStatusR\breplicas\"\x14\n" +
 	"\x12ListStreamsRequest\"/\n" +
 	"\x13ListStreamsResponse\x12\x18\n" +
-	"\astreams\x18\x01 \x03(\tR\astreams\"\x80\x01\n" +
+	"\astreams\x18\x01 \x03(\tR\astreams\"\x81\x01\n" +
+	"\x0eCatchUpRequest\x121\n" +
+	"\x05chain\x18\x01 \x01(\v2\x1b.catena.v1.ConfigureRequestR\x05chain\x12\x1b\n" +
+	"\tsource_id\x18\x02 \x01(\tR\bsourceId\x12\x1f\n" +
+	"\vsource_addr\x18\x03 \x01(\tR\n" +
+	"sourceAddr\"\x93\x01\n" +
+	"\x11ReadFramesRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\x04R\x04from\x12\x1b\n" +
+	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\x12\x17\n" +
+	"\await_ms\x18\x05 \x01(\rR\x06waitMs\"g\n" +
+	"\x12ReadFramesResponse\x12\x16\n" +
+	"\x06frames\x18\x01 \x03(\fR\x06frames\x12\x1c\n" +
+	"\tcommitted\x18\x02 \x01(\x04R\tcommitted\x12\x1b\n" +
+	"\tlog_start\x18\x03 \x01(\x04R\blogStart\"\x80\x01\n" +
 	"\vDropRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
@@ -2757,7 +2973,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tSubscribe\x12\x1b.catena.v1.SubscribeRequest\x1a\x18.catena.v1.FetchResponse0\x01\x12L\n" +
 	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12P\n" +
 	"\x0eDescribeStream\x12 .catena.v1.DescribeStreamRequest\x1a\x1c.catena.v1.StreamDescription\x12L\n" +
-	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse2\xa6\x05\n" +
+	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse2\xb3\x06\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -2768,7 +2984,10 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12C\n" +
 	"\bEpochEnd\x12\x1a.catena.v1.EpochEndRequest\x1a\x1b.catena.v1.EpochEndResponse\x12B\n" +
 	"\bTruncate\x12\x1a.catena.v1.TruncateRequest\x1a\x1a.catena.v1.PartitionStatus\x127\n" +
-	"\x04Drop\x12\x16.catena.v1.DropRequest\x1a\x17.catena.v1.DropResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
+	"\x04Drop\x12\x16.catena.v1.DropRequest\x1a\x17.catena.v1.DropResponse\x12@\n" +
+	"\aCatchUp\x12\x19.catena.v1.CatchUpRequest\x1a\x1a.catena.v1.PartitionStatus\x12I\n" +
+	"\n" +
+	"ReadFrames\x12\x1c.catena.v1.ReadFramesRequest\x1a\x1d.catena.v1.ReadFramesResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
 
 var (
 	file_catena_v1_catena_proto_rawDescOnce sync.Once
@@ -2783,7 +3002,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),               // 0: catena.v1.Durability
 	(OffsetSpec)(0),               // 1: catena.v1.OffsetSpec
@@ -2804,24 +3023,27 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*PartitionDescription)(nil),  // 16: catena.v1.PartitionDescription
 	(*ListStreamsRequest)(nil),    // 17: catena.v1.ListStreamsRequest
 	(*ListStreamsResponse)(nil),   // 18: catena.v1.ListStreamsResponse
-	(*DropRequest)(nil),           // 19: catena.v1.DropRequest
-	(*DropResponse)(nil),          // 20: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),       // 21: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),      // 22: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),       // 23: catena.v1.TruncateRequest
-	(*Member)(nil),                // 24: catena.v1.Member
-	(*ConfigureRequest)(nil),      // 25: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),       // 26: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),         // 27: catena.v1.StatusRequest
-	(*StatusResponse)(nil),        // 28: catena.v1.StatusResponse
-	(*AppendRequest)(nil),         // 29: catena.v1.AppendRequest
-	(*AppendRecord)(nil),          // 30: catena.v1.AppendRecord
-	(*AppendResponse)(nil),        // 31: catena.v1.AppendResponse
-	(*ReplicateFrame)(nil),        // 32: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),             // 33: catena.v1.LinkHello
-	(*BatchData)(nil),             // 34: catena.v1.BatchData
-	(*CommitNotice)(nil),          // 35: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),          // 36: catena.v1.ReplicateAck
+	(*CatchUpRequest)(nil),        // 19: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),     // 20: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),    // 21: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),           // 22: catena.v1.DropRequest
+	(*DropResponse)(nil),          // 23: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),       // 24: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),      // 25: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),       // 26: catena.v1.TruncateRequest
+	(*Member)(nil),                // 27: catena.v1.Member
+	(*ConfigureRequest)(nil),      // 28: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),       // 29: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),         // 30: catena.v1.StatusRequest
+	(*StatusResponse)(nil),        // 31: catena.v1.StatusResponse
+	(*AppendRequest)(nil),         // 32: catena.v1.AppendRequest
+	(*AppendRecord)(nil),          // 33: catena.v1.AppendRecord
+	(*AppendResponse)(nil),        // 34: catena.v1.AppendResponse
+	(*ReplicateFrame)(nil),        // 35: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),             // 36: catena.v1.LinkHello
+	(*BatchData)(nil),             // 37: catena.v1.BatchData
+	(*CommitNotice)(nil),          // 38: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),          // 39: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
@@ -2831,55 +3053,60 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	1,  // 4: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
 	4,  // 5: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
 	16, // 6: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	24, // 7: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	26, // 8: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	24, // 9: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
-	4,  // 10: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	24, // 11: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
-	2,  // 12: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
-	4,  // 13: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
-	26, // 14: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	30, // 15: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	33, // 16: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	34, // 17: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	35, // 18: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
-	6,  // 19: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
-	9,  // 20: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
-	11, // 21: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
-	12, // 22: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	14, // 23: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
-	17, // 24: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	25, // 25: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	27, // 26: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	29, // 27: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	29, // 28: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	32, // 29: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	9,  // 30: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	12, // 31: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	21, // 32: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	23, // 33: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	19, // 34: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	8,  // 35: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	10, // 36: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	10, // 37: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	13, // 38: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	15, // 39: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	18, // 40: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	26, // 41: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	28, // 42: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	31, // 43: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	31, // 44: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	36, // 45: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	10, // 46: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	13, // 47: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	22, // 48: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	26, // 49: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	20, // 50: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	35, // [35:51] is the sub-list for method output_type
-	19, // [19:35] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	27, // 7: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	29, // 8: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	28, // 9: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	27, // 10: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	4,  // 11: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
+	27, // 12: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	2,  // 13: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
+	4,  // 14: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
+	29, // 15: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	33, // 16: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	36, // 17: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	37, // 18: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	38, // 19: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	6,  // 20: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
+	9,  // 21: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
+	11, // 22: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
+	12, // 23: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	14, // 24: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
+	17, // 25: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
+	28, // 26: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	30, // 27: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	32, // 28: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	32, // 29: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	35, // 30: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	9,  // 31: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	12, // 32: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	24, // 33: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	26, // 34: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	22, // 35: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	19, // 36: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	20, // 37: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	8,  // 38: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	10, // 39: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	10, // 40: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	13, // 41: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	15, // 42: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	18, // 43: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	29, // 44: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	31, // 45: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	34, // 46: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	34, // 47: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	39, // 48: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	10, // 49: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	13, // 50: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	25, // 51: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	29, // 52: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	23, // 53: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	29, // 54: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	21, // 55: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	38, // [38:56] is the sub-list for method output_type
+	20, // [20:38] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_catena_v1_catena_proto_init() }
@@ -2888,13 +3115,13 @@ func file_catena_v1_catena_proto_init() {
 		return
 	}
 	file_catena_v1_catena_proto_msgTypes[2].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[24].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[29].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[27].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[32].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[33].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[36].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -2904,7 +3131,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   34,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -347,6 +347,8 @@ const (
 	Replica_EpochEnd_FullMethodName     = "/catena.v1.Replica/EpochEnd"
 	Replica_Truncate_FullMethodName     = "/catena.v1.Replica/Truncate"
 	Replica_Drop_FullMethodName         = "/catena.v1.Replica/Drop"
+	Replica_CatchUp_FullMethodName      = "/catena.v1.Replica/CatchUp"
+	Replica_ReadFrames_FullMethodName   = "/catena.v1.Replica/ReadFrames"
 )
 
 // ReplicaClient is the client API for Replica service.
@@ -392,6 +394,19 @@ type ReplicaClient interface {
 	// master replaced. Dropping a partition that is not hosted succeeds: the
 	// master may retry.
 	Drop(ctx context.Context, in *DropRequest, opts ...grpc.CallOption) (*DropResponse, error)
+	// CatchUp (admin, chain repair) makes a replica outside the chain copy
+	// the partition's committed log from a chain member (source), from its
+	// own log end on, and keep following the source until it is configured
+	// into the chain, dropped, or told another source. The chain keeps
+	// committing meanwhile: the copy is not part of it. The request's chain
+	// configuration is installed first when the replica has not installed it
+	// (creating the partition), so that the replica knows it is outside.
+	// Refused for a member of the chain. Idempotent.
+	CatchUp(ctx context.Context, in *CatchUpRequest, opts ...grpc.CallOption) (*PartitionStatus, error)
+	// ReadFrames serves committed raw batch frames, as stored, to a replica
+	// catching up. It long-polls up to wait_ms when nothing past from is
+	// committed yet.
+	ReadFrames(ctx context.Context, in *ReadFramesRequest, opts ...grpc.CallOption) (*ReadFramesResponse, error)
 }
 
 type replicaClient struct {
@@ -508,6 +523,26 @@ func (c *replicaClient) Drop(ctx context.Context, in *DropRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *replicaClient) CatchUp(ctx context.Context, in *CatchUpRequest, opts ...grpc.CallOption) (*PartitionStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PartitionStatus)
+	err := c.cc.Invoke(ctx, Replica_CatchUp_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *replicaClient) ReadFrames(ctx context.Context, in *ReadFramesRequest, opts ...grpc.CallOption) (*ReadFramesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadFramesResponse)
+	err := c.cc.Invoke(ctx, Replica_ReadFrames_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ReplicaServer is the server API for Replica service.
 // All implementations must embed UnimplementedReplicaServer
 // for forward compatibility.
@@ -551,6 +586,19 @@ type ReplicaServer interface {
 	// master replaced. Dropping a partition that is not hosted succeeds: the
 	// master may retry.
 	Drop(context.Context, *DropRequest) (*DropResponse, error)
+	// CatchUp (admin, chain repair) makes a replica outside the chain copy
+	// the partition's committed log from a chain member (source), from its
+	// own log end on, and keep following the source until it is configured
+	// into the chain, dropped, or told another source. The chain keeps
+	// committing meanwhile: the copy is not part of it. The request's chain
+	// configuration is installed first when the replica has not installed it
+	// (creating the partition), so that the replica knows it is outside.
+	// Refused for a member of the chain. Idempotent.
+	CatchUp(context.Context, *CatchUpRequest) (*PartitionStatus, error)
+	// ReadFrames serves committed raw batch frames, as stored, to a replica
+	// catching up. It long-polls up to wait_ms when nothing past from is
+	// committed yet.
+	ReadFrames(context.Context, *ReadFramesRequest) (*ReadFramesResponse, error)
 	mustEmbedUnimplementedReplicaServer()
 }
 
@@ -590,6 +638,12 @@ func (UnimplementedReplicaServer) Truncate(context.Context, *TruncateRequest) (*
 }
 func (UnimplementedReplicaServer) Drop(context.Context, *DropRequest) (*DropResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Drop not implemented")
+}
+func (UnimplementedReplicaServer) CatchUp(context.Context, *CatchUpRequest) (*PartitionStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method CatchUp not implemented")
+}
+func (UnimplementedReplicaServer) ReadFrames(context.Context, *ReadFramesRequest) (*ReadFramesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadFrames not implemented")
 }
 func (UnimplementedReplicaServer) mustEmbedUnimplementedReplicaServer() {}
 func (UnimplementedReplicaServer) testEmbeddedByValue()                 {}
@@ -770,6 +824,42 @@ func _Replica_Drop_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Replica_CatchUp_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CatchUpRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).CatchUp(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_CatchUp_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).CatchUp(ctx, req.(*CatchUpRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Replica_ReadFrames_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadFramesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).ReadFrames(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_ReadFrames_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).ReadFrames(ctx, req.(*ReadFramesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Replica_ServiceDesc is the grpc.ServiceDesc for Replica service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -808,6 +898,14 @@ var Replica_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Drop",
 			Handler:    _Replica_Drop_Handler,
+		},
+		{
+			MethodName: "CatchUp",
+			Handler:    _Replica_CatchUp_Handler,
+		},
+		{
+			MethodName: "ReadFrames",
+			Handler:    _Replica_ReadFrames_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

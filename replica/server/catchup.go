@@ -1,0 +1,246 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/chain"
+	"github.com/catena-streams/catena/replica/partlog"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// Catching up outside the chain. A replica joining a chain (a returning
+// one cut back to where it agrees, or an empty one) first copies the
+// committed log from a chain member while it is not a member: the chain
+// keeps committing at its own pace meanwhile. Only once it is close to the
+// committed offset does the master add it at the tail, where the
+// replication link sends it the rest; commits wait for it only for that
+// short remainder.
+
+const (
+	// copyChunkBytes is how much one ReadFrames asks for.
+	copyChunkBytes = 4 << 20
+	// maxFramesBytes caps what one ReadFrames answer carries.
+	maxFramesBytes = 16 << 20
+	// copyWait is how long a ReadFrames long-polls once the copy has
+	// reached the source's committed offset.
+	copyWait = time.Second
+	// copyRetry is the pause after a failed ReadFrames.
+	copyRetry = 100 * time.Millisecond
+)
+
+// ReadFrames serves committed frames as stored.
+func (s *Server) ReadFrames(ctx context.Context, req *catenapb.ReadFramesRequest) (*catenapb.ReadFramesResponse, error) {
+	p, err := s.lookup(req.GetStream(), req.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	maxBytes := int(req.GetMaxBytes())
+	if maxBytes <= 0 {
+		maxBytes = copyChunkBytes
+	}
+	maxBytes = min(maxBytes, maxFramesBytes)
+	wait := min(time.Duration(req.GetWaitMs())*time.Millisecond, maxReadWait)
+	if end := p.log.NextOffset(); req.GetFrom() > end {
+		// The reader holds more than this member: their logs diverged
+		// (or it asks the wrong member); waiting would not help.
+		return nil, status.Errorf(codes.OutOfRange, "partition %s/%d on %s: offset %d is beyond the log end %d", p.stream, p.index, s.id, req.GetFrom(), end)
+	}
+	committed, err := p.waitPastCommitted(ctx, req.GetFrom(), wait)
+	if err != nil {
+		return nil, err
+	}
+	resp := &catenapb.ReadFramesResponse{Committed: committed, LogStart: p.log.StartOffset()}
+	if req.GetFrom() >= committed {
+		return resp, nil
+	}
+	frames, err := p.committedFrames(req.GetFrom(), committed, maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	resp.Frames = frames
+	var n int
+	for _, fr := range frames {
+		n += len(fr)
+	}
+	p.m.bytesOut.Add(float64(n))
+	return resp, nil
+}
+
+// copier is a running copy from a source.
+type copier struct {
+	source, addr string
+	cancel       context.CancelFunc
+	done         chan struct{}
+}
+
+func (c *copier) running() bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// CatchUp starts (or keeps) this replica copying a partition from a chain
+// member while it is outside the chain.
+func (s *Server) CatchUp(ctx context.Context, req *catenapb.CatchUpRequest) (*catenapb.PartitionStatus, error) {
+	cfg := req.GetChain()
+	if cfg == nil || req.GetSourceId() == "" || req.GetSourceAddr() == "" {
+		return nil, status.Error(codes.InvalidArgument, "catch up: the chain, the source id and the source address are required")
+	}
+	var members []string
+	for _, m := range cfg.GetMembers() {
+		members = append(members, m.GetId())
+	}
+	switch {
+	case slices.Contains(members, s.id):
+		return nil, status.Errorf(codes.FailedPrecondition, "catch up %s/%d: %s is a member of the chain at epoch %d; members receive records through their link", cfg.GetStream(), cfg.GetPartition(), s.id, cfg.GetEpoch())
+	case !slices.Contains(members, req.GetSourceId()):
+		return nil, status.Errorf(codes.InvalidArgument, "catch up %s/%d: source %q is not a member of the chain at epoch %d", cfg.GetStream(), cfg.GetPartition(), req.GetSourceId(), cfg.GetEpoch())
+	}
+	// Knowing the chain it is outside of, the replica has no role: it
+	// refuses appends and links, and Copied accepts what it copies.
+	if _, err := s.Configure(ctx, cfg); err != nil {
+		return nil, err
+	}
+	p, err := s.lookup(cfg.GetStream(), cfg.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.usable(); err != nil {
+		return nil, err
+	}
+	if st := p.core.Status(); st.Role != chain.RoleNone {
+		return nil, status.Errorf(codes.FailedPrecondition, "catch up %s/%d: %s is %s of the chain at epoch %d", p.stream, p.index, s.id, st.Role, st.Epoch)
+	}
+	if c := p.copy; c != nil && c.running() {
+		if c.source == req.GetSourceId() && c.addr == req.GetSourceAddr() {
+			return p.statusLocked(), nil
+		}
+		c.cancel()
+	}
+	cctx, cancel := context.WithCancel(context.Background())
+	c := &copier{source: req.GetSourceId(), addr: req.GetSourceAddr(), cancel: cancel, done: make(chan struct{})}
+	p.copy = c
+	p.wg.Add(1)
+	go p.copyFrom(cctx, c)
+	p.logger.Info("Catching up outside the chain", "source", c.source, "from", p.log.NextOffset(), "epoch", p.core.Status().Epoch)
+	return p.statusLocked(), nil
+}
+
+// copyFrom copies committed frames from the source until this replica
+// becomes a member, the copy is cancelled (another source, Drop, Close) or
+// the source cannot serve what comes next.
+func (p *partition) copyFrom(ctx context.Context, c *copier) {
+	defer p.wg.Done()
+	defer close(c.done)
+	defer c.cancel()
+	logger := p.logger.WithValues("source", c.source)
+	conn, err := p.srv.pool.Get(c.addr)
+	if err != nil {
+		logger.Error(err, "Cannot reach the catch-up source")
+		return
+	}
+	rc := catenapb.NewReplicaClient(conn)
+	started, first := time.Now(), uint64(0)
+	var bytes int64
+	for {
+		p.mu.Lock()
+		if p.failed != nil || p.core.Status().Role != chain.RoleNone {
+			end, role := p.log.NextOffset(), p.core.Status().Role
+			p.mu.Unlock()
+			if elapsed := time.Since(started); bytes > 0 {
+				logger.Info("Caught up outside the chain", "copiedRecords", end-first, "copiedBytes", bytes, "seconds", elapsed.Seconds(),
+					"MiBPerSecond", float64(bytes)/(1<<20)/elapsed.Seconds(), "role", role.String())
+			}
+			return
+		}
+		from := p.log.NextOffset()
+		if first == 0 {
+			first = from
+		}
+		p.mu.Unlock()
+
+		rctx, cancel := context.WithTimeout(ctx, copyWait+10*time.Second)
+		resp, err := rc.ReadFrames(rctx, &catenapb.ReadFramesRequest{Stream: p.stream, Partition: p.index, From: from, MaxBytes: copyChunkBytes, WaitMs: uint32(copyWait / time.Millisecond)})
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case status.Code(err) == codes.OutOfRange:
+			// The source no longer holds what comes next here (retention
+			// trimmed it): the master drops this copy and starts afresh.
+			logger.Info("The catch-up source no longer holds the next offset; stopping", "from", from, "reason", err.Error())
+			return
+		case err != nil:
+			select {
+			case <-time.After(copyRetry):
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		n, err := p.appendCopied(resp)
+		if err != nil {
+			logger.Error(err, "Stopping catch-up")
+			return
+		}
+		bytes += n
+	}
+}
+
+// appendCopied appends the frames of one ReadFrames answer.
+func (p *partition) appendCopied(resp *catenapb.ReadFramesResponse) (int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.usable(); err != nil {
+		return 0, err
+	}
+	var n int64
+	wrote := false
+	for _, fr := range resp.GetFrames() {
+		h, recs, err := partlog.DecodeBatchInto(fr, p.recBuf[:0])
+		p.recBuf = recs[:0]
+		if err != nil {
+			return n, fmt.Errorf("malformed frame from the catch-up source: %w", err)
+		}
+		eff, err := p.core.Copied(h.BaseOffset, uint64(h.Count), resp.GetCommitted())
+		if err != nil {
+			if errors.Is(err, chain.ErrMember) {
+				return n, nil // joined the chain meanwhile: the link takes over
+			}
+			return n, err
+		}
+		if eff.Append == nil {
+			continue
+		}
+		if eff.Append.Base != h.BaseOffset || eff.Append.End != h.End() {
+			return n, fmt.Errorf("copied frame [%d,%d) overlaps the local log end %d: the logs diverged", h.BaseOffset, h.End(), eff.Append.Base)
+		}
+		if err := p.log.Append(fr); err != nil {
+			go p.crashStop(fmt.Errorf("failed to append a copied frame to partition %s/%d: %w", p.stream, p.index, err))
+			return n, err
+		}
+		p.dedup.addBatch(recs)
+		clear(recs)
+		p.m.recordsIn.Add(float64(h.Count))
+		p.m.bytesIn.Add(float64(len(fr)))
+		n += int64(len(fr))
+		wrote = true
+	}
+	if wrote {
+		p.m.logEnd.Set(float64(p.log.NextOffset()))
+		p.appended()
+	}
+	return n, nil
+}
