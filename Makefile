@@ -117,9 +117,13 @@ test-faults: build ## Run the fault-injection campaign for CATENA_FAULT_DURATION
 bench: build ## Run catenactl bench against a fresh catena dev (prints records/s, MiB/s, latency).
 	hack/bench.sh
 
+.PHONY: bench-catchup
+bench-catchup: ## Measure a replacement's copy outside the chain: MiB/s, and producer p99 before and during (CATENA_CATCHUP_MIB, CATENA_CATCHUP_RATE, CATENA_CATCHUP_JOINER_DIR).
+	$(GO) test -run='^$$' -bench=BenchmarkCatchUp -benchtime=1x ./replica/server/
+
 .PHONY: bench-micro
 bench-micro: ## Run Go micro-benchmarks of the storage and chain paths.
-	$(GO) test -run='^$$' -bench=. -benchmem ./replica/...
+	$(GO) test -run='^$$' -bench=. -skip=BenchmarkCatchUp -benchmem ./replica/...
 
 ##@ Tools
 

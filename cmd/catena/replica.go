@@ -15,7 +15,7 @@ import (
 func newReplicaCommand() *cobra.Command {
 	var (
 		id, listen, dataDir, metricsAddr string
-		verbosity                        int
+		verbosity, catchUpRate           int
 		tlsFiles                         transport.TLSFiles
 	)
 	cmd := &cobra.Command{
@@ -31,7 +31,11 @@ func newReplicaCommand() *cobra.Command {
 			ctx, cancel := signalContext()
 			defer cancel()
 			reg := newRegistry()
-			srv, err := server.New(server.Options{ID: id, DataDir: dataDir, TLS: tlsConfig, Logger: logger, Registerer: reg})
+			if catchUpRate < 0 {
+				return fmt.Errorf("--catch-up-rate must be 0 (no cap) or a positive number of MiB/s, got %d", catchUpRate)
+			}
+			srv, err := server.New(server.Options{ID: id, DataDir: dataDir, TLS: tlsConfig, Logger: logger, Registerer: reg,
+				CatchUpBytesPerSecond: int64(catchUpRate) << 20})
 			if err != nil {
 				return err
 			}
@@ -53,6 +57,7 @@ func newReplicaCommand() *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7071", "gRPC listen address")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for partition logs (required)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "address to serve Prometheus /metrics on (empty: off)")
+	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", 0, "MiB/s at most that this replica copies a partition it catches up on outside the chain (0: no cap)")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
 	_ = cmd.MarkFlagRequired("id")

@@ -33,6 +33,11 @@ const (
 	copyWait = time.Second
 	// copyRetry is the pause after a failed ReadFrames.
 	copyRetry = 100 * time.Millisecond
+	// copySyncBytes is how much a copy appends between fsyncs while it is
+	// far behind. A copy is not a member: nothing waits for its
+	// durability until it joins, and fewer, larger fsyncs leave the disk
+	// to the chain's own. It fsyncs at once when it catches up.
+	copySyncBytes = 8 << 20
 )
 
 // ReadFrames serves committed frames as stored.
@@ -153,7 +158,7 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 	}
 	rc := catenapb.NewReplicaClient(conn)
 	started, first := time.Now(), uint64(0)
-	var bytes int64
+	var bytes, unsynced int64
 	for {
 		p.mu.Lock()
 		if p.failed != nil || p.core.Status().Role != chain.RoleNone {
@@ -196,6 +201,24 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 			return
 		}
 		bytes += n
+		unsynced += n
+		caughtUp := n < copyChunkBytes/2
+		if unsynced > 0 && (caughtUp || unsynced >= copySyncBytes) {
+			p.mu.Lock()
+			p.appended()
+			p.mu.Unlock()
+			unsynced = 0
+		}
+		if p.srv.copyRate > 0 {
+			// Pace the copy: at most copyRate bytes a second on average.
+			if ahead := time.Duration(float64(bytes)/float64(p.srv.copyRate)*float64(time.Second)) - time.Since(started); ahead > 0 {
+				select {
+				case <-time.After(ahead):
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
 	}
 }
 
@@ -240,7 +263,9 @@ func (p *partition) appendCopied(resp *catenapb.ReadFramesResponse) (int64, erro
 	}
 	if wrote {
 		p.m.logEnd.Set(float64(p.log.NextOffset()))
-		p.appended()
+		if p.meta.config.GetDurability() == catenapb.Durability_DURABILITY_INTERVAL {
+			p.appended() // durable as written, like a member's
+		}
 	}
 	return n, nil
 }

@@ -62,6 +62,10 @@ type Options struct {
 	// FS is the file system under partition logs (nil: the real one). Tests
 	// inject faults through it.
 	FS partlog.FS
+	// CatchUpBytesPerSecond caps how fast a replica copies a partition it
+	// is catching up on outside the chain, so that the copy leaves disk and
+	// CPU to the chains this replica serves (0: no cap).
+	CatchUpBytesPerSecond int64
 }
 
 type partKey struct {
@@ -77,9 +81,11 @@ type Server struct {
 	dataDir string
 	logger  logr.Logger
 	pool    *transport.Pool
-	metrics *metrics
-	fatalFn func(error)
-	fs      partlog.FS
+	// copyRate: Options.CatchUpBytesPerSecond.
+	copyRate int64
+	metrics  *metrics
+	fatalFn  func(error)
+	fs       partlog.FS
 
 	mu         sync.Mutex
 	partitions map[partKey]*partition
@@ -105,6 +111,7 @@ func New(opts Options) (*Server, error) {
 		dataDir:    opts.DataDir,
 		logger:     opts.Logger,
 		pool:       transport.NewPool(opts.TLS),
+		copyRate:   opts.CatchUpBytesPerSecond,
 		metrics:    newMetrics(opts.Registerer),
 		fatalFn:    opts.Fatal,
 		fs:         opts.FS,

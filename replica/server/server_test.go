@@ -36,10 +36,16 @@ type node struct {
 	fs    *faultfs.FS
 }
 
-func startNode(t *testing.T, id string, fs *faultfs.FS) *node {
+func startNode(t testing.TB, id string, fs *faultfs.FS) *node {
+	t.Helper()
+	return startNodeAt(t, id, t.TempDir(), fs)
+}
+
+// startNodeAt starts a node on dataDir.
+func startNodeAt(t testing.TB, id, dataDir string, fs *faultfs.FS) *node {
 	t.Helper()
 	n := &node{id: id, fatal: make(chan error, 4), fs: fs}
-	opts := Options{ID: id, DataDir: t.TempDir(), Logger: logr.Discard(), Fatal: func(err error) { n.fatal <- err }}
+	opts := Options{ID: id, DataDir: dataDir, Logger: logr.Discard(), Fatal: func(err error) { n.fatal <- err }}
 	if fs != nil {
 		opts.FS = fs
 	}
@@ -62,7 +68,7 @@ func startNode(t *testing.T, id string, fs *faultfs.FS) *node {
 	return n
 }
 
-func client(t *testing.T, addr string) catenapb.ReplicaClient {
+func client(t testing.TB, addr string) catenapb.ReplicaClient {
 	t.Helper()
 	conn, err := transport.Dial(addr, nil)
 	if err != nil {
@@ -101,7 +107,7 @@ func records(producer, firstSeq uint64, n int) []*catenapb.AppendRecord {
 	return out
 }
 
-func status0(t *testing.T, n *node) *catenapb.PartitionStatus {
+func status0(t testing.TB, n *node) *catenapb.PartitionStatus {
 	t.Helper()
 	p := uint32(0)
 	resp, err := client(t, n.addr).Status(context.Background(), &catenapb.StatusRequest{Stream: "s", Partition: &p})
