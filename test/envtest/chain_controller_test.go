@@ -8,6 +8,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -329,6 +330,76 @@ var _ = Describe("Chain controller", Ordered, func() {
 			var s streamsv1alpha1.Stream
 			g.Expect(k8s.Get(ctx, key(ns, "views"), &s)).To(Succeed())
 			g.Expect(meta.FindStatusCondition(s.Status.Conditions, streamsv1alpha1.StreamDegradedCondition)).To(BeNil())
+		}).Should(Succeed())
+	})
+
+	It("replaces a paused replica whose pod failed, and once resumed it completes no write and serves nothing uncommitted", func() {
+		var c0 streamsv1alpha1.ReplicationChain
+		Eventually(func(g Gomega) { c0 = expectInstalled(g, "views", 3, 3)[0] }).Should(Succeed())
+		victim := replicas.get(ns, c0.Head())
+		committedBefore := func() uint64 {
+			hosted, err := victim.hosted("views")
+			Expect(err).NotTo(HaveOccurred())
+			return hosted[0].GetCommitted()
+		}()
+		victim.pause()
+		DeferCleanup(victim.resume) // if the spec fails half-way
+
+		By("marking its pod Failed, as the kubelet would")
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: victim.id, Labels: map[string]string{
+				"app.kubernetes.io/name": "catena", "app.kubernetes.io/component": "replica", "app.kubernetes.io/instance": "trio"}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "replica", Image: testImage}}},
+		}
+		Expect(k8s.Create(ctx, pod)).To(Succeed())
+		pod.Status = corev1.PodStatus{Phase: corev1.PodFailed, Reason: "Evicted", Message: "The node was low on resource: memory."}
+		Expect(k8s.Status().Update(ctx, pod)).To(Succeed())
+
+		By("reordering its chains without it")
+		Eventually(func(g Gomega) {
+			for _, c := range chains(g, "views", 3) {
+				for _, m := range c.Status.Members {
+					g.Expect(m.Name).NotTo(Equal(victim.id), describeChain(&c))
+				}
+				g.Expect(c.Status.TargetEpoch).To(BeNumerically(">", c0.Status.TargetEpoch))
+			}
+		}).Should(Succeed())
+
+		By("resuming it: as the head it still believes it is, it cannot complete a write")
+		victim.resume()
+		actx, cancelAppend := context.WithTimeout(ctx, 3*time.Second)
+		_, err := victim.client().Append(actx, &catenapb.AppendRequest{Stream: "views", Partition: 0, Epoch: uint64(c0.Status.TargetEpoch),
+			Records: []*catenapb.AppendRecord{{Value: []byte("from a deposed head")}}})
+		cancelAppend()
+		Expect(err).To(HaveOccurred(), "a deposed head acknowledged a write")
+		GinkgoWriter.Printf("deposed head's append: %v\n", err)
+
+		By("and nothing it holds beyond what was committed is served, by it or by the chain")
+		rctx, cancelRead := context.WithTimeout(ctx, 2*time.Second)
+		resp, err := victim.client().Read(rctx, &catenapb.FetchRequest{Stream: "views", Partition: 0, Offset: committedBefore})
+		cancelRead()
+		if err == nil {
+			for _, r := range resp.GetRecords() {
+				Expect(string(r.GetValue())).NotTo(Equal("from a deposed head"))
+			}
+		}
+		var after streamsv1alpha1.ReplicationChain
+		Expect(k8s.Get(ctx, key(ns, "views-0"), &after)).To(Succeed())
+		head := replicas.get(ns, after.Head())
+		rctx, cancelRead = context.WithTimeout(ctx, 2*time.Second)
+		resp, err = head.client().Read(rctx, &catenapb.FetchRequest{Stream: "views", Partition: 0, Offset: 0, MaxBytes: 1 << 20})
+		cancelRead()
+		Expect(err).NotTo(HaveOccurred())
+		for _, r := range resp.GetRecords() {
+			Expect(string(r.GetValue())).NotTo(Equal("from a deposed head"), "the chain serves a record its deposed head never committed")
+		}
+
+		By("taking it back at the tail once its pod is replaced and it answers")
+		Expect(k8s.Delete(ctx, pod)).To(Succeed())
+		Eventually(func(g Gomega) {
+			for _, c := range expectInstalled(g, "views", 3, 3) {
+				g.Expect(c.Tail()).To(Equal(victim.id), describeChain(&c))
+			}
 		}).Should(Succeed())
 	})
 

@@ -176,6 +176,11 @@ func (p *replicaProcess) kill() {
 	p.closeConn()
 }
 
+// pause stops the process (SIGSTOP) without killing it, as a long GC pause,
+// a frozen VM or a partition would; resume lets it go on.
+func (p *replicaProcess) pause()  { ExpectWithOffset(1, p.cmd.Process.Signal(syscall.SIGSTOP)).To(Succeed()) }
+func (p *replicaProcess) resume() { ExpectWithOffset(1, p.cmd.Process.Signal(syscall.SIGCONT)).To(Succeed()) }
+
 // stop sends SIGTERM, escalating to SIGKILL.
 func (p *replicaProcess) stop() {
 	select {
@@ -184,6 +189,7 @@ func (p *replicaProcess) stop() {
 		return
 	default:
 	}
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a paused process cannot handle SIGTERM
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
