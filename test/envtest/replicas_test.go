@@ -178,8 +178,12 @@ func (p *replicaProcess) kill() {
 
 // pause stops the process (SIGSTOP) without killing it, as a long GC pause,
 // a frozen VM or a partition would; resume lets it go on.
-func (p *replicaProcess) pause()  { ExpectWithOffset(1, p.cmd.Process.Signal(syscall.SIGSTOP)).To(Succeed()) }
-func (p *replicaProcess) resume() { ExpectWithOffset(1, p.cmd.Process.Signal(syscall.SIGCONT)).To(Succeed()) }
+func (p *replicaProcess) pause() {
+	ExpectWithOffset(1, p.cmd.Process.Signal(syscall.SIGSTOP)).To(Succeed())
+}
+func (p *replicaProcess) resume() {
+	ExpectWithOffset(1, p.cmd.Process.Signal(syscall.SIGCONT)).To(Succeed())
+}
 
 // stop sends SIGTERM, escalating to SIGKILL.
 func (p *replicaProcess) stop() {
