@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	catena "github.com/catena-streams/catena/client"
 	"github.com/catena-streams/catena/controllers"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -401,6 +403,108 @@ var _ = Describe("Chain controller", Ordered, func() {
 				g.Expect(c.Tail()).To(Equal(victim.id), describeChain(&c))
 			}
 		}).Should(Succeed())
+	})
+
+	It("measures write unavailability through the operator after head kills", func() {
+		pods := []string{"pace-0", "pace-1", "pace-2"}
+		var addrs []string
+		for _, pod := range pods {
+			addrs = append(addrs, replicas.start(ns, pod).addr)
+		}
+		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "pace", "replicas: 3"))).To(Succeed())
+		Expect(k8s.Create(ctx, manifest(ns, "Stream", "load", "pool: pace\npartitions: 1"))).To(Succeed())
+		Eventually(func(g Gomega) { expectInstalled(g, "load", 1, 3) }).Should(Succeed())
+
+		c, err := catena.Dial(ctx, startIngest(addrs))
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(c.Close)
+		prod := catena.NewProducer(c, "load", catena.ProducerOptions{MaxInFlight: 1, RetryTimeout: time.Minute, MaxRetryBackoff: 100 * time.Millisecond})
+		DeferCleanup(prod.Close)
+
+		// One producer, one record at a time: every acknowledgement's time
+		// and offset, in order.
+		type ack struct {
+			at     time.Time
+			offset uint64
+			value  string
+		}
+		var (
+			mu   sync.Mutex
+			acks []ack
+		)
+		loadCtx, stopLoad := context.WithCancel(ctx)
+		loadDone := make(chan struct{})
+		go func() {
+			defer GinkgoRecover()
+			defer close(loadDone)
+			for i := 0; loadCtx.Err() == nil; i++ {
+				v := fmt.Sprintf("v%d", i)
+				a, err := prod.SendSync(loadCtx, catena.Record{Value: []byte(v), Partition: catena.PartitionOf(0)})
+				if err != nil {
+					Expect(loadCtx.Err()).To(HaveOccurred(), "a record failed: %v", err)
+					return
+				}
+				mu.Lock()
+				acks = append(acks, ack{at: time.Now(), offset: a.Offset, value: v})
+				mu.Unlock()
+			}
+		}()
+		acked := func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(acks)
+		}
+		Eventually(acked).Should(BeNumerically(">", 50))
+
+		var gaps []time.Duration
+		for range 4 {
+			var ch streamsv1alpha1.ReplicationChain
+			Eventually(func(g Gomega) { ch = expectInstalled(g, "load", 1, 3)[0] }).Should(Succeed())
+			n := acked()
+			Eventually(acked).Should(BeNumerically(">", n+20), "writes flow before the kill")
+			head := replicas.get(ns, ch.Head())
+			killed := time.Now()
+			head.kill()
+			mu.Lock()
+			before := len(acks)
+			last := acks[before-1].at
+			mu.Unlock()
+			Eventually(acked).WithTimeout(time.Minute).Should(BeNumerically(">", before), "writes resume after the head was killed")
+			mu.Lock()
+			first := acks[before].at
+			mu.Unlock()
+			gaps = append(gaps, first.Sub(last))
+			GinkgoWriter.Printf("killed head %s at %s: last ack %s before, first ack %s after\n", head.id, killed.Format(time.StampMilli),
+				killed.Sub(last).Round(time.Millisecond), first.Sub(killed).Round(time.Millisecond))
+			replicas.start(ns, head.id)
+		}
+		stopLoad()
+		<-loadDone
+
+		slices.Sort(gaps)
+		p := func(q float64) time.Duration { return gaps[min(len(gaps)-1, int(q*float64(len(gaps))))] }
+		AddReportEntry("write unavailability through the operator", fmt.Sprintf("p50 %v p99 %v (n=%d, failure timeout %v)",
+			p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), len(gaps), failureTimeout))
+		fmt.Fprintf(GinkgoWriter, "write unavailability through the operator after head kills: p50 %v p99 %v (n=%d, failure timeout %v)\n",
+			p(0.5).Round(time.Millisecond), p(0.99).Round(time.Millisecond), len(gaps), failureTimeout)
+
+		By("finding every acknowledged record at its offset")
+		Eventually(func(g Gomega) { expectInstalled(g, "load", 1, 3) }).Should(Succeed())
+		mu.Lock()
+		defer mu.Unlock()
+		byOffset := map[uint64]string{}
+		for next := uint64(0); next <= acks[len(acks)-1].offset; {
+			res, err := c.Fetch(ctx, "load", 0, next, 1<<20, time.Second)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(res.Messages).NotTo(BeEmpty(), "nothing committed at %d", next)
+			for _, m := range res.Messages {
+				byOffset[m.Offset] = string(m.Value)
+				next = m.Offset + 1
+			}
+		}
+		for _, a := range acks {
+			Expect(byOffset[a.offset]).To(Equal(a.value), "acknowledged record at offset %d", a.offset)
+		}
 	})
 
 	It("drops a deleted Stream's partitions from its shared pool when its policy is Delete, and keeps them with Retain", func() {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -216,6 +217,40 @@ func (p *replicaProcess) hosted(stream string) (map[uint32]*catenapb.PartitionSt
 		out[ps.GetPartition()] = ps
 	}
 	return out, nil
+}
+
+// startIngest runs `catena ingest` on a free loopback port, discovering
+// chains from replicas, until the calling container or spec ends.
+func startIngest(replicas []string) string {
+	addr := freeAddr()
+	logPath := filepath.Join(os.TempDir(), fmt.Sprintf("catena-envtest-ingest-%d.log", time.Now().UnixNano()))
+	logf, err := os.Create(logPath)
+	Expect(err).NotTo(HaveOccurred())
+	cmd := exec.Command(catenaBinary(), "ingest", "--listen", addr, "--replicas", strings.Join(replicas, ","))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	Expect(cmd.Start()).To(Succeed())
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		_ = logf.Close()
+		close(done)
+	}()
+	DeferCleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if CurrentSpecReport().Failed() {
+			b, _ := os.ReadFile(logPath)
+			GinkgoWriter.Printf("---- %s\n%s\n", logPath, b)
+		}
+		_ = os.Remove(logPath)
+	})
+	return addr
 }
 
 func freeAddr() string {
