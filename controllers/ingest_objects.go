@@ -26,11 +26,7 @@ const (
 // ingestSelectorLabels select the ingestion pods of a Stream. They are the
 // Deployment's immutable selector: never change them.
 func ingestSelectorLabels(stream *streamsv1alpha1.Stream) map[string]string {
-	return map[string]string{
-		labelName:      appName,
-		labelComponent: componentIngest,
-		labelInstance:  stream.Name,
-	}
+	return selectorLabels(componentIngest, stream.Name)
 }
 
 // ingestLabels are the selector labels, the Stream's and who manages the
@@ -103,12 +99,7 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 		Resources:      resources,
 		ReadinessProbe: tcpProbe(),
 		LivenessProbe:  tcpProbe(),
-		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             ptr.To(true),
-			ReadOnlyRootFilesystem:   ptr.To(true),
-			AllowPrivilegeEscalation: ptr.To(false),
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-		},
+		SecurityContext: restrictedContainer(),
 	}
 
 	podSpec := corev1.PodSpec{
@@ -124,12 +115,7 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 				},
 			}},
 		}},
-		SecurityContext: &corev1.PodSecurityContext{
-			RunAsNonRoot:   ptr.To(true),
-			RunAsUser:      ptr.To(replicaUID),
-			RunAsGroup:     ptr.To(replicaUID),
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
+		SecurityContext: restrictedPod(),
 	}
 
 	return &appsv1.Deployment{

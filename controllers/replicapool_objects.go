@@ -44,12 +44,40 @@ const (
 	componentReplica = "replica"
 )
 
-// poolSelectorLabels select the replica pods of a pool.
-func poolSelectorLabels(pool *streamsv1alpha1.ReplicaPool) map[string]string {
+// selectorLabels select the pods of one component (replica, ingest) of one
+// instance (a pool, a stream).
+func selectorLabels(component, instance string) map[string]string {
 	return map[string]string{
 		labelName:      appName,
-		labelComponent: componentReplica,
-		labelInstance:  pool.Name,
+		labelComponent: component,
+		labelInstance:  instance,
+	}
+}
+
+// poolSelectorLabels select the replica pods of a pool.
+func poolSelectorLabels(pool *streamsv1alpha1.ReplicaPool) map[string]string {
+	return selectorLabels(componentReplica, pool.Name)
+}
+
+// restrictedContainer is the security context of every container the
+// operator runs: non-root, read-only root file system, no privilege
+// escalation, no capabilities (the Kubernetes "restricted" profile).
+func restrictedContainer() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		RunAsNonRoot:             ptr.To(true),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+}
+
+// restrictedPod is the pod security context that goes with it.
+func restrictedPod() *corev1.PodSecurityContext {
+	return &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr.To(true),
+		RunAsUser:      ptr.To(replicaUID),
+		RunAsGroup:     ptr.To(replicaUID),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
 }
 
@@ -114,13 +142,11 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 				TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(replicaPortName)},
 			},
 		},
-		SecurityContext: &corev1.SecurityContext{
-			RunAsNonRoot:             ptr.To(true),
-			ReadOnlyRootFilesystem:   ptr.To(true),
-			AllowPrivilegeEscalation: ptr.To(false),
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-		},
+		SecurityContext: restrictedContainer(),
 	}
+	podSecurity := restrictedPod()
+	// The volume is group-writable for the replica's group.
+	podSecurity.FSGroup = ptr.To(replicaUID)
 
 	podSpec := corev1.PodSpec{
 		Containers:                []corev1.Container{container},
@@ -128,13 +154,7 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 		Tolerations:               spec.Placement.Tolerations,
 		Affinity:                  podAntiAffinity(pool, spec.Placement.NodeSpread),
 		TopologySpreadConstraints: zoneSpread(pool, spec.Placement.ZoneSpread),
-		SecurityContext: &corev1.PodSecurityContext{
-			RunAsNonRoot:   ptr.To(true),
-			RunAsUser:      ptr.To(replicaUID),
-			RunAsGroup:     ptr.To(replicaUID),
-			FSGroup:        ptr.To(replicaUID),
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
+		SecurityContext:           podSecurity,
 	}
 
 	return &appsv1.StatefulSet{

@@ -202,18 +202,11 @@ func (r *Replica) Forwarded(epoch uint64, from string, base, count, committed ui
 	if err := r.checkFrom("forwarded", from, r.predecessor, "predecessor"); err != nil {
 		return Effects{}, err
 	}
-	end := base + count
-	if end < base {
-		return Effects{}, fmt.Errorf("%w: forwarded %d records at %d", ErrOverflow, count, base)
+	appended, err := r.extend("forwarded", base, count)
+	if err != nil {
+		return Effects{}, err
 	}
-	if base > r.logEnd {
-		return Effects{}, fmt.Errorf("%w: forwarded [%d,%d), log end %d", ErrGap, base, end, r.logEnd)
-	}
-	var eff Effects
-	if end > r.logEnd {
-		eff.Append = &Range{Base: r.logEnd, End: end}
-		r.logEnd = end
-	}
+	eff := Effects{Append: appended}
 	r.noticed = max(r.noticed, committed)
 	r.advance(&eff)
 	return eff, nil
@@ -233,20 +226,32 @@ func (r *Replica) Copied(base, count, committed uint64) (Effects, error) {
 	if r.role != RoleNone {
 		return Effects{}, fmt.Errorf("%w: %q is %v under epoch %d", ErrMember, r.self, r.role, r.epoch)
 	}
+	appended, err := r.extend("copied", base, count)
+	if err != nil {
+		return Effects{}, err
+	}
+	r.noticed = max(r.noticed, min(committed, base+count))
+	return Effects{Append: appended}, nil
+}
+
+// extend takes records [base, base+count) received from another member:
+// what lies below the log end is a duplicate, what starts beyond it a gap
+// (ErrGap); the new suffix, if any, is appended (returned, and the log end
+// moved). Errors change nothing.
+func (r *Replica) extend(what string, base, count uint64) (*Range, error) {
 	end := base + count
 	if end < base {
-		return Effects{}, fmt.Errorf("%w: copied %d records at %d", ErrOverflow, count, base)
+		return nil, fmt.Errorf("%w: %s %d records at %d", ErrOverflow, what, count, base)
 	}
 	if base > r.logEnd {
-		return Effects{}, fmt.Errorf("%w: copied [%d,%d), log end %d", ErrGap, base, end, r.logEnd)
+		return nil, fmt.Errorf("%w: %s [%d,%d), log end %d", ErrGap, what, base, end, r.logEnd)
 	}
-	var eff Effects
-	if end > r.logEnd {
-		eff.Append = &Range{Base: r.logEnd, End: end}
-		r.logEnd = end
+	if end <= r.logEnd {
+		return nil, nil
 	}
-	r.noticed = max(r.noticed, min(committed, end))
-	return eff, nil
+	appended := &Range{Base: r.logEnd, End: end}
+	r.logEnd = end
+	return appended, nil
 }
 
 // Acked handles a cumulative acknowledgement from the successor. Old or
