@@ -95,10 +95,10 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 			// the ingestion pods onto the new membership.
 			"--replicas=" + strings.Join(replicaAddrs(pool), ","),
 		},
-		Ports:          []corev1.ContainerPort{{Name: ingestPortName, ContainerPort: ingestPort, Protocol: corev1.ProtocolTCP}},
-		Resources:      resources,
-		ReadinessProbe: tcpProbe(),
-		LivenessProbe:  tcpProbe(),
+		Ports:           []corev1.ContainerPort{{Name: ingestPortName, ContainerPort: ingestPort, Protocol: corev1.ProtocolTCP}},
+		Resources:       resources,
+		ReadinessProbe:  tcpProbe(),
+		LivenessProbe:   tcpProbe(),
 		SecurityContext: restrictedContainer(),
 	}
 

@@ -161,4 +161,3 @@ func runCatchUpBench(b *testing.B, mib int) {
 		copied, bytes/(1<<20), elapsed.Seconds(), rate, p(lat[0], 0.5).Round(time.Microsecond*100), normal99.Round(time.Microsecond*100), len(lat[0]),
 		p(lat[1], 0.5).Round(time.Microsecond*100), during99.Round(time.Microsecond*100), len(lat[1]))
 }
-
