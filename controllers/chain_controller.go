@@ -152,7 +152,7 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	resps := chainmaster.Gather(ctx, r.Conns, addrs, stream.Name, &partition, statusProbeTimeout)
 	reports := chainmaster.PartitionReports(resps, stream.Name, partition)
 	now := r.now()
-	health, failed, answered := r.health(pool, addrs, resps, pods, now)
+	health, failed, answered := r.health(pool, addrs, resps, pods, neighbourReports(reports), now)
 
 	if chainRecord(chain) == nil && chainmaster.LatestReport(reports) == nil {
 		return r.place(ctx, chain, pool, names)
@@ -338,8 +338,8 @@ func (r *ChainReconciler) poolPods(ctx context.Context, pool *streamsv1alpha1.Re
 }
 
 // health decides every replica's health from this round's answers, its
-// history and its pod.
-func (r *ChainReconciler) health(pool *streamsv1alpha1.ReplicaPool, addrs map[string]string, resps map[string]*catenapb.StatusResponse, pods map[string]*corev1.Pod, now time.Time) (map[string]chainplan.Health, map[string]bool, map[string]bool) {
+// history, its pod and its neighbours' reports.
+func (r *ChainReconciler) health(pool *streamsv1alpha1.ReplicaPool, addrs map[string]string, resps map[string]*catenapb.StatusResponse, pods map[string]*corev1.Pod, neighbours map[string]time.Duration, now time.Time) (map[string]chainplan.Health, map[string]bool, map[string]bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.lastAnswer == nil {
@@ -355,7 +355,7 @@ func (r *ChainReconciler) health(pool *streamsv1alpha1.ReplicaPool, addrs map[st
 			r.lastAnswer[key] = now
 			answered[id] = true
 		}
-		h := memberHealth(pods[id], ok, r.lastAnswer[key], now, r.failureTimeout())
+		h := memberHealth(pods[id], ok, r.lastAnswer[key], now, r.failureTimeout(), neighbours[id])
 		health[id] = h
 		failed[id] = h == chainplan.Failed
 	}

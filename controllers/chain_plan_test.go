@@ -153,6 +153,15 @@ func TestMemberHealth(t *testing.T) {
 	}
 	deleting := ready(corev1.ConditionTrue, time.Minute)
 	deleting.DeletionTimestamp = ptr.To(metav1.NewTime(now))
+	type healthCase struct {
+		name          string
+		pod           *corev1.Pod
+		answered      bool
+		lastAnswer    time.Duration // ago; 0: never
+		neighbourDown time.Duration
+		want          chainplan.Health
+	}
+	var cases []healthCase
 	for _, tc := range []struct {
 		name       string
 		pod        *corev1.Pod
@@ -172,15 +181,35 @@ func TestMemberHealth(t *testing.T) {
 		{"pod not ready a moment", ready(corev1.ConditionFalse, time.Second), false, 0, chainplan.Unknown},
 		{"pod pending, no conditions", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}, false, 0, chainplan.Unknown},
 	} {
+		cases = append(cases, healthCase{tc.name, tc.pod, tc.answered, tc.lastAnswer, 0, tc.want})
+	}
+	cases = append(cases,
+		healthCase{"silent a moment, its predecessor's link to it down a while", ready(corev1.ConditionTrue, time.Minute), false, time.Second, 600 * time.Millisecond, chainplan.Failed},
+		healthCase{"silent, its predecessor's link to it down a moment", ready(corev1.ConditionTrue, time.Minute), false, time.Second, 100 * time.Millisecond, chainplan.Unknown},
+		healthCase{"answers though a predecessor cannot reach it", ready(corev1.ConditionTrue, time.Minute), true, 0, 10 * time.Second, chainplan.Alive},
+	)
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var last time.Time
 			if tc.lastAnswer > 0 {
 				last = now.Add(-tc.lastAnswer)
 			}
-			if got := memberHealth(tc.pod, tc.answered, last, now, timeout); got != tc.want {
+			if got := memberHealth(tc.pod, tc.answered, last, now, timeout, tc.neighbourDown); got != tc.want {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestNeighbourReports(t *testing.T) {
+	abc := []*catenapb.Member{{Id: "a"}, {Id: "b"}, {Id: "c"}}
+	got := neighbourReports(map[string]*catenapb.PartitionStatus{
+		"a": {Members: abc, SuccessorDownMs: 700},  // a cannot reach b
+		"b": {Members: abc, SuccessorDownMs: 0},    // b reaches c
+		"c": {Members: abc, SuccessorDownMs: 9000}, // a tail has no successor: ignored
+	})
+	if len(got) != 1 || got["b"] != 700*time.Millisecond {
+		t.Errorf("got %v, want b down 700ms", got)
 	}
 }
 

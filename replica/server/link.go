@@ -34,6 +34,9 @@ func (p *partition) runLink(ctx context.Context, epoch uint64, succID, succAddr 
 		p.mu.Lock()
 		if p.meta != nil && p.meta.Epoch == epoch {
 			p.core.SuccessorLost(epoch)
+			if p.linkDownSince.IsZero() {
+				p.linkDownSince = time.Now()
+			}
 		}
 		p.mu.Unlock()
 		if ctx.Err() != nil {
@@ -90,6 +93,7 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 		return fmt.Errorf("cannot link to successor %s at its log end %d: %w", succID, succEnd, err)
 	}
 	p.verifyLink = false
+	p.linkDownSince = time.Time{}
 	p.apply(eff)
 	p.mu.Unlock()
 	p.logger.Info("Replication link up", "successor", succID, "epoch", epoch, "successorLogEnd", succEnd)

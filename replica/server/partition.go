@@ -50,6 +50,10 @@ type partition struct {
 	recBuf    []partlog.Record // decoded records of a forwarded frame, reused
 	// copy is the catch-up copy outside the chain, if one was started.
 	copy *copier
+	// linkDownSince is when the link to the successor of the current epoch
+	// went down (or was started and is not up yet); zero while it is up or
+	// there is no successor. Status reports it to the master.
+	linkDownSince time.Time
 	// recent holds frames appended here and not yet sent to the successor,
 	// so the link forwards them from memory rather than reading them back
 	// from the log; it falls back to the log (catch-up, a reset link) when

@@ -306,9 +306,11 @@ func (p *partition) startLink() {
 	st := p.core.Status()
 	p.hasSuccessor = st.Successor != ""
 	p.recent, p.recentBytes = nil, 0
+	p.linkDownSince = time.Time{}
 	if st.Successor == "" {
 		return
 	}
+	p.linkDownSince = time.Now() // until the successor answers the hello
 	ctx, cancel := context.WithCancel(context.Background())
 	p.linkStop = cancel
 	p.wg.Add(1)
@@ -470,6 +472,9 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 		ps.Durable = st.DurableEnd
 		ps.Committed = max(st.Committed, p.committed)
 		ps.SuccessorAck = st.SuccessorAck
+		if st.Successor != "" && !p.linkDownSince.IsZero() {
+			ps.SuccessorDownMs = uint64(time.Since(p.linkDownSince).Milliseconds())
+		}
 	}
 	return ps
 }

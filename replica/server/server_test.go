@@ -1077,3 +1077,29 @@ func TestReadFramesServesCommittedFramesOnly(t *testing.T) {
 		t.Fatalf("unknown partition: %v", err)
 	}
 }
+
+func TestStatusReportsHowLongTheSuccessorLinkIsDown(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 1, a, b)
+	eventually(t, 5*time.Second, func() error {
+		if st := status0(t, a); st.GetSuccessorDownMs() != 0 {
+			return fmt.Errorf("link down for %d ms", st.GetSuccessorDownMs())
+		}
+		return nil
+	})
+	if st := status0(t, b); st.GetSuccessorDownMs() != 0 {
+		t.Fatalf("the tail has no successor, yet reports one down: %v", st)
+	}
+	stopNode(b) // the successor dies: the head's link breaks
+	eventually(t, 5*time.Second, func() error {
+		if st := status0(t, a); st.GetSuccessorDownMs() < 200 {
+			return fmt.Errorf("link down for %d ms", st.GetSuccessorDownMs())
+		}
+		return nil
+	})
+	// A new epoch without the dead successor: nothing is reported down.
+	configure(t, 2, a)
+	if st := status0(t, a); st.GetSuccessorDownMs() != 0 {
+		t.Fatalf("sole member reports a successor down: %v", st)
+	}
+}

@@ -1886,9 +1886,13 @@ type PartitionStatus struct {
 	Error  string        `protobuf:"bytes,13,opt,name=error,proto3" json:"error,omitempty"`
 	Config *StreamConfig `protobuf:"bytes,14,opt,name=config,proto3" json:"config,omitempty"`
 	// Epoch of the last batch in the log (0: empty log).
-	LastLogEpoch  uint64 `protobuf:"varint,15,opt,name=last_log_epoch,json=lastLogEpoch,proto3" json:"last_log_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastLogEpoch uint64 `protobuf:"varint,15,opt,name=last_log_epoch,json=lastLogEpoch,proto3" json:"last_log_epoch,omitempty"`
+	// How long the replication link to this member's successor has been
+	// down, in milliseconds (0: up, or no successor). A master reads it as a
+	// neighbour's report that the successor may be dead.
+	SuccessorDownMs uint64 `protobuf:"varint,16,opt,name=successor_down_ms,json=successorDownMs,proto3" json:"successor_down_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
@@ -2022,6 +2026,13 @@ func (x *PartitionStatus) GetConfig() *StreamConfig {
 func (x *PartitionStatus) GetLastLogEpoch() uint64 {
 	if x != nil {
 		return x.LastLogEpoch
+	}
+	return 0
+}
+
+func (x *PartitionStatus) GetSuccessorDownMs() uint64 {
+	if x != nil {
+		return x.SuccessorDownMs
 	}
 	return 0
 }
@@ -2876,7 +2887,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
-	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xea\x03\n" +
+	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\x96\x04\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -2894,7 +2905,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\bchecksum\x18\f \x01(\rR\bchecksum\x12\x14\n" +
 	"\x05error\x18\r \x01(\tR\x05error\x12/\n" +
 	"\x06config\x18\x0e \x01(\v2\x17.catena.v1.StreamConfigR\x06config\x12$\n" +
-	"\x0elast_log_epoch\x18\x0f \x01(\x04R\flastLogEpoch\"X\n" +
+	"\x0elast_log_epoch\x18\x0f \x01(\x04R\flastLogEpoch\x12*\n" +
+	"\x11successor_down_ms\x18\x10 \x01(\x04R\x0fsuccessorDownMs\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
