@@ -25,7 +25,7 @@ import (
 
 const (
 	// copyChunkBytes is how much one ReadFrames asks for.
-	copyChunkBytes = 4 << 20
+	copyChunkBytes = 1 << 20
 	// maxFramesBytes caps what one ReadFrames answer carries.
 	maxFramesBytes = 16 << 20
 	// copyWait is how long a ReadFrames long-polls once the copy has
