@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -75,6 +76,50 @@ type ChainReconciler struct {
 	// pool, then chain: a chain placed a moment ago counts in the next
 	// chain's placement.
 	placed map[types.NamespacedName]map[string][]string
+	// probes are the latest Status answers of each pool's replicas, for
+	// all their partitions: every chain of a pool reads them, so a pool
+	// costs one probe per replica per round, not one per chain.
+	probes map[types.NamespacedName]*poolProbe
+}
+
+// poolProbe is one round of Status answers from a pool's replicas.
+type poolProbe struct {
+	at    time.Time
+	addrs map[string]string
+	resps map[string]*catenapb.StatusResponse
+}
+
+// probeFreshness is how long a pool's probe serves its chains' rounds. It
+// is shorter than chainBusyInterval, so a chain that just acted sees its
+// replicas anew next time.
+const probeFreshness = 150 * time.Millisecond
+
+// probe returns the pool's replicas' answers (all their partitions) and
+// when they were asked: from the last round when it is fresh and asked the
+// same addresses, otherwise from a new round.
+func (r *ChainReconciler) probe(ctx context.Context, pool *streamsv1alpha1.ReplicaPool, addrs map[string]string) (map[string]*catenapb.StatusResponse, time.Time) {
+	key := client.ObjectKeyFromObject(pool)
+	r.mu.Lock()
+	if p := r.probes[key]; p != nil && r.now().Sub(p.at) < probeFreshness && maps.Equal(p.addrs, addrs) {
+		r.mu.Unlock()
+		return p.resps, p.at
+	}
+	r.mu.Unlock()
+	at := r.now()
+	resps := chainmaster.Gather(ctx, r.Conns, addrs, "", nil, statusProbeTimeout)
+	r.mu.Lock()
+	if r.probes == nil {
+		r.probes = map[types.NamespacedName]*poolProbe{}
+	}
+	r.probes[key] = &poolProbe{at: at, addrs: maps.Clone(addrs), resps: resps}
+	r.mu.Unlock()
+	return resps, at
+}
+
+func (r *ChainReconciler) forgetProbe(pool *streamsv1alpha1.ReplicaPool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.probes, client.ObjectKeyFromObject(pool))
 }
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicationchains,verbs=get;list;watch
@@ -149,10 +194,10 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	}
 
 	partition := uint32(*chain.Spec.Partition)
-	resps := chainmaster.Gather(ctx, r.Conns, addrs, stream.Name, &partition, statusProbeTimeout)
+	resps, probedAt := r.probe(ctx, pool, addrs)
 	reports := chainmaster.PartitionReports(resps, stream.Name, partition)
 	now := r.now()
-	health, failed, answered := r.health(pool, addrs, resps, pods, neighbourReports(reports), now)
+	health, failed, answered := r.health(pool, addrs, resps, pods, neighbourReports(reports), probedAt, now)
 
 	if chainRecord(chain) == nil && chainmaster.LatestReport(reports) == nil {
 		return r.place(ctx, chain, pool, names)
@@ -184,6 +229,8 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		}
 		busy = true
 		found, err := chainmaster.Executor{Conns: r.Conns, Log: logger}.Execute(ctx, stream.Name, repair)
+		// What the replicas run changed: the next look probes afresh.
+		r.forgetProbe(pool)
 		r.keepAgreements(key, found)
 		if err != nil {
 			logger.Error(err, "Chain step failed; retrying", "epoch", repair.Plan.Epoch, "reason", repair.Plan.Reason)
@@ -339,7 +386,7 @@ func (r *ChainReconciler) poolPods(ctx context.Context, pool *streamsv1alpha1.Re
 
 // health decides every replica's health from this round's answers, its
 // history, its pod and its neighbours' reports.
-func (r *ChainReconciler) health(pool *streamsv1alpha1.ReplicaPool, addrs map[string]string, resps map[string]*catenapb.StatusResponse, pods map[string]*corev1.Pod, neighbours map[string]time.Duration, now time.Time) (map[string]chainplan.Health, map[string]bool, map[string]bool) {
+func (r *ChainReconciler) health(pool *streamsv1alpha1.ReplicaPool, addrs map[string]string, resps map[string]*catenapb.StatusResponse, pods map[string]*corev1.Pod, neighbours map[string]time.Duration, probedAt, now time.Time) (map[string]chainplan.Health, map[string]bool, map[string]bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.lastAnswer == nil {
@@ -352,7 +399,7 @@ func (r *ChainReconciler) health(pool *streamsv1alpha1.ReplicaPool, addrs map[st
 		key := pool.Namespace + "/" + pool.Name + "/" + id
 		_, ok := resps[id]
 		if ok {
-			r.lastAnswer[key] = now
+			r.lastAnswer[key] = probedAt
 			answered[id] = true
 		}
 		h := memberHealth(pods[id], ok, r.lastAnswer[key], now, r.failureTimeout(), neighbours[id])
