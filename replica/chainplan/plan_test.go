@@ -333,6 +333,12 @@ type world struct {
 	epoch   map[string]uint64   // installed epoch
 	commit  uint64
 	corrupt map[string]bool
+	// copyOutside and joinLag are the planner's Input.CopyOutside and
+	// Input.JoinLag.
+	copyOutside bool
+	joinLag     uint64
+	// reasons counts the plans made, by reason.
+	reasons map[string]int
 }
 
 func (w *world) input(rf, minLen int) Input {
@@ -351,7 +357,7 @@ func (w *world) input(rf, minLen int) Input {
 		}
 		reps = append(reps, r)
 	}
-	return Input{Chain: w.chain, Replicas: reps, ReplicationFactor: rf, MinLength: minLen}
+	return Input{Chain: w.chain, Replicas: reps, ReplicationFactor: rf, MinLength: minLen, CopyOutside: w.copyOutside, JoinLag: w.joinLag}
 }
 
 func sortedKeys[V any](m map[string]V) []string {
@@ -398,12 +404,17 @@ func (w *world) apply(t *testing.T, in Input, p Plan) Input {
 				t.Fatalf("truncated %s to %d: %v still disagrees with the head's %v", a.Member, a.To, l, head)
 			}
 		case ActionCatchUp:
-			// The link copies everything from the predecessor.
 			src := w.logs[w.chain.Members[0]]
-			if !slices.Equal(w.logs[a.Member], src[:len(w.logs[a.Member])]) {
-				t.Fatalf("joiner %s log %v is not a prefix of the chain's %v", a.Member, w.logs[a.Member], src)
+			if l := w.logs[a.Member]; len(l) > len(src) || !slices.Equal(l, src[:len(l)]) {
+				t.Fatalf("joiner %s log %v is not a prefix of the chain's %v", a.Member, l, src)
 			}
-			w.logs[a.Member] = slices.Clone(src)
+			if p.Changed {
+				// Joining: the link copies everything from the predecessor.
+				w.logs[a.Member] = slices.Clone(src)
+			} else {
+				// Copying outside the chain: committed records only.
+				w.logs[a.Member] = slices.Clone(src[:max(w.commit, uint64(len(w.logs[a.Member])))])
+			}
 		}
 	}
 	if p.Changed {
@@ -428,6 +439,9 @@ func (w *world) converge(t *testing.T, rf, minLen int) Plan {
 			t.Fatalf("Next: %v", err)
 		}
 		checkInvariants(t, input, p)
+		if w.reasons != nil {
+			w.reasons[p.Reason]++
+		}
 		if !p.Changed && len(p.Actions) == 0 {
 			again, _ := Next(input)
 			if !equalPlan(again, p) {
@@ -535,11 +549,34 @@ func TestScenarioLostVolume(t *testing.T) {
 // only grow, and the process converges with logs that are prefixes of the
 // head's.
 func TestRandomFailuresAndReturns(t *testing.T) {
+	randomFailuresAndReturns(t, false)
+}
+
+// The same with joiners copying outside the chain first.
+func TestRandomFailuresAndReturnsCopyingOutside(t *testing.T) {
+	randomFailuresAndReturns(t, true)
+}
+
+func randomFailuresAndReturns(t *testing.T, copyOutside bool) {
 	ids := []string{"a", "b", "c", "d"}
+	reasons := map[string]int{}
+	defer func() {
+		// The walk reaches the cases it is meant to check.
+		for _, r := range []string{ReasonRemoveFailed, ReasonAddReturning, ReasonAddNew, ReasonTruncate} {
+			if reasons[r] == 0 {
+				t.Errorf("no plan for %q in the random walk", r)
+			}
+		}
+		if copyOutside && reasons[ReasonCopying] == 0 {
+			t.Errorf("no joiner copied outside the chain in the random walk")
+		}
+		t.Logf("plans by reason: %v", reasons)
+	}()
 	for seed := int64(0); seed < 300; seed++ {
 		rng := rand.New(rand.NewSource(seed))
 		w := newWorld("a", "b", "c")
 		w.health["d"] = Alive
+		w.copyOutside, w.joinLag, w.reasons = copyOutside, uint64(rng.Intn(3)), reasons
 		rf, minLen := 3, 1+rng.Intn(2)
 		lastEpoch := w.chain.Epoch
 		for round := 0; round < 12; round++ {
