@@ -117,6 +117,11 @@ test-faults: build ## Run the fault-injection campaign for CATENA_FAULT_DURATION
 bench: build ## Run catenactl bench against a fresh catena dev (prints records/s, MiB/s, latency).
 	hack/bench.sh
 
+.PHONY: bench-compare
+bench-compare: build ## Run the same produce workloads against Catena and a 3-node NATS JetStream (built from the module proxy), alternating; print the table (COMPARE_RECORDS, COMPARE_ROUNDS).
+	cd test/bench && $(GO) run ./compare -catena $(CURDIR)/$(BIN)/catena -nats-server "$$($(CURDIR)/hack/nats-server.sh | tail -1)" \
+	  -records $${COMPARE_RECORDS:-200000} -rounds $${COMPARE_ROUNDS:-2} -out $(CURDIR)/$(BIN)/bench-compare.md
+
 .PHONY: bench-catchup
 bench-catchup: ## Measure a replacement's copy outside the chain: MiB/s, and producer p99 before and during (CATENA_CATCHUP_MIB, CATENA_CATCHUP_RATE, CATENA_CATCHUP_JOINER_DIR).
 	$(GO) test -run='^$$' -bench=BenchmarkCatchUp -benchtime=1x ./replica/server/

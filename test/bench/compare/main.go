@@ -1,0 +1,551 @@
+// Command compare measures Catena's produce path side by side with NATS
+// JetStream on this machine, in one run: a 3-node JetStream cluster on
+// 127.0.0.1 with sync_interval always and an R3 file stream, and `catena
+// dev` (3 replica processes, fsync on every member before the ack). Each
+// workload runs against both in turn (A B A B ...); the table reports each
+// system's median records/s, MiB/s and ack latency p50/p99/p999 over the
+// rounds, and the ratio Catena/peer. Every process it starts it stops, by
+// PID. Run it with `make bench-compare`.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	catena "github.com/catena-streams/catena/client"
+)
+
+func main() {
+	var (
+		catenaBin = flag.String("catena", "bin/catena", "catena binary")
+		natsBin   = flag.String("nats-server", "", "nats-server binary (hack/nats-server.sh)")
+		records   = flag.Int("records", 200000, "records per full-speed run")
+		rounds    = flag.Int("rounds", 2, "runs of each workload on each system, alternating")
+		out       = flag.String("out", "", "also write the table (markdown) to this file")
+	)
+	flag.Parse()
+	if *natsBin == "" {
+		fail(errors.New("-nats-server is required (hack/nats-server.sh prints it)"))
+	}
+	if err := run(*catenaBin, *natsBin, *records, *rounds, *out); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "compare:", err)
+	os.Exit(1)
+}
+
+// system is one side of the comparison.
+type system interface {
+	Name() string
+	// Run sends n records of size bytes from producers at once (rate: the
+	// total records/s, 0 for full speed; sync: one record at a time, each
+	// waited for) and returns every record's ack latency.
+	Run(ctx context.Context, w workload) (result, error)
+}
+
+type workload struct {
+	Name      string
+	Size      int
+	Producers int
+	N         int
+	Rate      float64 // records/s in total; 0: as fast as acks allow
+	Sync      bool
+}
+
+type result struct {
+	Elapsed time.Duration
+	Lat     []time.Duration
+	Bytes   int64
+}
+
+func (r result) recsPerSec() float64 { return float64(len(r.Lat)) / r.Elapsed.Seconds() }
+func (r result) mibPerSec() float64  { return float64(r.Bytes) / (1 << 20) / r.Elapsed.Seconds() }
+func (r result) pct(q float64) time.Duration {
+	if len(r.Lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.Lat)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+func run(catenaBin, natsBin string, records, rounds int, out string) error {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "catena-compare-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			stop(p)
+		}
+	}()
+
+	peer, ps, err := startNATS(ctx, natsBin, filepath.Join(dir, "nats"))
+	procs = append(procs, ps...)
+	if err != nil {
+		return err
+	}
+	defer peer.Close()
+	cat, p, err := startCatena(ctx, catenaBin, filepath.Join(dir, "catena"))
+	if p != nil {
+		procs = append(procs, p)
+	}
+	if err != nil {
+		return err
+	}
+	defer cat.Close()
+	systems := []system{cat, peer}
+
+	workloads := []workload{
+		{Name: "1 KiB, 1 producer, full speed", Size: 1024, Producers: 1, N: records},
+		{Name: "1 KiB, 4 producers, full speed", Size: 1024, Producers: 4, N: records},
+		{Name: "100 B, 4 producers, full speed", Size: 100, Producers: 4, N: records},
+		{Name: "1 KiB, synchronous, one at a time", Size: 1024, Producers: 1, N: 2000, Sync: true},
+	}
+	results := map[string]map[string][]result{}
+	runOne := func(w workload) error {
+		results[w.Name] = map[string][]result{}
+		for r := range rounds {
+			for _, s := range systems {
+				res, err := s.Run(ctx, w)
+				if err != nil {
+					return fmt.Errorf("%s, %s: %w", s.Name(), w.Name, err)
+				}
+				results[w.Name][s.Name()] = append(results[w.Name][s.Name()], res)
+				fmt.Fprintf(os.Stderr, "round %d %-8s %-40s %9.0f rec/s %7.1f MiB/s p50 %v p99 %v\n", r+1, s.Name(), w.Name,
+					res.recsPerSec(), res.mibPerSec(), res.pct(0.5).Round(10*time.Microsecond), res.pct(0.99).Round(10*time.Microsecond))
+			}
+		}
+		return nil
+	}
+	for _, w := range workloads {
+		if err := runOne(w); err != nil {
+			return err
+		}
+	}
+	// Latency at load: half the peer's peak with four producers.
+	peak := median(results[workloads[1].Name][peer.Name()], result.recsPerSec)
+	atLoad := workload{Name: fmt.Sprintf("1 KiB, 4 producers at %.0f/s (half the peer's peak)", peak/2), Size: 1024, Producers: 4, N: int(peak / 2 * 10), Rate: peak / 2}
+	workloads = append(workloads, atLoad)
+	if err := runOne(atLoad); err != nil {
+		return err
+	}
+
+	table := render(workloads, systems, results, rounds)
+	fmt.Print(table)
+	if out != "" {
+		return os.WriteFile(out, []byte(table), 0o644)
+	}
+	return nil
+}
+
+func median(rs []result, f func(result) float64) float64 {
+	vs := make([]float64, len(rs))
+	for i, r := range rs {
+		vs[i] = f(r)
+	}
+	slices.Sort(vs)
+	if len(vs) == 0 {
+		return 0
+	}
+	if len(vs)%2 == 1 {
+		return vs[len(vs)/2]
+	}
+	return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
+}
+
+func render(ws []workload, ss []system, res map[string]map[string][]result, rounds int) string {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	fmt.Fprintf(&b, "\nCatena vs %s, %s, %d rounds each (medians), %s\n\n", ss[1].Name(), time.Now().UTC().Format("2006-01-02"), rounds, host)
+	fmt.Fprintf(&b, "| workload | system | records/s | MiB/s | ack p50 | p99 | p999 |\n|---|---|---|---|---|---|---|\n")
+	ms := func(f func(result) time.Duration) func(result) float64 {
+		return func(r result) float64 { return float64(f(r).Microseconds()) / 1000 }
+	}
+	p50 := ms(func(r result) time.Duration { return r.pct(0.5) })
+	p99 := ms(func(r result) time.Duration { return r.pct(0.99) })
+	p999 := ms(func(r result) time.Duration { return r.pct(0.999) })
+	for _, w := range ws {
+		for _, s := range ss {
+			rs := res[w.Name][s.Name()]
+			fmt.Fprintf(&b, "| %s | %s | %.0f | %.1f | %.2f ms | %.2f ms | %.2f ms |\n", w.Name, s.Name(),
+				median(rs, result.recsPerSec), median(rs, result.mibPerSec), median(rs, p50), median(rs, p99), median(rs, p999))
+		}
+		a, p := res[w.Name][ss[0].Name()], res[w.Name][ss[1].Name()]
+		fmt.Fprintf(&b, "| %s | **ratio** | **%.2fx** | | %.2fx | %.2fx | %.2fx |\n", w.Name,
+			median(a, result.recsPerSec)/median(p, result.recsPerSec),
+			median(a, p50)/median(p, p50), median(a, p99)/median(p, p99), median(a, p999)/median(p, p999))
+	}
+	b.WriteString("\nRatios: records/s Catena/peer (above 1: Catena faster); latencies Catena/peer (below 1: Catena lower).\n")
+	return b.String()
+}
+
+// ---------------------------------------------------------------- Catena
+
+type catenaSystem struct {
+	c *catena.Client
+}
+
+func (s *catenaSystem) Name() string { return "Catena" }
+func (s *catenaSystem) Close()       { _ = s.c.Close() }
+
+func startCatena(ctx context.Context, bin, dir string) (*catenaSystem, *exec.Cmd, error) {
+	cmd := exec.Command(bin, "dev", "--data-dir", dir, "--listen", freeAddr(), "--stream", "bench", "--partitions", "4")
+	logf, err := os.Create(dir + ".log")
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
+	var state struct {
+		Ingest string `json:"ingest"`
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "dev.json")); err == nil && json.Unmarshal(b, &state) == nil && state.Ingest != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, cmd, fmt.Errorf("catena dev did not write dev.json within a minute (log: %s.log)", dir)
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	c, err := catena.Dial(ctx, state.Ingest)
+	if err != nil {
+		return nil, cmd, err
+	}
+	return &catenaSystem{c: c}, cmd, nil
+}
+
+func (s *catenaSystem) Run(ctx context.Context, w workload) (result, error) {
+	opts := catena.ProducerOptions{}
+	if w.Sync {
+		opts.Linger, opts.MaxInFlight = -1, 1
+	}
+	return drive(w, func(i int) func(payload []byte) (func() error, error) {
+		p := catena.NewProducer(s.c, "bench", opts)
+		return func(payload []byte) (func() error, error) {
+			f := p.Send(ctx, catena.Record{Value: payload})
+			return func() error { _, err := f.Wait(); return err }, nil
+		}
+	})
+}
+
+// ---------------------------------------------------------------- NATS
+
+type natsSystem struct {
+	url string
+	ncs []*nats.Conn
+}
+
+func (s *natsSystem) Name() string { return "JetStream" }
+func (s *natsSystem) Close() {
+	for _, nc := range s.ncs {
+		nc.Close()
+	}
+}
+
+func startNATS(ctx context.Context, bin, dir string) (*natsSystem, []*exec.Cmd, error) {
+	type node struct{ client, cluster, http string }
+	var nodes []node
+	for range 3 {
+		nodes = append(nodes, node{freeAddr(), freeAddr(), freeAddr()})
+	}
+	var routes []string
+	for _, n := range nodes {
+		routes = append(routes, "nats-route://"+n.cluster)
+	}
+	var cmds []*exec.Cmd
+	for i, n := range nodes {
+		name := fmt.Sprintf("n%d", i+1)
+		conf := fmt.Sprintf(`server_name: %s
+listen: %s
+http: %s
+jetstream {
+    store_dir: %q
+    max_file_store: 20GB
+    max_memory_store: 1GB
+    sync_interval: always
+}
+cluster {
+    name: bench
+    listen: %s
+    routes: [%s]
+}
+`, name, n.client, n.http, filepath.Join(dir, name), n.cluster, strings.Join(routes, ", "))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, cmds, err
+		}
+		path := filepath.Join(dir, name+".conf")
+		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+			return nil, cmds, err
+		}
+		logf, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			return nil, cmds, err
+		}
+		cmd := exec.Command(bin, "-c", path)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			return nil, cmds, err
+		}
+		cmds = append(cmds, cmd)
+	}
+	// Ready once a meta leader is elected and both other servers are current.
+	ready := func() bool {
+		// The meta leader reports its peers; followers may not.
+		for _, n := range nodes {
+			if metaLeader(n.http) {
+				return true
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !ready() {
+		if time.Now().After(deadline) {
+			return nil, cmds, fmt.Errorf("JetStream elected no meta leader within a minute (logs in %s)", dir)
+		}
+		<-time.After(100 * time.Millisecond)
+	}
+	var urls []string
+	for _, n := range nodes {
+		urls = append(urls, "nats://"+n.client)
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		return nil, cmds, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, cmds, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: jetstream.FileStorage,
+		Replicas: 3, Retention: jetstream.LimitsPolicy, Discard: jetstream.DiscardOld})
+	if err != nil {
+		return nil, cmds, fmt.Errorf("create stream: %w (server logs in %s)", err, dir)
+	}
+	// Publish to the stream leader, as its clients would.
+	info, err := st.Info(cctx)
+	if err != nil {
+		return nil, cmds, err
+	}
+	leader := urls[0]
+	for i := range nodes {
+		if info.Cluster != nil && info.Cluster.Leader == fmt.Sprintf("n%d", i+1) {
+			leader = urls[i]
+		}
+	}
+	return &natsSystem{url: leader}, cmds, nil
+}
+
+func metaLeader(httpAddr string) bool {
+	resp, err := http.Get("http://" + httpAddr + "/jsz")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var jsz struct {
+		Meta *struct {
+			Leader   string `json:"leader"`
+			Replicas []struct {
+				Current bool `json:"current"`
+			} `json:"replicas"`
+		} `json:"meta_cluster"`
+	}
+	if json.Unmarshal(b, &jsz) != nil || jsz.Meta == nil || jsz.Meta.Leader == "" || len(jsz.Meta.Replicas) < 2 {
+		return false
+	}
+	for _, r := range jsz.Meta.Replicas {
+		if !r.Current {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *natsSystem) Run(ctx context.Context, w workload) (result, error) {
+	return drive(w, func(i int) func(payload []byte) (func() error, error) {
+		nc, err := nats.Connect(s.url)
+		if err != nil {
+			return func([]byte) (func() error, error) { return nil, err }
+		}
+		s.ncs = append(s.ncs, nc)
+		inflight := inFlight
+		if w.Sync {
+			inflight = 1
+		}
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(inflight))
+		if err != nil {
+			return func([]byte) (func() error, error) { return nil, err }
+		}
+		subject := fmt.Sprintf("bench.p%d", i)
+		return func(payload []byte) (func() error, error) {
+			f, err := js.PublishAsync(subject, payload)
+			if err != nil {
+				return nil, err
+			}
+			return func() error {
+				select {
+				case <-f.Ok():
+					return nil
+				case err := <-f.Err():
+					return err
+				}
+			}, nil
+		}
+	})
+}
+
+// ---------------------------------------------------------------- driver
+
+// inFlight is how many records each producer may have sent and not yet
+// seen acknowledged, on both systems alike: the latency of a full-speed
+// run is then the store's, not a queue's in the driver.
+const inFlight = 256
+
+// drive runs w with one sender per producer (newSender(i) makes producer
+// i's): each send returns a wait for its ack; acks are awaited in order by
+// a collector, which records the latency from send to ack. At most
+// inFlight records per producer await their ack. A synchronous workload
+// waits for each ack before the next send.
+func drive(w workload, newSender func(i int) func(payload []byte) (func() error, error)) (result, error) {
+	per := w.N / w.Producers
+	var (
+		mu   sync.Mutex
+		lats = make([]time.Duration, 0, w.N)
+		errs []error
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	for i := range w.Producers {
+		send := newSender(i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			type pending struct {
+				at   time.Time
+				wait func() error
+			}
+			q := make(chan pending, inFlight)
+			collected := make(chan []time.Duration)
+			go func() {
+				var mine []time.Duration
+				for p := range q {
+					if err := p.wait(); err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						continue
+					}
+					mine = append(mine, time.Since(p.at))
+				}
+				collected <- mine
+			}()
+			payload := make([]byte, w.Size)
+			next := time.Now()
+			var interval time.Duration
+			if w.Rate > 0 {
+				interval = time.Duration(float64(time.Second) * float64(w.Producers) / w.Rate)
+			}
+			for range per {
+				if interval > 0 {
+					next = next.Add(interval)
+					if d := time.Until(next); d > 0 {
+						<-time.After(d)
+					}
+				}
+				at := time.Now()
+				wait, err := send(payload)
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					break
+				}
+				if w.Sync {
+					if err := wait(); err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						continue
+					}
+					mine := time.Since(at)
+					mu.Lock()
+					lats = append(lats, mine)
+					mu.Unlock()
+					continue
+				}
+				q <- pending{at: at, wait: wait}
+			}
+			close(q)
+			mine := <-collected
+			mu.Lock()
+			lats = append(lats, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	res := result{Elapsed: time.Since(start), Lat: lats, Bytes: int64(len(lats)) * int64(w.Size)}
+	if len(errs) > 0 {
+		return res, fmt.Errorf("%d records failed, the first: %w", len(errs), errs[0])
+	}
+	return res, nil
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fail(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// stop ends a process this program started (and its children: catena dev
+// runs its replicas in its process group), by PID.
+func stop(cmd *exec.Cmd) {
+	if cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}
