@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -30,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	catena "github.com/catena-streams/catena/client"
+	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
 func main() {
@@ -155,6 +157,20 @@ func run(catenaBin, natsBin string, records, rounds int, out string) error {
 	}
 
 	table := render(workloads, systems, results, rounds)
+	var fo []failoverResult
+	for _, f := range []func(context.Context) (failoverResult, error){
+		func(ctx context.Context) (failoverResult, error) { return cat.failover(ctx, "head") },
+		func(ctx context.Context) (failoverResult, error) { return cat.failover(ctx, "tail") },
+		peer.failover,
+	} {
+		r, err := f(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "failover %-26s write gap %v, %d acked, %d lost, %d failed\n", r.What, r.Gap.Round(time.Millisecond), r.Acked, r.Lost, r.Failed)
+		fo = append(fo, r)
+	}
+	table += renderFailover(fo)
 	fmt.Print(table)
 	if out != "" {
 		return os.WriteFile(out, []byte(table), 0o644)
@@ -203,10 +219,180 @@ func render(ws []workload, ss []system, res map[string]map[string][]result, roun
 	return b.String()
 }
 
+// ---------------------------------------------------------------- failover
+
+// failoverRate is the write rate while a leader or head is killed.
+const failoverRate = 2000
+
+type failoverResult struct {
+	What                string
+	Gap                 time.Duration // last ack before the kill to the first after
+	Acked, Lost, Failed int
+}
+
+func renderFailover(rs []failoverResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nFailover: kill -9 under %d records/s of 1 KiB (one producer, 256 in flight)\n\n", failoverRate)
+	b.WriteString("| system, killed | write gap (longest pause between acks after the kill) | acked | acked and lost | failed (not acked) |\n|---|---|---|---|---|\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "| %s | %v | %d | %d | %d |\n", r.What, r.Gap.Round(time.Millisecond), r.Acked, r.Lost, r.Failed)
+	}
+	return b.String()
+}
+
+// ackLog is the acknowledgements of a failover run, in order.
+type ackLog struct {
+	mu     sync.Mutex
+	at     []time.Time
+	ids    []uint64 // record id (its payload's first 8 bytes)
+	pos    []uint64 // offset or stream sequence
+	failed int
+}
+
+func (l *ackLog) add(id, pos uint64) {
+	l.mu.Lock()
+	l.at, l.ids, l.pos = append(l.at, time.Now()), append(l.ids, id), append(l.pos, pos)
+	l.mu.Unlock()
+}
+
+// gap is the write unavailability the kill caused: the longest pause
+// between consecutive acknowledgements from the last one before the kill
+// to ten seconds after it.
+func (l *ackLog) gap(kill time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i, _ := slices.BinarySearchFunc(l.at, kill, func(a, b time.Time) int { return a.Compare(b) })
+	var longest time.Duration
+	for j := max(i, 1); j < len(l.at) && l.at[j-1].Before(kill.Add(10*time.Second)); j++ {
+		longest = max(longest, l.at[j].Sub(l.at[j-1]))
+	}
+	return longest
+}
+
+// paced sends failoverRate records a second for d, calling send(id) for
+// each on its own goroutine (bounded), and kills at kill.
+func paced(d time.Duration, killAfter time.Duration, kill func() error, send func(id uint64)) (time.Time, error) {
+	sem := make(chan struct{}, inFlight)
+	var wg sync.WaitGroup
+	start := time.Now()
+	var killedAt time.Time
+	var killErr error
+	interval := time.Second / failoverRate
+	for id := uint64(1); time.Since(start) < d; id++ {
+		if killedAt.IsZero() && time.Since(start) >= killAfter {
+			killedAt, killErr = time.Now(), kill()
+		}
+		if wait := time.Until(start.Add(time.Duration(id) * interval)); wait > 0 {
+			<-time.After(wait)
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			send(id)
+		}()
+	}
+	wg.Wait()
+	return killedAt, killErr
+}
+
+func payloadFor(id uint64) []byte {
+	b := make([]byte, 1024)
+	binary.BigEndian.PutUint64(b, id)
+	return b
+}
+
+// failover kills the head (or tail) of partition 0 of catena dev's stream
+// under load, and checks every acknowledged record afterwards.
+func (s *catenaSystem) failover(ctx context.Context, role string) (failoverResult, error) {
+	res := failoverResult{What: "Catena, " + role}
+	p := catena.NewProducer(s.c, "bench", catena.ProducerOptions{RetryTimeout: time.Minute})
+	defer p.Close()
+	var log ackLog
+	kill := func() error {
+		var st struct {
+			Replicas []struct {
+				ID   string `json:"id"`
+				Addr string `json:"addr"`
+				PID  int    `json:"pid"`
+			} `json:"replicas"`
+		}
+		b, err := os.ReadFile(filepath.Join(s.dir, "dev.json"))
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(b, &st); err != nil {
+			return err
+		}
+		desc, err := s.c.Ingest().DescribeStream(ctx, &catenapb.DescribeStreamRequest{Stream: "bench"})
+		if err != nil {
+			return err
+		}
+		var victim string
+		for _, part := range desc.GetPartitions() {
+			if part.GetPartition() != 0 {
+				continue
+			}
+			ms := part.GetMembers()
+			if len(ms) == 0 {
+				return errors.New("partition 0 has no members")
+			}
+			victim = ms[0].GetId()
+			if role == "tail" {
+				victim = ms[len(ms)-1].GetId()
+			}
+		}
+		for _, r := range st.Replicas {
+			if r.ID == victim {
+				return syscall.Kill(r.PID, syscall.SIGKILL)
+			}
+		}
+		return fmt.Errorf("no PID for replica %q in dev.json", victim)
+	}
+	killedAt, err := paced(15*time.Second, 5*time.Second, kill, func(id uint64) {
+		a, err := p.SendSync(ctx, catena.Record{Value: payloadFor(id), Partition: catena.PartitionOf(0)})
+		if err != nil {
+			log.mu.Lock()
+			log.failed++
+			log.mu.Unlock()
+			return
+		}
+		log.add(id, a.Offset)
+	})
+	if err != nil {
+		return res, fmt.Errorf("kill the %s: %w", role, err)
+	}
+	res.Gap, res.Acked, res.Failed = log.gap(killedAt), len(log.ids), log.failed
+	// Every acknowledged record at its offset, after the repair.
+	byOffset := map[uint64]uint64{}
+	last := slices.Max(log.pos)
+	for next := slices.Min(log.pos); next <= last; {
+		fr, err := s.c.Fetch(ctx, "bench", 0, next, 4<<20, 5*time.Second)
+		if err != nil {
+			return res, err
+		}
+		if len(fr.Messages) == 0 {
+			break
+		}
+		for _, m := range fr.Messages {
+			byOffset[m.Offset] = binary.BigEndian.Uint64(m.Value)
+			next = m.Offset + 1
+		}
+	}
+	for i, id := range log.ids {
+		if byOffset[log.pos[i]] != id {
+			res.Lost++
+		}
+	}
+	return res, nil
+}
+
 // ---------------------------------------------------------------- Catena
 
 type catenaSystem struct {
-	c *catena.Client
+	c   *catena.Client
+	dir string
 }
 
 func (s *catenaSystem) Name() string { return "Catena" }
@@ -240,7 +426,7 @@ func startCatena(ctx context.Context, bin, dir string) (*catenaSystem, *exec.Cmd
 	if err != nil {
 		return nil, cmd, err
 	}
-	return &catenaSystem{c: c}, cmd, nil
+	return &catenaSystem{c: c, dir: dir}, cmd, nil
 }
 
 func (s *catenaSystem) Run(ctx context.Context, w workload) (result, error) {
@@ -260,8 +446,10 @@ func (s *catenaSystem) Run(ctx context.Context, w workload) (result, error) {
 // ---------------------------------------------------------------- NATS
 
 type natsSystem struct {
-	url string
-	ncs []*nats.Conn
+	url  string   // the stream leader's
+	urls []string // every server's, in order
+	cmds []*exec.Cmd
+	ncs  []*nats.Conn
 }
 
 func (s *natsSystem) Name() string { return "JetStream" }
@@ -366,7 +554,7 @@ cluster {
 			leader = urls[i]
 		}
 	}
-	return &natsSystem{url: leader}, cmds, nil
+	return &natsSystem{url: leader, urls: urls, cmds: cmds}, cmds, nil
 }
 
 func metaLeader(httpAddr string) bool {
@@ -426,6 +614,63 @@ func (s *natsSystem) Run(ctx context.Context, w workload) (result, error) {
 			}, nil
 		}
 	})
+}
+
+// failover kills the stream leader under load, and checks every
+// acknowledged message afterwards.
+func (s *natsSystem) failover(ctx context.Context) (failoverResult, error) {
+	res := failoverResult{What: "JetStream, stream leader"}
+	nc, err := nats.Connect(strings.Join(s.urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return res, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return res, err
+	}
+	st, err := js.Stream(ctx, "BENCH")
+	if err != nil {
+		return res, err
+	}
+	var log ackLog
+	kill := func() error {
+		info, err := st.Info(ctx)
+		if err != nil {
+			return err
+		}
+		for i, cmd := range s.cmds {
+			if info.Cluster != nil && info.Cluster.Leader == fmt.Sprintf("n%d", i+1) {
+				return syscall.Kill(cmd.Process.Pid, syscall.SIGKILL)
+			}
+		}
+		return errors.New("no stream leader")
+	}
+	killedAt, err := paced(15*time.Second, 5*time.Second, kill, func(id uint64) {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		a, err := js.Publish(pctx, "bench.failover", payloadFor(id))
+		if err != nil {
+			log.mu.Lock()
+			log.failed++
+			log.mu.Unlock()
+			return
+		}
+		log.add(id, a.Sequence)
+	})
+	if err != nil {
+		return res, fmt.Errorf("kill the stream leader: %w", err)
+	}
+	res.Gap, res.Acked, res.Failed = log.gap(killedAt), len(log.ids), log.failed
+	for i, id := range log.ids {
+		gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		m, err := st.GetMsg(gctx, log.pos[i])
+		cancel()
+		if err != nil || len(m.Data) < 8 || binary.BigEndian.Uint64(m.Data) != id {
+			res.Lost++
+		}
+	}
+	return res, nil
 }
 
 // ---------------------------------------------------------------- driver
