@@ -72,6 +72,16 @@ type workload struct {
 	N         int
 	Rate      float64 // records/s in total; 0: as fast as acks allow
 	Sync      bool
+	// InFlight overrides the records each producer may have awaiting
+	// their ack (0: inFlight).
+	InFlight int
+}
+
+func (w workload) inFlight() int {
+	if w.InFlight > 0 {
+		return w.InFlight
+	}
+	return inFlight
 }
 
 type result struct {
@@ -125,6 +135,7 @@ func run(catenaBin, natsBin string, records, rounds int, out string) error {
 		{Name: "1 KiB, 1 producer, full speed", Size: 1024, Producers: 1, N: records},
 		{Name: "1 KiB, 4 producers, full speed", Size: 1024, Producers: 4, N: records},
 		{Name: "100 B, 4 producers, full speed", Size: 100, Producers: 4, N: records},
+		{Name: "1 KiB, 4 producers, deep pipelines (4096 in flight each)", Size: 1024, Producers: 4, N: records, InFlight: 4096},
 		{Name: "1 KiB, synchronous, one at a time", Size: 1024, Producers: 1, N: 2000, Sync: true},
 	}
 	results := map[string]map[string][]result{}
@@ -149,7 +160,7 @@ func run(catenaBin, natsBin string, records, rounds int, out string) error {
 		}
 	}
 	// Latency at load: half the peer's peak with four producers.
-	peak := median(results[workloads[1].Name][peer.Name()], result.recsPerSec)
+	peak := median(results[workloads[1].Name][peer.Name()], result.recsPerSec) // 1 KiB, 4 producers, 256 in flight
 	atLoad := workload{Name: fmt.Sprintf("1 KiB, 4 producers at %.0f/s (half the peer's peak)", peak/2), Size: 1024, Producers: 4, N: int(peak / 2 * 10), Rate: peak / 2}
 	workloads = append(workloads, atLoad)
 	if err := runOne(atLoad); err != nil {
@@ -592,11 +603,14 @@ func (s *natsSystem) Run(ctx context.Context, w workload) (result, error) {
 			return func([]byte) (func() error, error) { return nil, err }
 		}
 		s.ncs = append(s.ncs, nc)
-		inflight := inFlight
+		inflight := w.inFlight()
 		if w.Sync {
 			inflight = 1
 		}
-		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(inflight))
+		// The driver bounds what awaits an ack (its queue, plus the one
+		// being waited for and the one being sent); the client's own bound
+		// is set above it so that it never stalls a publish on its own.
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(inflight+2))
 		if err != nil {
 			return func([]byte) (func() error, error) { return nil, err }
 		}
@@ -705,7 +719,7 @@ func drive(w workload, newSender func(i int) func(payload []byte) (func() error,
 				at   time.Time
 				wait func() error
 			}
-			q := make(chan pending, inFlight)
+			q := make(chan pending, w.inFlight())
 			collected := make(chan []time.Duration)
 			go func() {
 				var mine []time.Duration
