@@ -150,12 +150,7 @@ func desiredIngestService(stream *streamsv1alpha1.Stream) *corev1.Service {
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeClusterIP,
 			Selector: ingestSelectorLabels(stream),
-			Ports: []corev1.ServicePort{{
-				Name:       ingestPortName,
-				Port:       ingestPort,
-				TargetPort: intstr.FromString(ingestPortName),
-				Protocol:   corev1.ProtocolTCP,
-			}},
+			Ports:    []corev1.ServicePort{namedPort(ingestPortName, ingestPort)},
 		},
 	}
 }
@@ -164,16 +159,5 @@ func desiredIngestService(stream *streamsv1alpha1.Stream) *corev1.Service {
 // pod at a time. With a single replica it blocks nothing, so it needs no
 // special case when replicas is 1.
 func desiredIngestPDB(stream *streamsv1alpha1.Stream) *policyv1.PodDisruptionBudget {
-	return &policyv1.PodDisruptionBudget{
-		TypeMeta: metav1.TypeMeta{APIVersion: policyv1.SchemeGroupVersion.String(), Kind: "PodDisruptionBudget"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      stream.IngestName(),
-			Namespace: stream.Namespace,
-			Labels:    ingestLabels(stream),
-		},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
-			Selector:       &metav1.LabelSelector{MatchLabels: ingestSelectorLabels(stream)},
-		},
-	}
+	return oneAtATime(stream.Namespace, stream.IngestName(), ingestLabels(stream), ingestSelectorLabels(stream))
 }

@@ -238,12 +238,7 @@ func desiredService(pool *streamsv1alpha1.ReplicaPool) *corev1.Service {
 			ClusterIP:                corev1.ClusterIPNone,
 			PublishNotReadyAddresses: true,
 			Selector:                 poolSelectorLabels(pool),
-			Ports: []corev1.ServicePort{{
-				Name:       replicaPortName,
-				Port:       replicaPort,
-				TargetPort: intstr.FromString(replicaPortName),
-				Protocol:   corev1.ProtocolTCP,
-			}},
+			Ports:                    []corev1.ServicePort{namedPort(replicaPortName, replicaPort)},
 		},
 	}
 }
@@ -251,16 +246,24 @@ func desiredService(pool *streamsv1alpha1.ReplicaPool) *corev1.Service {
 // desiredPDB lets voluntary disruptions (drains, upgrades) take at most one
 // replica pod at a time: every chain loses at most one member on purpose.
 func desiredPDB(pool *streamsv1alpha1.ReplicaPool) *policyv1.PodDisruptionBudget {
+	return oneAtATime(pool.Namespace, pool.Name, poolLabels(pool), poolSelectorLabels(pool))
+}
+
+// oneAtATime is a PodDisruptionBudget that lets voluntary disruptions take
+// at most one of the selected pods at a time.
+func oneAtATime(namespace, name string, labels, selector map[string]string) *policyv1.PodDisruptionBudget {
 	return &policyv1.PodDisruptionBudget{
-		TypeMeta: metav1.TypeMeta{APIVersion: policyv1.SchemeGroupVersion.String(), Kind: "PodDisruptionBudget"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      pool.Name,
-			Namespace: pool.Namespace,
-			Labels:    poolLabels(pool),
-		},
+		TypeMeta:   metav1.TypeMeta{APIVersion: policyv1.SchemeGroupVersion.String(), Kind: "PodDisruptionBudget"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},
 		Spec: policyv1.PodDisruptionBudgetSpec{
 			MaxUnavailable: ptr.To(intstr.FromInt32(1)),
-			Selector:       &metav1.LabelSelector{MatchLabels: poolSelectorLabels(pool)},
+			Selector:       &metav1.LabelSelector{MatchLabels: selector},
 		},
 	}
+}
+
+// namedPort is a TCP Service port forwarding to the pods' port of the same
+// name.
+func namedPort(name string, port int32) corev1.ServicePort {
+	return corev1.ServicePort{Name: name, Port: port, TargetPort: intstr.FromString(name), Protocol: corev1.ProtocolTCP}
 }
