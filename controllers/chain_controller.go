@@ -178,19 +178,12 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	addrs := map[string]string{}
-	var names []string
-	for i := range pool.Spec.Replicas {
-		name := pool.PodName(i)
-		names = append(names, name)
-		addrs[name] = r.ReplicaAddr(pool, name)
-	}
 	// Members of the chain beyond the pool's current size (it shrank) are
 	// still asked: they may hold the only copy of committed records.
-	for _, m := range chain.Status.Members {
-		if _, ok := addrs[m.Name]; !ok {
-			addrs[m.Name] = r.ReplicaAddr(pool, m.Name)
-		}
+	addrs := poolReplicaAddrs(pool, r.ReplicaAddr, chain.Status.Members)
+	var names []string // placement candidates: the pool's pods, in order
+	for i := range pool.Spec.Replicas {
+		names = append(names, pool.PodName(i))
 	}
 
 	partition := uint32(*chain.Spec.Partition)
@@ -263,7 +256,10 @@ func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.Repl
 	r.mu.Lock()
 	for name, members := range r.placed[poolKey] {
 		if name == chain.Name || slices.ContainsFunc(onPool, func(c streamsv1alpha1.ReplicationChain) bool { return c.Name == name && len(c.Status.Members) > 0 }) {
-			continue // counted from the cache already
+			// Counted from the cache, which has caught up: the ledger
+			// entry has done its job.
+			delete(r.placed[poolKey], name)
+			continue
 		}
 		addPlacement(load, members)
 	}
@@ -440,8 +436,10 @@ func (r *ChainReconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.agreements, key)
-	for _, placed := range r.placed {
-		delete(placed, key.Name)
+	for pool, placed := range r.placed {
+		if pool.Namespace == key.Namespace {
+			delete(placed, key.Name)
+		}
 	}
 }
 

@@ -29,3 +29,21 @@ func replicaAddrs(pool *streamsv1alpha1.ReplicaPool) []string {
 func PodDNSAddr(pool *streamsv1alpha1.ReplicaPool, pod string) string {
 	return fmt.Sprintf("%s.%s.%s.svc:%d", pod, pool.ServiceName(), pool.Namespace, replicaPort)
 }
+
+// poolReplicaAddrs maps every replica pod of pool, and every other replica
+// named in members (pods beyond the pool's current size, which may still
+// hold a copy), to its address.
+func poolReplicaAddrs(pool *streamsv1alpha1.ReplicaPool, addr ReplicaAddrFunc, members ...[]streamsv1alpha1.ChainMember) map[string]string {
+	out := map[string]string{}
+	for i := range pool.Spec.Replicas {
+		out[pool.PodName(i)] = addr(pool, pool.PodName(i))
+	}
+	for _, ms := range members {
+		for _, m := range ms {
+			if _, ok := out[m.Name]; !ok {
+				out[m.Name] = addr(pool, m.Name)
+			}
+		}
+	}
+	return out
+}

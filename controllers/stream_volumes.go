@@ -183,24 +183,18 @@ func (r *StreamReconciler) dropPartitions(ctx context.Context, stream *streamsv1
 	if err := r.Client.List(ctx, &chains, client.InNamespace(stream.Namespace), client.MatchingLabels{labelStream: stream.Name}); err != nil {
 		return nil, fmt.Errorf("failed to list the ReplicationChains of Stream %s: %w", stream.Name, err)
 	}
-	addrs := map[string]string{}
-	for i := range pool.Spec.Replicas {
-		addrs[pool.PodName(i)] = r.ReplicaAddr(pool, pool.PodName(i))
-	}
 	partitions := map[uint32]bool{}
 	for p := range uint32(stream.Spec.Partitions) {
 		partitions[p] = true
 	}
+	var members [][]streamsv1alpha1.ChainMember
 	for _, c := range chains.Items {
 		if c.Spec.Partition != nil {
 			partitions[uint32(*c.Spec.Partition)] = true
 		}
-		for _, m := range c.Status.Members {
-			if _, ok := addrs[m.Name]; !ok {
-				addrs[m.Name] = r.ReplicaAddr(pool, m.Name)
-			}
-		}
+		members = append(members, c.Status.Members)
 	}
+	addrs := poolReplicaAddrs(pool, r.ReplicaAddr, members...)
 	var pending []string
 	for _, pod := range slices.Sorted(maps.Keys(addrs)) {
 		if err := r.dropFrom(ctx, stream.Name, addrs[pod], partitions); err != nil {
@@ -219,27 +213,35 @@ func (r *StreamReconciler) dropFrom(ctx context.Context, stream, addr string, pa
 		return err
 	}
 	rc := catenapb.NewReplicaClient(conn)
-	cctx, cancel := context.WithTimeout(ctx, statusProbeTimeout)
-	defer cancel()
-	resp, err := rc.Status(cctx, &catenapb.StatusRequest{Stream: stream})
+	// Each call on its own deadline: a replica hosting many partitions
+	// answers many calls.
+	hosted := func() ([]*catenapb.PartitionStatus, error) {
+		cctx, cancel := context.WithTimeout(ctx, statusProbeTimeout)
+		defer cancel()
+		resp, err := rc.Status(cctx, &catenapb.StatusRequest{Stream: stream})
+		return resp.GetPartitions(), err
+	}
+	parts, err := hosted()
 	if err != nil {
 		return err
 	}
 	// What it hosts (partitions beyond the spec's count included) and what
 	// the spec says it might.
-	for _, ps := range resp.GetPartitions() {
+	for _, ps := range parts {
 		partitions[ps.GetPartition()] = true
 	}
 	for _, p := range slices.Sorted(maps.Keys(partitions)) {
-		if _, err := rc.Drop(cctx, &catenapb.DropRequest{Stream: stream, Partition: p, Epoch: math.MaxUint64, StreamDeleted: true}); err != nil {
+		cctx, cancel := context.WithTimeout(ctx, statusProbeTimeout)
+		_, err := rc.Drop(cctx, &catenapb.DropRequest{Stream: stream, Partition: p, Epoch: math.MaxUint64, StreamDeleted: true})
+		cancel()
+		if err != nil {
 			return err
 		}
 	}
-	resp, err = rc.Status(cctx, &catenapb.StatusRequest{Stream: stream})
-	if err != nil {
+	if parts, err = hosted(); err != nil {
 		return err
 	}
-	if n := len(resp.GetPartitions()); n > 0 {
+	if n := len(parts); n > 0 {
 		return fmt.Errorf("still hosts %d partitions", n)
 	}
 	return nil

@@ -157,7 +157,10 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 		return
 	}
 	rc := catenapb.NewReplicaClient(conn)
-	started, first := time.Now(), uint64(0)
+	started := time.Now()
+	p.mu.Lock()
+	first := p.log.NextOffset() // where the copy starts, for the log line
+	p.mu.Unlock()
 	var bytes, unsynced int64
 	for {
 		p.mu.Lock()
@@ -171,9 +174,6 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 			return
 		}
 		from := p.log.NextOffset()
-		if first == 0 {
-			first = from
-		}
 		p.mu.Unlock()
 
 		rctx, cancel := context.WithTimeout(ctx, copyWait+10*time.Second)
