@@ -43,7 +43,7 @@ generate: $(TOOLS_DIR)/protoc-gen-go $(TOOLS_DIR)/protoc-gen-go-grpc $(CONTROLLE
 	PATH=$(TOOLS_DIR):$$PATH protoc -I rpc/proto \
 	  --go_out=. --go_opt=module=github.com/catena-streams/catena \
 	  --go-grpc_out=. --go-grpc_opt=module=github.com/catena-streams/catena \
-	  rpc/proto/catena/v1/catena.proto
+	  rpc/proto/catena/v1/catena.proto rpc/proto/catena/v1/aggregator.proto
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 
 .PHONY: manifests

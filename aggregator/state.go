@@ -1,0 +1,290 @@
+package aggregator
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// entryKey is one group: a key, and the start of its window (0 without
+// windows).
+type entryKey struct {
+	key    string
+	window int64
+}
+
+// acc is one aggregate's accumulator. n counts the values folded (for
+// Count: the records); f is the sum, minimum or maximum; set holds the
+// distinct values.
+type acc struct {
+	n   int64
+	f   float64
+	set map[string]struct{}
+}
+
+// entry is the state of one group: an accumulator per aggregate, in the
+// plan's order.
+type entry struct {
+	accs []acc
+}
+
+// State is one shard's per-key aggregates, the changes since its last
+// checkpoint, and the counters that are part of the state (so a restored
+// shard reports the same figures).
+type State struct {
+	plan    *Plan
+	entries map[entryKey]*entry
+	dirty   map[entryKey]struct{}
+	// Skipped counts records that were not folded: no key, or a value that
+	// is not a JSON object where the plan reads fields.
+	Skipped uint64
+}
+
+// NewState makes an empty state for plan; sizeHint pre-sizes the map.
+func NewState(plan *Plan, sizeHint int) *State {
+	return &State{plan: plan, entries: make(map[entryKey]*entry, sizeHint), dirty: map[entryKey]struct{}{}}
+}
+
+// Len is the number of groups (keys, or key-window pairs).
+func (s *State) Len() int { return len(s.entries) }
+
+// Dirty is the number of groups changed since the last checkpoint.
+func (s *State) Dirty() int { return len(s.dirty) }
+
+func (s *State) newEntry() *entry {
+	return &entry{accs: make([]acc, len(s.plan.aggregates))}
+}
+
+// Fold adds one record. It reports whether the record was folded (false:
+// counted as skipped).
+func (s *State) Fold(key, value []byte, timestampMs int64) bool {
+	var doc map[string]any
+	if s.plan.needsJSON {
+		if !decodeObject(value, &doc) {
+			if s.plan.keyField != nil {
+				s.Skipped++
+				return false
+			}
+			doc = nil // the record key groups it; field aggregates skip it
+		}
+	}
+	var k string
+	if s.plan.keyField != nil {
+		v, ok := lookup(doc, s.plan.keyField)
+		if !ok {
+			s.Skipped++
+			return false
+		}
+		k = textOf(v)
+	} else {
+		if len(key) == 0 {
+			s.Skipped++
+			return false
+		}
+		k = string(key)
+	}
+	ek := entryKey{key: k}
+	if w := s.plan.windowMs; w > 0 {
+		ek.window = timestampMs - mod(timestampMs, w)
+	}
+	e := s.entries[ek]
+	if e == nil {
+		e = s.newEntry()
+		s.entries[ek] = e
+	}
+	for i, a := range s.plan.aggregates {
+		ac := &e.accs[i]
+		switch a.fn {
+		case fnCount:
+			ac.n++
+		case fnSum, fnMin, fnMax:
+			v, ok := lookup(doc, a.field)
+			if !ok {
+				continue
+			}
+			x, ok := number(v)
+			if !ok {
+				continue
+			}
+			switch {
+			case a.fn == fnSum:
+				ac.f += x
+			case ac.n == 0:
+				ac.f = x
+			case a.fn == fnMin:
+				ac.f = math.Min(ac.f, x)
+			default:
+				ac.f = math.Max(ac.f, x)
+			}
+			ac.n++
+		case fnDistinct:
+			v, ok := lookup(doc, a.field)
+			if !ok {
+				continue
+			}
+			if ac.set == nil {
+				ac.set = map[string]struct{}{}
+			}
+			ac.set[textOf(v)] = struct{}{}
+			ac.n = int64(len(ac.set))
+		}
+	}
+	s.dirty[ek] = struct{}{}
+	return true
+}
+
+// mod is the non-negative remainder, so that windows of timestamps before
+// 1970 still start at multiples of the window.
+func mod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
+
+func decodeObject(value []byte, doc *map[string]any) bool {
+	value = bytes.TrimSpace(value)
+	if len(value) == 0 || value[0] != '{' {
+		return false
+	}
+	d := json.NewDecoder(bytes.NewReader(value))
+	d.UseNumber()
+	return d.Decode(doc) == nil
+}
+
+func lookup(doc map[string]any, path []string) (any, bool) {
+	var cur any = doc
+	for _, p := range path {
+		m, ok := cur.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if cur, ok = m[p]; !ok {
+			return nil, false
+		}
+	}
+	return cur, cur != nil
+}
+
+// textOf is a JSON value as a grouping key or distinct value: strings as
+// they are, anything else as its JSON text.
+func textOf(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case json.Number:
+		return x.String()
+	default:
+		b, _ := json.Marshal(x)
+		return string(b)
+	}
+}
+
+func number(v any) (float64, bool) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return 0, false
+	}
+	f, err := n.Float64()
+	return f, err == nil && !math.IsInf(f, 0) && !math.IsNaN(f)
+}
+
+// merge folds partial b (of the same group, from another shard) into a.
+func (p *Plan) merge(a, b *entry) {
+	for i, ag := range p.aggregates {
+		x, y := &a.accs[i], &b.accs[i]
+		switch ag.fn {
+		case fnCount:
+			x.n += y.n
+		case fnSum:
+			x.f += y.f
+			x.n += y.n
+		case fnMin, fnMax:
+			switch {
+			case y.n == 0:
+			case x.n == 0:
+				x.f = y.f
+			case ag.fn == fnMin:
+				x.f = math.Min(x.f, y.f)
+			default:
+				x.f = math.Max(x.f, y.f)
+			}
+			x.n += y.n
+		case fnDistinct:
+			if len(y.set) > 0 && x.set == nil {
+				x.set = make(map[string]struct{}, len(y.set))
+			}
+			for v := range y.set {
+				x.set[v] = struct{}{}
+			}
+			x.n = int64(len(x.set))
+		}
+	}
+}
+
+// values renders an entry as the API's values.
+func (p *Plan) values(e *entry) []*catenapb.AggValue {
+	out := make([]*catenapb.AggValue, len(p.aggregates))
+	for i, ag := range p.aggregates {
+		ac := e.accs[i]
+		v := &catenapb.AggValue{Name: ag.name, Function: ag.fn.String()}
+		switch ag.fn {
+		case fnCount, fnDistinct:
+			v.Value = &catenapb.AggValue_IntValue{IntValue: ac.n}
+		case fnSum:
+			v.Value = &catenapb.AggValue_FloatValue{FloatValue: ac.f}
+		case fnMin, fnMax:
+			if ac.n > 0 {
+				v.Value = &catenapb.AggValue_FloatValue{FloatValue: ac.f}
+			}
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// groups returns the groups of key (every window of it), in window order.
+func (s *State) groups(key string, fromMs, toMs int64) []entryKey {
+	if !s.plan.Windowed() {
+		if _, ok := s.entries[entryKey{key: key}]; ok {
+			return []entryKey{{key: key}}
+		}
+		return nil
+	}
+	var out []entryKey
+	for ek := range s.entries {
+		if ek.key == key && ek.window >= fromMs && (toMs == 0 || ek.window < toMs) {
+			out = append(out, ek)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].window < out[j].window })
+	return out
+}
+
+// keys returns the distinct keys with prefix after after, in order, at
+// most limit+1 of them (the extra one says there are more).
+func (s *State) keys(prefix, after string, limit int) []string {
+	seen := map[string]struct{}{}
+	var out []string
+	for ek := range s.entries {
+		k := ek.key
+		if !strings.HasPrefix(k, prefix) || k <= after {
+			continue
+		}
+		if _, ok := seen[k]; ok {
+			continue
+		}
+		seen[k] = struct{}{}
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	if len(out) > limit+1 {
+		out = out[:limit+1]
+	}
+	return out
+}
