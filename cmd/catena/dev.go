@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -14,21 +15,29 @@ func newDevCommand() *cobra.Command {
 	var (
 		verbosity  int
 		durability string
+		streams    []string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
-		Short: "Run a local all-in-one: replica processes, an ingestion endpoint and a default stream",
+		Short: "Run a local all-in-one: replica processes, an ingestion endpoint and its streams",
 		Long: `Starts, on loopback, replica child processes (each with its own data directory under
---data-dir) and an ingestion endpoint on --listen, creates the stream (by default "demo",
-4 partitions, replication 3) if it does not exist, writes DATA_DIR/dev.json once ready,
-and serves until interrupted. Data is kept across restarts on the same --data-dir.
-It is its chains' master: when a replica process exits, every chain goes on without it under a
-new epoch at once, and the replica is restarted on its data directory, cut back to where it
-agrees with its chains and re-added at their tails. A replica that does not answer for
---failure-timeout (paused, hung) is removed the same way and re-added when it answers again.
+--data-dir) and an ingestion endpoint on --listen, creates each --stream that does not exist
+(by default one, "demo", of --partitions partitions, replication 3), writes DATA_DIR/dev.json
+once ready, and serves until interrupted. Data is kept across restarts on the same --data-dir.
+--stream is repeatable or comma-separated, each NAME or NAME:PARTITIONS, e.g.
+--stream demo,demo-checkpoints or --stream demo:4 --stream agg-ckpt:1.
+It is the master of every stream's chains: when a replica process exits, every chain goes on
+without it under a new epoch at once, and the replica is restarted on its data directory, cut
+back to where it agrees with its chains and re-added at their tails. A replica that does not
+answer for --failure-timeout (paused, hung) is removed the same way and re-added when it
+answers again.
 Chains shorter than --min-chain-length refuse writes until they regrow.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if spec.Streams, err = devcluster.ParseStreams(streams); err != nil {
+				return err
+			}
 			switch durability {
 			case "fsync":
 				spec.Durability = catenapb.Durability_DURABILITY_FSYNC
@@ -48,7 +57,11 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 			out := cmd.OutOrStdout()
 			return devcluster.Run(ctx, spec, func(st devcluster.State) {
 				fmt.Fprintf(out, "Catena dev cluster is ready (state in %s/%s)\n", spec.DataDir, devcluster.StateFile)
-				fmt.Fprintf(out, "  ingestion: %s  stream: %s  metrics http://%s/metrics\n", st.Ingest, st.Stream, st.Metrics)
+				label := "stream"
+				if len(st.Streams) > 1 {
+					label = "streams"
+				}
+				fmt.Fprintf(out, "  ingestion: %s  %s: %s  metrics http://%s/metrics\n", st.Ingest, label, strings.Join(st.Streams, ", "), st.Metrics)
 				for _, r := range st.Replicas {
 					fmt.Fprintf(out, "  replica %s: %s  pid %d  metrics http://%s/metrics  data %s\n", r.ID, r.Addr, r.PID, r.Metrics, r.DataDir)
 				}
@@ -60,8 +73,8 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 	f.StringVar(&spec.DataDir, "data-dir", ".catena-dev", "directory for every replica's data and dev.json")
 	f.StringVar(&spec.Listen, "listen", "127.0.0.1:7070", "ingestion address; replicas use the following ports")
 	f.IntVar(&spec.Replicas, "replicas", 3, "replica processes to run")
-	f.StringVar(&spec.Stream, "stream", "demo", "stream to create")
-	f.IntVar(&spec.Partitions, "partitions", 4, "partitions of the stream")
+	f.StringSliceVar(&streams, "stream", []string{"demo"}, "streams to create and master, repeatable or comma-separated, each NAME or NAME:PARTITIONS")
+	f.IntVar(&spec.Partitions, "partitions", 4, "partitions of each stream that gives no NAME:PARTITIONS")
 	f.IntVar(&spec.Replication, "replication", 3, "chain length of each partition")
 	f.StringVar(&durability, "durability", "fsync", "fsync (fsync on every member before the ack) or interval")
 	f.Uint32Var(&spec.FsyncMs, "fsync-interval-ms", 0, "fsync interval with --durability interval (default 100)")

@@ -1,7 +1,8 @@
 // Package devcluster is Catena's local all-in-one (`catena dev`): replica
 // child processes on loopback, each with its own data directory, an
-// ingestion endpoint in this process, and a default stream. It plays the
-// chain master for its local chains, as the operator does on Kubernetes.
+// ingestion endpoint in this process, and its streams (by default one,
+// "demo"). It plays the chain master for every local chain, as the
+// operator does on Kubernetes.
 package devcluster
 
 import (
@@ -26,8 +27,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/ingest"
-	"github.com/catena-streams/catena/replica/chainmaster"
-	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
 )
@@ -42,10 +41,12 @@ const (
 
 // Spec describes the local cluster.
 type Spec struct {
-	DataDir     string
-	Listen      string // ingestion address; replicas take the ports after it
-	Replicas    int
-	Stream      string
+	DataDir  string
+	Listen   string // ingestion address; replicas take the ports after it
+	Replicas int
+	// Streams to create and master; the first is State.Stream.
+	Streams []StreamSpec
+	// Partitions of each stream that does not give its own count.
 	Partitions  int
 	Replication int
 	Durability  catenapb.Durability
@@ -78,9 +79,12 @@ func cpuShare(replicas int) int {
 
 // State is what dev.json holds.
 type State struct {
-	Ingest   string         `json:"ingest"`
-	Metrics  string         `json:"metrics,omitempty"`
+	Ingest  string `json:"ingest"`
+	Metrics string `json:"metrics,omitempty"`
+	// Stream is the first of Streams, for readers written when dev hosted
+	// one stream.
 	Stream   string         `json:"stream"`
+	Streams  []string       `json:"streams"`
 	Replicas []ReplicaState `json:"replicas"`
 }
 
@@ -107,8 +111,8 @@ func (s *Spec) Validate() error {
 		return errors.New("--data-dir is required")
 	case s.Replicas < 1 || s.Replicas > 9:
 		return fmt.Errorf("--replicas %d must be between 1 and 9", s.Replicas)
-	case s.Partitions < 1 || s.Partitions > 1024:
-		return fmt.Errorf("--partitions %d must be between 1 and 1024", s.Partitions)
+	case s.Partitions < 1 || s.Partitions > maxPartitions:
+		return fmt.Errorf("--partitions %d must be between 1 and %d", s.Partitions, maxPartitions)
 	case s.Replication < 1 || s.Replication > s.Replicas:
 		return fmt.Errorf("--replication %d must be between 1 and --replicas (%d)", s.Replication, s.Replicas)
 	case s.MinChainLength < 0 || s.MinChainLength > s.Replication:
@@ -119,7 +123,7 @@ func (s *Spec) Validate() error {
 	if _, _, err := net.SplitHostPort(s.Listen); err != nil {
 		return fmt.Errorf("--listen %q: %w", s.Listen, err)
 	}
-	return nil
+	return validateStreams(s.Streams)
 }
 
 // Run starts everything, writes dev.json and serves until ctx ends.
@@ -128,6 +132,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		return err
 	}
 	spec.MinChainLength = max(spec.MinChainLength, 1)
+	spec.Streams = resolveStreams(spec.Streams, spec.Partitions)
 	if spec.FailureTimeout == 0 {
 		spec.FailureTimeout = DefaultFailureTimeout
 	}
@@ -182,8 +187,10 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	if err := waitReady(ctx, pool, children); err != nil {
 		return err
 	}
-	if err := ensureStream(ctx, pool, spec, children, log); err != nil {
-		return err
+	for _, s := range spec.Streams {
+		if err := ensureStream(ctx, pool, spec, s, children, log); err != nil {
+			return err
+		}
 	}
 
 	ing, err := ingest.New(ingest.Options{Replicas: addrs(children), Logger: log.WithValues("role", "ingest")})
@@ -197,7 +204,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	go func() { serveErr <- g.Serve(ingestLis) }()
 	defer g.Stop()
 
-	st := State{Ingest: ingestLis.Addr().String(), Stream: spec.Stream}
+	st := State{Ingest: ingestLis.Addr().String(), Stream: spec.Streams[0].Name, Streams: streamNames(spec.Streams)}
 	if spec.ServeMetrics != nil {
 		var prevMetrics string
 		if prev != nil {
@@ -219,10 +226,12 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	}
 
 	m := &master{
-		stream: spec.Stream, partitions: spec.Partitions, replication: spec.Replication, minLength: spec.MinChainLength, pool: pool,
+		replication: spec.Replication, minLength: spec.MinChainLength, pool: pool,
 		log: log.WithValues("component", "master"), addrs: map[string]string{}, failed: map[string]bool{},
-		chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]chainmaster.Agreement{},
 		health: newHealthTracker(spec.FailureTimeout),
+	}
+	for _, s := range spec.Streams {
+		m.streams = append(m.streams, newMasterStream(s.Name, s.Partitions))
 	}
 	for _, c := range children {
 		m.addrs[c.ID] = c.Addr
@@ -234,8 +243,9 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		watch(c)
 	}
 	// Probing every replica is a repair round: each round asks every
-	// replica for its Status on a short deadline, feeds the failure
-	// detector and re-plans every chain.
+	// replica for its Status (of every stream at once) on a short
+	// deadline, feeds the failure detector and re-plans every chain of
+	// every stream.
 	tick := time.NewTicker(probeInterval)
 	defer tick.Stop()
 	// A restarted replica is waited for off the loop, so probing (and
@@ -456,7 +466,7 @@ func waitReady(ctx context.Context, pool *transport.Pool, children []*child) err
 
 // ensureStream creates the stream, or re-installs its chains under a new
 // epoch when members' addresses changed since they were last configured.
-func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, children []*child, log logr.Logger) error {
+func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, stream StreamSpec, children []*child, log logr.Logger) error {
 	byID := map[string]*child{}
 	ids := make([]string, len(children))
 	for i, c := range children {
@@ -470,7 +480,7 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, children
 		if err != nil {
 			return err
 		}
-		resp, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{Stream: spec.Stream})
+		resp, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{Stream: stream.Name})
 		if err != nil {
 			return fmt.Errorf("failed to read status of replica %s: %w", c.ID, err)
 		}
@@ -478,10 +488,10 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, children
 			installed[ps.GetPartition()] = append(installed[ps.GetPartition()], ps)
 		}
 	}
-	placement := Placement(spec.Partitions, spec.Replication, ids)
+	placement := Placement(stream.Partitions, spec.Replication, ids)
 	minLen := uint32(max(spec.MinChainLength, 1))
-	cfg := &catenapb.StreamConfig{Partitions: uint32(spec.Partitions), Durability: spec.Durability, FsyncIntervalMs: spec.FsyncMs, MinChainLength: minLen}
-	for p := range spec.Partitions {
+	cfg := &catenapb.StreamConfig{Partitions: uint32(stream.Partitions), Durability: spec.Durability, FsyncIntervalMs: spec.FsyncMs, MinChainLength: minLen}
+	for p := range stream.Partitions {
 		var latest *catenapb.PartitionStatus
 		for _, ps := range installed[uint32(p)] {
 			if latest == nil || ps.GetEpoch() > latest.GetEpoch() {
@@ -517,11 +527,11 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, children
 		for _, id := range memberIDs {
 			c := byID[id]
 			if c == nil {
-				return fmt.Errorf("partition %s/%d names member %q that this dev cluster does not run; use a fresh --data-dir", spec.Stream, p, id)
+				return fmt.Errorf("partition %s/%d names member %q that this dev cluster does not run; use a fresh --data-dir", stream.Name, p, id)
 			}
 			members = append(members, &catenapb.Member{Id: id, Addr: c.Addr})
 		}
-		req := &catenapb.ConfigureRequest{Stream: spec.Stream, Partition: uint32(p), Epoch: epoch, Members: members, Config: cfg}
+		req := &catenapb.ConfigureRequest{Stream: stream.Name, Partition: uint32(p), Epoch: epoch, Members: members, Config: cfg}
 		// Tail first: by the time a predecessor links, its successor
 		// already knows the epoch.
 		for i := len(members) - 1; i >= 0; i-- {
@@ -530,10 +540,10 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, children
 				return err
 			}
 			if _, err := catenapb.NewReplicaClient(conn).Configure(ctx, req); err != nil && status.Code(err) != codes.FailedPrecondition {
-				return fmt.Errorf("failed to configure partition %s/%d on %s: %w", spec.Stream, p, members[i].GetId(), err)
+				return fmt.Errorf("failed to configure partition %s/%d on %s: %w", stream.Name, p, members[i].GetId(), err)
 			}
 		}
-		log.Info("Configured chain", "stream", spec.Stream, "partition", p, "epoch", epoch, "members", memberIDs)
+		log.Info("Configured chain", "stream", stream.Name, "partition", p, "epoch", epoch, "members", memberIDs)
 	}
 	return nil
 }

@@ -12,8 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/catena-streams/catena/replica/chainmaster"
-	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/replica/server"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
@@ -76,10 +74,11 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 		return catenapb.NewReplicaClient(conn)
 	}
 	m := &master{
-		stream: "s", partitions: 1, replication: 3, pool: pool, log: logr.Discard(),
+		streams: []*masterStream{newMasterStream("s", 1)}, replication: 3, pool: pool, log: logr.Discard(),
 		addrs:  map[string]string{"a": a.addr, "b": b.addr, "c": c.addr},
-		failed: map[string]bool{}, chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]chainmaster.Agreement{},
+		failed: map[string]bool{},
 	}
+	chains := m.streams[0].chains
 	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
 	req := &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Config: cfg,
 		Members: []*catenapb.Member{{Id: "a", Addr: a.addr}, {Id: "b", Addr: b.addr}, {Id: "c", Addr: c.addr}}}
@@ -104,7 +103,7 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 		}
 	}
 	m.repair(ctx) // healthy: nothing to do
-	if ch := m.chains[0]; ch.Epoch != 0 {
+	if ch := chains[0]; ch.Epoch != 0 {
 		t.Fatalf("healthy chain changed: %+v", ch)
 	}
 
@@ -124,8 +123,8 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 	m.failed["a"] = true
 	b = startNode(t, "b", b.addr, b.dir)
 	m.repair(ctx)
-	if ch := m.chains[0]; ch.Epoch != 2 || fmt.Sprint(ch.Members) != "[b c]" {
-		t.Fatalf("after the head failed: %+v", m.chains[0])
+	if ch := chains[0]; ch.Epoch != 2 || fmt.Sprint(ch.Members) != "[b c]" {
+		t.Fatalf("after the head failed: %+v", chains[0])
 	}
 	for i := range 4 {
 		if err := appendAt(b, 2, 3, uint64(i*2+1), 2, 5*time.Second); err != nil {
@@ -140,8 +139,8 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 		t.Fatalf("returning head: end %d last epoch %d", st.GetLogEnd(), st.GetLastLogEpoch())
 	}
 	m.repair(ctx)
-	if ch := m.chains[0]; ch.Epoch != 3 || fmt.Sprint(ch.Members) != "[b c a]" {
-		t.Fatalf("after the return: %+v", m.chains[0])
+	if ch := chains[0]; ch.Epoch != 3 || fmt.Sprint(ch.Members) != "[b c a]" {
+		t.Fatalf("after the return: %+v", chains[0])
 	}
 	if err := appendAt(b, 3, 3, 9, 2, 5*time.Second); err != nil {
 		t.Fatalf("append after the rejoin: %v", err)
@@ -167,7 +166,7 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 		}
 	}
 	m.repair(ctx) // converged: nothing more
-	if ch := m.chains[0]; ch.Epoch != 3 {
+	if ch := chains[0]; ch.Epoch != 3 {
 		t.Fatalf("repair of a converged chain moved it: %+v", ch)
 	}
 }
@@ -195,4 +194,84 @@ func waitFor(t *testing.T, f func() error) {
 		}
 		<-time.After(10 * time.Millisecond) // poll interval
 	}
+}
+
+// TestMasterRepairsEveryStream: one master, two streams of different
+// partition counts on the same replicas; when a replica fails, every chain
+// of both streams moves to a new epoch without it, from one round of
+// Status calls.
+func TestMasterRepairsEveryStream(t *testing.T) {
+	ctx := context.Background()
+	nodes := []*replicaNode{
+		startNode(t, "a", "127.0.0.1:0", t.TempDir()),
+		startNode(t, "b", "127.0.0.1:0", t.TempDir()),
+		startNode(t, "c", "127.0.0.1:0", t.TempDir()),
+	}
+	pool := transport.NewPool(nil)
+	defer pool.Close()
+	m := &master{
+		streams:     []*masterStream{newMasterStream("demo", 2), newMasterStream("demo-checkpoints", 1)},
+		replication: 3, pool: pool, log: logr.Discard(),
+		addrs:  map[string]string{},
+		failed: map[string]bool{},
+	}
+	var members []*catenapb.Member
+	for _, n := range nodes {
+		m.addrs[n.id] = n.addr
+		members = append(members, &catenapb.Member{Id: n.id, Addr: n.addr})
+	}
+	for _, s := range m.streams {
+		cfg := &catenapb.StreamConfig{Partitions: uint32(s.partitions), Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
+		for p := range uint32(s.partitions) {
+			req := &catenapb.ConfigureRequest{Stream: s.name, Partition: p, Epoch: 1, Config: cfg, Members: members}
+			for i := len(nodes) - 1; i >= 0; i-- {
+				conn, err := pool.Get(nodes[i].addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := catenapb.NewReplicaClient(conn).Configure(ctx, req); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	m.repair(ctx) // healthy: nothing to do
+	for _, s := range m.streams {
+		if len(s.chains) != 0 {
+			t.Fatalf("%s: healthy chains changed: %v", s.name, s.chains)
+		}
+	}
+
+	nodes[0].stop()
+	m.failed["a"] = true
+	m.repair(ctx)
+	for _, s := range m.streams {
+		for p := range uint32(s.partitions) {
+			if ch := s.chains[p]; ch.Epoch != 2 || fmt.Sprint(ch.Members) != "[b c]" {
+				t.Errorf("%s/%d after a failed: %+v, want epoch 2 [b c]", s.name, p, ch)
+			}
+		}
+	}
+	// The replicas confirm: every chain of both streams is at epoch 2.
+	waitFor(t, func() error {
+		for _, n := range nodes[1:] {
+			conn, err := pool.Get(n.addr)
+			if err != nil {
+				return err
+			}
+			resp, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{})
+			if err != nil {
+				return err
+			}
+			if len(resp.GetPartitions()) != 3 {
+				return fmt.Errorf("%s hosts %d partitions, want 3", n.id, len(resp.GetPartitions()))
+			}
+			for _, ps := range resp.GetPartitions() {
+				if ps.GetEpoch() != 2 {
+					return fmt.Errorf("%s: %s/%d at epoch %d, want 2", n.id, ps.GetStream(), ps.GetPartition(), ps.GetEpoch())
+				}
+			}
+		}
+		return nil
+	})
 }

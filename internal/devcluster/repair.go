@@ -93,10 +93,10 @@ func planRepairs(in repairInput) ([]*chainmaster.Repair, error) {
 	return out, nil
 }
 
-// master is catena dev's chain master.
+// master is catena dev's chain master, of every chain of every stream it
+// hosts.
 type master struct {
-	stream      string
-	partitions  int
+	streams     []*masterStream
 	replication int
 	minLength   int // fewest members that take writes (0: 1)
 	pool        *transport.Pool
@@ -107,12 +107,22 @@ type master struct {
 	health *healthTracker
 	now    func() time.Time
 
-	addrs      map[string]string
-	failed     map[string]bool                     // process exited, not restarted and ready yet
-	silent     map[string]bool                     // declared failed by the timeout (for logs)
-	reports    map[string]*catenapb.StatusResponse // last answer of each replica
+	addrs   map[string]string
+	failed  map[string]bool                     // process exited, not restarted and ready yet
+	silent  map[string]bool                     // declared failed by the timeout (for logs)
+	reports map[string]*catenapb.StatusResponse // last answer of each replica, every stream
+}
+
+// masterStream is what the master keeps of one stream's chains.
+type masterStream struct {
+	name       string
+	partitions int
 	chains     map[uint32]chainplan.Chain
 	agreements map[agreeKey]chainmaster.Agreement
+}
+
+func newMasterStream(name string, partitions int) *masterStream {
+	return &masterStream{name: name, partitions: partitions, chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]chainmaster.Agreement{}}
 }
 
 const (
@@ -162,43 +172,61 @@ func (m *master) failedNow() map[string]bool {
 	return out
 }
 
-// repair gathers reports and carries out plans until none has work left
-// (or a bounded number of rounds, the next tick resumes).
+// repair gathers reports and carries out plans until no stream has work
+// left (or a bounded number of rounds, the next tick resumes).
 func (m *master) repair(ctx context.Context) {
 	for range repairMaxRounds {
 		if ctx.Err() != nil {
 			return
 		}
 		answered := m.gather(ctx)
-		repairs, err := planRepairs(repairInput{
-			Stream: m.stream, Partitions: m.partitions, Replication: m.replication, MinLength: max(m.minLength, 1),
-			Addrs: m.addrs, Failed: m.failedNow(), Reports: m.reports, Answered: answered, Chains: m.chains, Agreements: m.agreements,
-		})
-		if err != nil {
-			m.log.Error(err, "Cannot plan chain repair")
-			return
-		}
-		if len(repairs) == 0 {
-			return
-		}
-		for _, pr := range repairs {
-			m.log.Info("Reordering chain", "stream", m.stream, "partition", pr.Partition, "epoch", pr.Plan.Epoch,
-				"reason", pr.Plan.Reason, "from", pr.Chain.Members, "fromEpoch", pr.Chain.Epoch, "members", pr.Plan.Members,
-				"writesAllowed", pr.Plan.WritesAllowed, "actions", chainmaster.ActionStrings(pr.Plan.Actions))
-			if pr.Plan.Changed {
-				// Recorded before it is installed, as the operator writes
-				// the ReplicationChain first: a half-installed epoch is
-				// finished by the next round (members that have not
-				// confirmed it get it again).
-				m.chains[pr.Partition] = chainplan.Chain{Epoch: pr.Plan.Epoch, Members: slices.Clone(pr.Plan.Members)}
-			} else if _, ok := m.chains[pr.Partition]; !ok {
-				m.chains[pr.Partition] = pr.Chain
+		failed := m.failedNow()
+		worked := false
+		for _, s := range m.streams {
+			if ctx.Err() != nil {
+				return
 			}
-			if err := m.execute(ctx, pr); err != nil {
-				m.log.Error(err, "Chain repair step failed; retrying on the next round", "stream", m.stream, "partition", pr.Partition)
+			if m.repairStream(ctx, s, answered, failed) {
+				worked = true
 			}
+		}
+		if !worked {
+			return
 		}
 	}
+}
+
+// repairStream plans one stream's chains from the round's reports and
+// carries the plans out; it reports whether there was work. A stream that
+// cannot be planned is logged and left to the next round, the others go
+// on.
+func (m *master) repairStream(ctx context.Context, s *masterStream, answered, failed map[string]bool) bool {
+	repairs, err := planRepairs(repairInput{
+		Stream: s.name, Partitions: s.partitions, Replication: m.replication, MinLength: max(m.minLength, 1),
+		Addrs: m.addrs, Failed: failed, Reports: m.reports, Answered: answered, Chains: s.chains, Agreements: s.agreements,
+	})
+	if err != nil {
+		m.log.Error(err, "Cannot plan chain repair", "stream", s.name)
+		return false
+	}
+	for _, pr := range repairs {
+		m.log.Info("Reordering chain", "stream", s.name, "partition", pr.Partition, "epoch", pr.Plan.Epoch,
+			"reason", pr.Plan.Reason, "from", pr.Chain.Members, "fromEpoch", pr.Chain.Epoch, "members", pr.Plan.Members,
+			"writesAllowed", pr.Plan.WritesAllowed, "actions", chainmaster.ActionStrings(pr.Plan.Actions))
+		if pr.Plan.Changed {
+			// Recorded before it is installed, as the operator writes
+			// the ReplicationChain first: a half-installed epoch is
+			// finished by the next round (members that have not
+			// confirmed it get it again).
+			s.chains[pr.Partition] = chainplan.Chain{Epoch: pr.Plan.Epoch, Members: slices.Clone(pr.Plan.Members)}
+		} else if _, ok := s.chains[pr.Partition]; !ok {
+			s.chains[pr.Partition] = pr.Chain
+		}
+		if err := m.execute(ctx, s, pr); err != nil {
+			m.log.Error(err, "Chain repair step failed; retrying on the next round", "stream", s.name, "partition", pr.Partition)
+		}
+	}
+	return len(repairs) > 0
 }
 
 // gather asks every replica whose process runs for its status, all at
@@ -228,7 +256,11 @@ func (m *master) gather(ctx context.Context) map[string]bool {
 				return
 			}
 			cctx, cancel := context.WithTimeout(ctx, probeTimeout)
-			resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{Stream: m.stream})
+			// No stream: one answer covers every stream the replica
+			// hosts (replica/server Status), so a round costs one call per
+			// replica however many streams there are. Streams this master
+			// does not host are ignored by planRepairs.
+			resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{})
 			cancel()
 			if err == nil {
 				mu.Lock()
@@ -250,10 +282,10 @@ func (m *master) gather(ctx context.Context) map[string]bool {
 	return out
 }
 
-func (m *master) execute(ctx context.Context, pr *chainmaster.Repair) error {
-	found, err := chainmaster.Executor{Conns: m.pool, Log: m.log, CallTimeout: repairCallTimeout}.Execute(ctx, m.stream, pr)
+func (m *master) execute(ctx context.Context, s *masterStream, pr *chainmaster.Repair) error {
+	found, err := chainmaster.Executor{Conns: m.pool, Log: m.log, CallTimeout: repairCallTimeout}.Execute(ctx, s.name, pr)
 	for id, a := range found {
-		m.agreements[agreeKey{pr.Partition, id}] = a
+		s.agreements[agreeKey{pr.Partition, id}] = a
 	}
 	return err
 }
