@@ -185,6 +185,12 @@ func streamConfig(stream *streamsv1alpha1.Stream) *catenapb.StreamConfig {
 		if r.Bytes != nil {
 			cfg.RetentionBytes = r.Bytes.Value()
 		}
+		if r.HardTime != nil {
+			cfg.HardRetentionMs = r.HardTime.Duration.Milliseconds()
+		}
+		if r.HardBytes != nil {
+			cfg.HardRetentionBytes = r.HardBytes.Value()
+		}
 	}
 	return cfg
 }
@@ -347,6 +353,66 @@ func chainStatus(chain *streamsv1alpha1.ReplicationChain, obs chainObservation) 
 	return status
 }
 
+// Bounds of what a Partition's status lists of consumer holds (the API's
+// MaxItems).
+const (
+	maxStatusConsumers   = 64
+	maxStatusForcedTrims = 16
+)
+
+// consumerHolds is what the members report of consumer holds: per
+// consumer the lowest offset any member holds (what every member keeps),
+// sorted by consumer and cut at maxStatusConsumers (truncated says so),
+// and the forced trims, one per consumer and hold offset (the latest trim
+// of it), oldest first, the latest maxStatusForcedTrims.
+func consumerHolds(reports map[string]*catenapb.PartitionStatus) (holds []streamsv1alpha1.ConsumerHold, truncated bool, trims []streamsv1alpha1.ForcedTrim) {
+	lowest := map[string]uint64{}
+	type trimKey struct {
+		consumer string
+		hold     uint64
+	}
+	latest := map[trimKey]*catenapb.ForcedTrim{}
+	for _, ps := range reports {
+		for _, h := range ps.GetHolds() {
+			if cur, ok := lowest[h.GetConsumer()]; !ok || h.GetOffset() < cur {
+				lowest[h.GetConsumer()] = h.GetOffset()
+			}
+		}
+		for _, t := range ps.GetForcedTrims() {
+			k := trimKey{t.GetConsumer(), t.GetHoldOffset()}
+			if cur := latest[k]; cur == nil || t.GetLogStart() > cur.GetLogStart() ||
+				(t.GetLogStart() == cur.GetLogStart() && t.GetTimeMs() > cur.GetTimeMs()) {
+				latest[k] = t
+			}
+		}
+	}
+	for c, off := range lowest {
+		holds = append(holds, streamsv1alpha1.ConsumerHold{Consumer: c, Offset: int64(off)})
+	}
+	sort.Slice(holds, func(i, j int) bool { return holds[i].Consumer < holds[j].Consumer })
+	if len(holds) > maxStatusConsumers {
+		holds, truncated = holds[:maxStatusConsumers], true
+	}
+	for _, t := range latest {
+		trims = append(trims, streamsv1alpha1.ForcedTrim{Consumer: t.GetConsumer(), HoldOffset: int64(t.GetHoldOffset()),
+			LogStartOffset: int64(t.GetLogStart()), Time: metav1.NewTime(time.UnixMilli(t.GetTimeMs()).UTC())})
+	}
+	sort.Slice(trims, func(i, j int) bool {
+		a, b := trims[i], trims[j]
+		if !a.Time.Equal(&b.Time) {
+			return a.Time.Before(&b.Time)
+		}
+		if a.Consumer != b.Consumer {
+			return a.Consumer < b.Consumer
+		}
+		return a.HoldOffset < b.HoldOffset
+	})
+	if n := len(trims); n > maxStatusForcedTrims {
+		trims = trims[n-maxStatusForcedTrims:]
+	}
+	return holds, truncated, trims
+}
+
 // partitionStatus is the Partition's status from its chain's status and
 // the members' reports. Offsets only grow: a round in which no member
 // answered keeps what was known.
@@ -371,6 +437,9 @@ func partitionStatus(part *streamsv1alpha1.Partition, chain streamsv1alpha1.Repl
 		if ps.GetError() != "" {
 			refusing = append(refusing, fmt.Sprintf("%s: %s", id, ps.GetError()))
 		}
+	}
+	if len(reports) > 0 {
+		status.Consumers, status.ConsumersTruncated, status.ForcedTrims = consumerHolds(reports)
 	}
 	cond := metav1.Condition{Type: streamsv1alpha1.PartitionReadyCondition, ObservedGeneration: part.Generation}
 	ready := meta.FindStatusCondition(chain.Conditions, streamsv1alpha1.ReplicationChainReadyCondition)

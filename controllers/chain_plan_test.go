@@ -229,6 +229,11 @@ func TestStreamConfig(t *testing.T) {
 	if got.String() != want.String() {
 		t.Errorf("interval, retention: got %v, want %v", got, want)
 	}
+	s.Spec.Retention.HardTime = &metav1.Duration{Duration: 24 * time.Hour}
+	s.Spec.Retention.HardBytes = ptr.To(resource.MustParse("10Gi"))
+	if got := streamConfig(s); got.GetHardRetentionMs() != 86400000 || got.GetHardRetentionBytes() != 10<<30 {
+		t.Errorf("hard retention: got %v, want 86400000ms and %d bytes", got, int64(10<<30))
+	}
 	for rf, want := range map[int32]int{1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 7: 4} {
 		s.Spec.ReplicationFactor = rf
 		if got := minChainLength(s); got != want {
@@ -450,5 +455,84 @@ func TestPartitionStatus(t *testing.T) {
 	st = partitionStatus(part, chain.Status, map[string]*catenapb.PartitionStatus{"a": report(3, 60, 60, "frame at 12: bad checksum")})
 	if c := meta.FindStatusCondition(st.Conditions, streamsv1alpha1.PartitionReadyCondition); c == nil || c.Reason != streamsv1alpha1.PartitionReplicaErrorReason || c.Message != "a: frame at 12: bad checksum" {
 		t.Errorf("replica error: %+v", c)
+	}
+}
+
+func TestPartitionStatusConsumerHolds(t *testing.T) {
+	hold := func(c string, off uint64) *catenapb.ConsumerHold {
+		return &catenapb.ConsumerHold{Consumer: c, Offset: off}
+	}
+	trim := func(c string, held, start uint64, ms int64) *catenapb.ForcedTrim {
+		return &catenapb.ForcedTrim{Consumer: c, HoldOffset: held, LogStart: start, TimeMs: ms}
+	}
+	with := func(holds []*catenapb.ConsumerHold, trims ...*catenapb.ForcedTrim) *catenapb.PartitionStatus {
+		ps := report(3, 60, 60, "")
+		ps.Holds, ps.ForcedTrims = holds, trims
+		return ps
+	}
+	known := streamsv1alpha1.PartitionStatus{Consumers: []streamsv1alpha1.ConsumerHold{{Consumer: "old", Offset: 1}}}
+	many := make([]*catenapb.ConsumerHold, maxStatusConsumers+1)
+	for i := range many {
+		many[i] = hold(fmt.Sprintf("c%03d", i), uint64(i))
+	}
+	manyTrims := make([]*catenapb.ForcedTrim, maxStatusForcedTrims+2)
+	for i := range manyTrims {
+		manyTrims[i] = trim(fmt.Sprintf("t%02d", i), 0, 10, int64(1000+i))
+	}
+	for _, tc := range []struct {
+		name          string
+		known         streamsv1alpha1.PartitionStatus
+		reports       map[string]*catenapb.PartitionStatus
+		wantHolds     string
+		wantTruncated bool
+		wantTrims     string
+	}{
+		{name: "no holds", reports: map[string]*catenapb.PartitionStatus{"a": with(nil)}},
+		{name: "members agree", reports: map[string]*catenapb.PartitionStatus{
+			"a": with([]*catenapb.ConsumerHold{hold("y", 9), hold("x", 3)}), "b": with([]*catenapb.ConsumerHold{hold("x", 3), hold("y", 9)}),
+		}, wantHolds: "x@3 y@9"},
+		{name: "the lowest offset any member holds", reports: map[string]*catenapb.PartitionStatus{
+			"a": with([]*catenapb.ConsumerHold{hold("x", 7)}), "b": with([]*catenapb.ConsumerHold{hold("x", 5)}), "c": with(nil),
+		}, wantHolds: "x@5"},
+		{name: "no member answered keeps what was known", known: known, wantHolds: "old@1"},
+		{name: "answers replace what was known", known: known, reports: map[string]*catenapb.PartitionStatus{"a": with(nil)}},
+		{name: "one trim per consumer and hold, the latest", reports: map[string]*catenapb.PartitionStatus{
+			"a": with([]*catenapb.ConsumerHold{hold("x", 2)}, trim("x", 2, 10, 1000)),
+			"b": with([]*catenapb.ConsumerHold{hold("x", 2)}, trim("x", 2, 14, 2000), trim("y", 0, 8, 500)),
+		}, wantHolds: "x@2", wantTrims: "y:0->8@500 x:2->14@2000"},
+		{name: "bounded consumers", reports: map[string]*catenapb.PartitionStatus{"a": with(many)},
+			wantHolds: "", wantTruncated: true},
+		{name: "bounded trims keep the latest", reports: map[string]*catenapb.PartitionStatus{"a": with(nil, manyTrims...)},
+			wantTrims: "t02:0->10@1002 ..."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			part := &streamsv1alpha1.Partition{ObjectMeta: metav1.ObjectMeta{Name: "s-0", Generation: 1}, Status: tc.known}
+			st := partitionStatus(part, chainWith().Status, tc.reports)
+			var holds []string
+			for _, h := range st.Consumers {
+				holds = append(holds, fmt.Sprintf("%s@%d", h.Consumer, h.Offset))
+			}
+			if tc.name == "bounded consumers" {
+				if len(st.Consumers) != maxStatusConsumers || st.Consumers[0].Consumer != "c000" {
+					t.Errorf("%d consumers listed from c%v, want %d from c000", len(st.Consumers), st.Consumers[0].Consumer, maxStatusConsumers)
+				}
+			} else if got := strings.Join(holds, " "); got != tc.wantHolds {
+				t.Errorf("consumers %q, want %q", got, tc.wantHolds)
+			}
+			if st.ConsumersTruncated != tc.wantTruncated {
+				t.Errorf("truncated %v, want %v", st.ConsumersTruncated, tc.wantTruncated)
+			}
+			var trims []string
+			for _, tr := range st.ForcedTrims {
+				trims = append(trims, fmt.Sprintf("%s:%d->%d@%d", tr.Consumer, tr.HoldOffset, tr.LogStartOffset, tr.Time.UnixMilli()))
+			}
+			if tc.name == "bounded trims keep the latest" {
+				if len(trims) != maxStatusForcedTrims || !strings.HasPrefix(trims[0], "t02:") {
+					t.Errorf("trims %v, want the latest %d from t02", trims, maxStatusForcedTrims)
+				}
+			} else if got := strings.Join(trims, " "); got != tc.wantTrims {
+				t.Errorf("forced trims %q, want %q", got, tc.wantTrims)
+			}
+		})
 	}
 }

@@ -62,12 +62,72 @@ type PartitionStatus struct {
 	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="logStartOffset never goes backwards"
 	LogStartOffset int64 `json:"logStartOffset,omitempty"`
 
+	// consumers are the consumers' holds on the partition: each keeps the
+	// records from its offset on, up to the Stream's hard retention limits.
+	// The lowest offset any member reports, sorted by consumer.
+	// +optional
+	// +listType=map
+	// +listMapKey=consumer
+	// +kubebuilder:validation:MaxItems=64
+	Consumers []ConsumerHold `json:"consumers,omitempty"`
+
+	// consumersTruncated is set when more consumers hold the partition than
+	// consumers lists (catenactl consumers list shows them all).
+	// +optional
+	ConsumersTruncated bool `json:"consumersTruncated,omitempty"`
+
+	// forcedTrims are the trims a hard retention limit made past a
+	// consumer's hold: which consumer lost which records. The latest last.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	ForcedTrims []ForcedTrim `json:"forcedTrims,omitempty"`
+
 	// conditions is Ready; see partition_conditions.go for its reasons.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=8
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ConsumerHold is a consumer's hold on a partition: it still needs every
+// record from offset on.
+type ConsumerHold struct {
+	// consumer names the consumer (CommitConsumerOffset).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Consumer string `json:"consumer"`
+
+	// offset is the first offset the consumer still needs.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	Offset int64 `json:"offset"`
+}
+
+// ForcedTrim is a trim a hard retention limit made past a consumer's hold.
+type ForcedTrim struct {
+	// consumer names the consumer that held the trimmed records.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Consumer string `json:"consumer"`
+
+	// holdOffset is the offset the consumer held from.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	HoldOffset int64 `json:"holdOffset"`
+
+	// logStartOffset is where the log started after the trim: the records
+	// from holdOffset up to it are gone.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	LogStartOffset int64 `json:"logStartOffset"`
+
+	// time is when the (latest) trim happened.
+	// +required
+	Time metav1.Time `json:"time"`
 }
 
 // The name rule below parses the name's suffix rather than comparing the

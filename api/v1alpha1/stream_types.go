@@ -131,8 +131,13 @@ const (
 
 // RetentionSpec bounds each partition's log. Whichever bound is reached
 // first trims the oldest segments; a segment is removed whole, so a
-// partition may briefly hold a little more.
+// partition may briefly hold a little more. Records that a consumer holds
+// (it committed an offset below them) are kept past time and bytes, up to
+// hardTime and hardBytes; a trim forced past a hold is reported in the
+// Partition's status.
 // +kubebuilder:validation:MinProperties=1
+// +kubebuilder:validation:XValidation:rule="!has(self.hardTime) || !has(self.time) || duration(self.hardTime) >= duration(self.time)",message="hardTime must be at least time: the hard limit only overrides consumer holds, past the soft one"
+// +kubebuilder:validation:XValidation:rule="!has(self.hardBytes) || !has(self.bytes) || quantity(string(self.hardBytes)).compareTo(quantity(string(self.bytes))) >= 0",message="hardBytes must be at least bytes: the hard limit only overrides consumer holds, past the soft one"
 type RetentionSpec struct {
 	// time is how long records are kept, as a duration such as 168h or 30m
 	// (units h, m, s, ms), at least 1m.
@@ -147,6 +152,24 @@ type RetentionSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('1Mi')) >= 0",message="bytes must be a quantity of at least 1Mi, such as 512Mi or 50Gi"
 	Bytes *resource.Quantity `json:"bytes,omitempty"`
+
+	// hardTime is how long records that a consumer still holds may be kept
+	// past time, as a duration such as 720h (units h, m, s, ms), at least
+	// 1m and at least time. Omitted: held records are kept until their
+	// consumers move on or are deleted.
+	// +optional
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="self.matches('^([0-9]+([.][0-9]+)?(h|m|s|ms))+$') && duration(self) >= duration('1m')",message="hardTime must be a duration such as 720h or 30m (units h, m, s, ms) of at least 1m"
+	HardTime *metav1.Duration `json:"hardTime,omitempty"`
+
+	// hardBytes is the most each partition keeps even when consumers hold
+	// more, as a quantity such as 200Gi, at least 1Mi and at least bytes.
+	// Omitted: held records are kept until their consumers move on or are
+	// deleted.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('1Mi')) >= 0",message="hardBytes must be a quantity of at least 1Mi, such as 512Mi or 200Gi"
+	HardBytes *resource.Quantity `json:"hardBytes,omitempty"`
 }
 
 // DurabilityMode says when a member fsyncs what it appended.

@@ -57,6 +57,9 @@ type stream struct {
 	parts   [][]*catenapb.Record
 	changed chan struct{} // closed and replaced on every append
 	epoch   uint64
+	// holds and trims are per partition; see holds.go.
+	holds []map[string]uint64
+	trims [][]*catenapb.ForcedTrim
 }
 
 // Start starts a server on 127.0.0.1:0; it stops when the test ends.

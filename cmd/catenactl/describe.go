@@ -24,13 +24,15 @@ type (
 		Partitions []partitionJSON `json:"partitions"`
 	}
 	configJSON struct {
-		Partitions      uint32 `json:"partitions"`
-		Durability      string `json:"durability"`
-		FsyncIntervalMs uint32 `json:"fsync_interval_ms,omitempty"`
-		RetentionBytes  int64  `json:"retention_bytes,omitempty"`
-		RetentionMs     int64  `json:"retention_ms,omitempty"`
-		SegmentBytes    int64  `json:"segment_bytes,omitempty"`
-		MaxRecordBytes  uint32 `json:"max_record_bytes,omitempty"`
+		Partitions         uint32 `json:"partitions"`
+		Durability         string `json:"durability"`
+		FsyncIntervalMs    uint32 `json:"fsync_interval_ms,omitempty"`
+		RetentionBytes     int64  `json:"retention_bytes,omitempty"`
+		RetentionMs        int64  `json:"retention_ms,omitempty"`
+		HardRetentionBytes int64  `json:"hard_retention_bytes,omitempty"`
+		HardRetentionMs    int64  `json:"hard_retention_ms,omitempty"`
+		SegmentBytes       int64  `json:"segment_bytes,omitempty"`
+		MaxRecordBytes     uint32 `json:"max_record_bytes,omitempty"`
 	}
 	partitionJSON struct {
 		Partition uint32       `json:"partition"`
@@ -130,6 +132,7 @@ func toStreamJSON(d *catenapb.StreamDescription) streamJSON {
 			Partitions: cfg.Partitions, Durability: strings.ToLower(strings.TrimPrefix(cfg.Durability.String(), "DURABILITY_")),
 			FsyncIntervalMs: cfg.FsyncIntervalMs, RetentionBytes: cfg.RetentionBytes, RetentionMs: cfg.RetentionMs,
 			SegmentBytes: cfg.SegmentBytes, MaxRecordBytes: cfg.MaxRecordBytes,
+			HardRetentionBytes: cfg.HardRetentionBytes, HardRetentionMs: cfg.HardRetentionMs,
 		}
 	}
 	for _, p := range d.Partitions {

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/catena-streams/catena/client"
 	"github.com/catena-streams/catena/client/clienttest"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -474,4 +475,77 @@ func TestUsageAndMisc(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "unavailable") {
 		t.Fatalf("unreachable: exit %d %q", r.code, r.stderr)
 	}
+}
+
+func TestConsumers(t *testing.T) {
+	srv := newServer(t)
+	seed(srv)
+	ctx := bg()
+	r := catenactl(t, ctx, srv, "", "consumers", "list", "--stream", "s")
+	if r.code != 0 || !strings.Contains(r.stdout, "PARTITION") || !strings.Contains(r.stdout, "FORCED_TRIM") {
+		t.Fatalf("empty list: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	cl, err := clientFor(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.CommitConsumerOffset(ctx, "s", 1, "ns/agg", 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.CommitConsumerOffset(ctx, "s", 0, "ns/agg", 1); err != nil {
+		t.Fatal(err)
+	}
+	srv.ForceTrim("s", 0, "ns/agg", 4)
+	r = catenactl(t, ctx, srv, "", "consumers", "list", "--stream", "s")
+	if r.code != 0 {
+		t.Fatalf("list: exit %d %s", r.code, r.stderr)
+	}
+	for _, want := range []string{"ns/agg", "held 1, trimmed to 4 at "} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("table lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	r = catenactl(t, ctx, srv, "", "consumers", "list", "--stream", "s", "-o", "json")
+	var out consumersJSON
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || r.code != 0 {
+		t.Fatalf("json: %v %q", err, r.stdout)
+	}
+	if len(out.Partitions) != 2 || out.Partitions[1].Holds[0] != (holdJSON{"ns/agg", 3}) || len(out.Partitions[0].ForcedTrims) != 1 ||
+		out.Partitions[0].ForcedTrims[0].LogStart != 4 || out.Partitions[0].Committed != 5 {
+		t.Fatalf("json: %+v", out)
+	}
+
+	r = catenactl(t, ctx, srv, "", "consumers", "delete", "--stream", "s", "--consumer", "ns/agg")
+	if r.code != 0 || !strings.Contains(r.stdout, `deleted consumer "ns/agg" of stream "s": released partitions 0,1`) {
+		t.Fatalf("delete: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if h := srv.Holds("s", 1); len(h) != 0 {
+		t.Fatalf("holds %v after delete", h)
+	}
+	r = catenactl(t, ctx, srv, "", "consumers", "delete", "--stream", "s", "--consumer", "ns/agg")
+	if r.code != 0 || !strings.Contains(r.stdout, "held no partition") {
+		t.Fatalf("delete again: exit %d %q", r.code, r.stdout)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"consumers", "list"}, 2, "missing --stream"},
+		{[]string{"consumers", "list", "--stream", "s", "-o", "yaml"}, 2, "bad --output"},
+		{[]string{"consumers", "delete", "--stream", "s"}, 2, "missing --consumer"},
+		{[]string{"consumers", "delete", "--stream", "s", "--consumer", "Bad Name"}, 2, "consumer name"},
+		{[]string{"consumers", "list", "--stream", "x"}, 1, `stream "x" not found`},
+		{[]string{"consumers", "delete", "--stream", "x", "--consumer", "c"}, 1, `stream "x" not found`},
+	} {
+		r := catenactl(t, ctx, srv, "", tc.args...)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.msg) {
+			t.Errorf("%v: exit %d %q, want %d and %q", tc.args, r.code, r.stderr, tc.code, tc.msg)
+		}
+	}
+}
+
+func clientFor(srv *clienttest.Server) (*client.Client, error) {
+	return client.Dial(bg(), srv.Addr)
 }

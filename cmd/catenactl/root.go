@@ -48,6 +48,7 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newProduceCommand(a),
 		newConsumeCommand(a),
 		newDescribeCommand(a),
+		newConsumersCommand(a),
 		newBenchCommand(a),
 		newVersionCommand(a),
 	)

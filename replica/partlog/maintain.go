@@ -3,33 +3,70 @@ package partlog
 import (
 	"fmt"
 	"math"
+	"time"
 )
 
 // EnforceRetention deletes whole sealed segments past the time or byte
-// limits; the active segment is never deleted.
+// limits; the active segment is never deleted. It is EnforceRetentionHeld
+// with no hold and no hard limits.
+func (l *Log) EnforceRetention() (deletedSegments int, err error) {
+	res, err := l.EnforceRetentionHeld(RetentionHold{HoldOffset: math.MaxUint64})
+	return res.Segments, err
+}
+
+// RetentionHold restrains retention: consumers still need the records from
+// HoldOffset on, and only hard limits may delete them.
+type RetentionHold struct {
+	// HoldOffset is the lowest offset a consumer holds; math.MaxUint64 when
+	// nobody holds anything. A segment ending above it is kept by the
+	// (soft) limits of Options.
+	HoldOffset uint64
+	// HardBytes and HardTime delete segments past them even when held
+	// (0: no hard limit).
+	HardBytes int64
+	HardTime  time.Duration
+}
+
+// RetentionResult says what EnforceRetentionHeld deleted.
+type RetentionResult struct {
+	Segments int
+	// Forced is set when a deleted segment held records at or above
+	// HoldOffset: a hard limit overrode a hold.
+	Forced bool
+	// StartOffset is the log's start offset afterwards.
+	StartOffset uint64
+}
+
+// EnforceRetentionHeld deletes whole sealed segments past the time or byte
+// limits of Options unless they hold records at or above h.HoldOffset, and
+// any segment past h's hard limits; the active segment is never deleted.
 //
 // Segments go oldest first, and retention stops at the first segment it
 // keeps, so the log stays contiguous; the directory is fsynced after each
 // deletion so that a crash can only leave a contiguous suffix behind
 // (storage-format.md §9).
-func (l *Log) EnforceRetention() (deletedSegments int, err error) {
+func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err error) {
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	if err := l.usable(); err != nil {
-		return 0, err
+		return res, err
 	}
-	if l.retBytes == 0 && l.retTime == 0 {
-		return 0, nil
+	res.StartOffset = l.segs[0].base
+	if l.retBytes == 0 && l.retTime == 0 && h.HardBytes == 0 && h.HardTime == 0 {
+		return res, nil
 	}
 	var total int64
 	for _, s := range l.segs {
 		total += s.size
 	}
-	cutoff := int64(math.MinInt64)
+	cutoff, hardCutoff := int64(math.MinInt64), int64(math.MinInt64)
 	if l.retTime > 0 {
 		cutoff = l.now().Add(-l.retTime).UnixMilli()
+	}
+	if h.HardTime > 0 {
+		hardCutoff = l.now().Add(-h.HardTime).UnixMilli()
 	}
 	for len(l.segs) > 1 {
 		s := l.segs[0]
@@ -37,7 +74,9 @@ func (l *Log) EnforceRetention() (deletedSegments int, err error) {
 		// maxTs is the newest record of the whole segment (>= its last
 		// batch's MaxTimestamp): never delete a record younger than the limit.
 		expired := l.retTime > 0 && s.maxTs < cutoff
-		if !overBytes && !expired {
+		held := s.end > h.HoldOffset
+		hard := (h.HardBytes > 0 && total > h.HardBytes) || (h.HardTime > 0 && s.maxTs < hardCutoff)
+		if !hard && (held || (!overBytes && !expired)) {
 			break
 		}
 		// Unpublish first: readers hold mu shared across their reads, so once
@@ -46,17 +85,19 @@ func (l *Log) EnforceRetention() (deletedSegments int, err error) {
 		l.segs = append([]*segment(nil), l.segs[1:]...)
 		l.trimEpochs()
 		l.mu.Unlock()
+		res.StartOffset = l.segs[0].base
 		s.f.Close() // read-only from now on; its close error is of no use
 		if err := l.fs.Remove(s.path); err != nil {
-			return deletedSegments, l.fail(ErrFailed, "retention: remove %s: %w", s.path, err)
+			return res, l.fail(ErrFailed, "retention: remove %s: %w", s.path, err)
 		}
 		if err := l.fs.SyncDir(l.dir); err != nil {
-			return deletedSegments, l.fail(ErrFailed, "retention: fsync dir %s after removing %s: %w", l.dir, s.path, err)
+			return res, l.fail(ErrFailed, "retention: fsync dir %s after removing %s: %w", l.dir, s.path, err)
 		}
 		total -= s.size
-		deletedSegments++
+		res.Segments++
+		res.Forced = res.Forced || held
 	}
-	return deletedSegments, nil
+	return res, nil
 }
 
 // trimEpochs drops epoch transitions wholly before StartOffset, keeping the

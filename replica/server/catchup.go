@@ -62,6 +62,9 @@ func (s *Server) ReadFrames(ctx context.Context, req *catenapb.ReadFramesRequest
 		return nil, err
 	}
 	resp := &catenapb.ReadFramesResponse{Committed: committed, LogStart: p.log.StartOffset()}
+	p.mu.Lock()
+	resp.Holds = p.holds.pbHolds()
+	p.mu.Unlock()
 	if req.GetFrom() >= committed {
 		return resp, nil
 	}
@@ -194,6 +197,12 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 				return
 			}
 			continue
+		}
+		// Holds first: the copy must keep whatever the chain keeps before
+		// its retention can see what it copied.
+		if err := p.adoptHolds(resp.GetHolds()); err != nil {
+			logger.Error(err, "Stopping catch-up: cannot store the source's consumer holds")
+			return
 		}
 		n, err := p.appendCopied(resp)
 		if err != nil {

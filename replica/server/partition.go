@@ -66,6 +66,13 @@ type partition struct {
 	// forwarding a machine crash can cost this member writes its successor
 	// kept, and new records must not reuse those offsets.
 	verifyLink bool
+	// holdsMu serialises changes of holds (each persisted before it is
+	// published) with retention, which must see every hold stored before
+	// it trims. Taken before mu, never while holding it.
+	holdsMu sync.Mutex
+	// holds are the consumer holds and forced trims: written with holdsMu
+	// and mu held, read under either.
+	holds holdState
 	// truncations counts log truncations (chain repair): a sync that began
 	// before one must not report durability after it.
 	truncations atomic.Uint64

@@ -164,6 +164,11 @@ func (s *Server) Drop(ctx context.Context, req *catenapb.DropRequest) (*catenapb
 		s.mu.Unlock()
 		return &catenapb.DropResponse{}, nil
 	}
+	// holdsMu first (its order before mu): a hold being written finishes
+	// before the directory is renamed away, and none is written after
+	// (updateHolds refuses a failed partition). Released before close,
+	// which waits for a catch-up copy that may be adopting holds.
+	p.holdsMu.Lock()
 	p.mu.Lock()
 	var epoch uint64
 	member := false
@@ -174,17 +179,20 @@ func (s *Server) Drop(ctx context.Context, req *catenapb.DropRequest) (*catenapb
 	switch {
 	case epoch > req.GetEpoch():
 		p.mu.Unlock()
+		p.holdsMu.Unlock()
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.FailedPrecondition, "drop %s/%d on %s: the replica has installed epoch %d, newer than the drop's %d", p.stream, p.index, s.id, epoch, req.GetEpoch())
 	case member && epoch == req.GetEpoch() && !req.GetStreamDeleted():
 		// A membership of an older epoch is one the master has replaced.
 		p.mu.Unlock()
+		p.holdsMu.Unlock()
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.FailedPrecondition, "drop %s/%d on %s: the replica is a member of the chain at epoch %d; only a replica outside the chain may drop its copy", p.stream, p.index, s.id, epoch)
 	}
 	p.failed = errDropped
 	p.broadcast()
 	p.mu.Unlock()
+	p.holdsMu.Unlock()
 	delete(s.partitions, key)
 	s.mu.Unlock()
 

@@ -224,6 +224,15 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 	if err := p.rebuildDedup(); err != nil {
 		p.failed = err
 	}
+	if h, err := readHolds(dir); err != nil {
+		// Retention must not guess what consumers hold: refuse to serve
+		// until the master replaces this copy (a new copy adopts the
+		// chain's holds) or the file is mended.
+		p.failed = fmt.Errorf("failed to load consumer holds of %s/%d: %w", stream, index, err)
+		p.logger.Error(err, "Consumer holds are unreadable; refusing to serve the partition")
+	} else {
+		p.holds = h
+	}
 	// The link goroutine shares p from startLink on.
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -370,8 +379,14 @@ func validateConfigure(req *catenapb.ConfigureRequest) error {
 	default:
 		return fmt.Errorf("unknown durability %v", cfg.GetDurability())
 	}
-	if cfg.GetRetentionBytes() < 0 || cfg.GetRetentionMs() < 0 || cfg.GetSegmentBytes() < 0 {
+	if cfg.GetRetentionBytes() < 0 || cfg.GetRetentionMs() < 0 || cfg.GetSegmentBytes() < 0 || cfg.GetHardRetentionBytes() < 0 || cfg.GetHardRetentionMs() < 0 {
 		return errors.New("retention and segment sizes must not be negative")
+	}
+	if h, soft := cfg.GetHardRetentionBytes(), cfg.GetRetentionBytes(); h != 0 && soft != 0 && h < soft {
+		return fmt.Errorf("hard retention of %d bytes is below the retention of %d bytes", h, soft)
+	}
+	if h, soft := cfg.GetHardRetentionMs(), cfg.GetRetentionMs(); h != 0 && soft != 0 && h < soft {
+		return fmt.Errorf("hard retention of %dms is below the retention of %dms", h, soft)
 	}
 	if cfg.GetSegmentBytes() != 0 && cfg.GetSegmentBytes() < 1<<20 {
 		return fmt.Errorf("segment size %d is below the 1 MiB minimum", cfg.GetSegmentBytes())
@@ -465,6 +480,8 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 		ps.Checksum = p.log.RollingChecksum()
 		ps.LastLogEpoch = lastLogEpoch(p.log)
 	}
+	ps.Holds = p.holds.pbHolds()
+	ps.ForcedTrims = p.holds.pbForcedTrims()
 	if p.core != nil {
 		st := p.core.Status()
 		ps.Epoch = st.Epoch
@@ -548,32 +565,20 @@ func (s *Server) retentionLoop() {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		parts := make([]*partition, 0, len(s.partitions))
-		for _, p := range s.partitions {
-			parts = append(parts, p)
-		}
-		s.mu.Unlock()
-		for _, p := range parts {
-			p.enforceRetention()
-		}
+		s.enforceRetention()
 	}
 }
 
-func (p *partition) enforceRetention() {
-	p.mu.Lock()
-	ok := p.failed == nil && p.log != nil
-	p.mu.Unlock()
-	if !ok {
-		return
+// enforceRetention runs retention on every hosted partition once.
+func (s *Server) enforceRetention() {
+	s.mu.Lock()
+	parts := make([]*partition, 0, len(s.partitions))
+	for _, p := range s.partitions {
+		parts = append(parts, p)
 	}
-	n, err := p.log.EnforceRetention()
-	if err != nil {
-		p.logger.Error(err, "Retention failed")
-		return
-	}
-	if n > 0 {
-		p.logger.Info("Deleted segments past retention", "segments", n, "logStart", p.log.StartOffset())
+	s.mu.Unlock()
+	for _, p := range parts {
+		p.enforceRetention()
 	}
 }
 

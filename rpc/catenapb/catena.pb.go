@@ -281,8 +281,15 @@ type StreamConfig struct {
 	// writes; below it appends are refused (FAILED_PRECONDITION) rather than
 	// acknowledged with too few copies. 0 or 1 = any chain takes writes.
 	MinChainLength uint32 `protobuf:"varint,8,opt,name=min_chain_length,json=minChainLength,proto3" json:"min_chain_length,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Hard retention limits. Retention trims records that a consumer holds
+	// (Replica.HoldRetention) only when one of these is exceeded, and
+	// records the loss in PartitionStatus.forced_trims. 0 = no hard limit:
+	// a hold keeps records for ever. When both are set, a hard limit is at
+	// least the soft one (retention_bytes, retention_ms).
+	HardRetentionBytes int64 `protobuf:"varint,9,opt,name=hard_retention_bytes,json=hardRetentionBytes,proto3" json:"hard_retention_bytes,omitempty"` // per partition
+	HardRetentionMs    int64 `protobuf:"varint,10,opt,name=hard_retention_ms,json=hardRetentionMs,proto3" json:"hard_retention_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StreamConfig) Reset() {
@@ -371,6 +378,552 @@ func (x *StreamConfig) GetMinChainLength() uint32 {
 	return 0
 }
 
+func (x *StreamConfig) GetHardRetentionBytes() int64 {
+	if x != nil {
+		return x.HardRetentionBytes
+	}
+	return 0
+}
+
+func (x *StreamConfig) GetHardRetentionMs() int64 {
+	if x != nil {
+		return x.HardRetentionMs
+	}
+	return 0
+}
+
+// ConsumerHold is a consumer's claim on a partition: it still needs every
+// record from offset on, and retention keeps them (up to the hard limits).
+type ConsumerHold struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Consumer      string                 `protobuf:"bytes,1,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsumerHold) Reset() {
+	*x = ConsumerHold{}
+	mi := &file_catena_v1_catena_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsumerHold) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsumerHold) ProtoMessage() {}
+
+func (x *ConsumerHold) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsumerHold.ProtoReflect.Descriptor instead.
+func (*ConsumerHold) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ConsumerHold) GetConsumer() string {
+	if x != nil {
+		return x.Consumer
+	}
+	return ""
+}
+
+func (x *ConsumerHold) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// ForcedTrim records that a hard retention limit trimmed records a
+// consumer held: the consumer held hold_offset on, and the log was trimmed
+// to start at log_start. A later forced trim of the same hold updates the
+// record.
+type ForcedTrim struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Consumer   string                 `protobuf:"bytes,1,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	HoldOffset uint64                 `protobuf:"varint,2,opt,name=hold_offset,json=holdOffset,proto3" json:"hold_offset,omitempty"`
+	LogStart   uint64                 `protobuf:"varint,3,opt,name=log_start,json=logStart,proto3" json:"log_start,omitempty"`
+	// Unix milliseconds of the (latest) trim.
+	TimeMs        int64 `protobuf:"varint,4,opt,name=time_ms,json=timeMs,proto3" json:"time_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForcedTrim) Reset() {
+	*x = ForcedTrim{}
+	mi := &file_catena_v1_catena_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForcedTrim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForcedTrim) ProtoMessage() {}
+
+func (x *ForcedTrim) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForcedTrim.ProtoReflect.Descriptor instead.
+func (*ForcedTrim) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ForcedTrim) GetConsumer() string {
+	if x != nil {
+		return x.Consumer
+	}
+	return ""
+}
+
+func (x *ForcedTrim) GetHoldOffset() uint64 {
+	if x != nil {
+		return x.HoldOffset
+	}
+	return 0
+}
+
+func (x *ForcedTrim) GetLogStart() uint64 {
+	if x != nil {
+		return x.LogStart
+	}
+	return 0
+}
+
+func (x *ForcedTrim) GetTimeMs() int64 {
+	if x != nil {
+		return x.TimeMs
+	}
+	return 0
+}
+
+type CommitConsumerOffsetRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition     uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Consumer      string                 `protobuf:"bytes,3,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	Offset        uint64                 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitConsumerOffsetRequest) Reset() {
+	*x = CommitConsumerOffsetRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitConsumerOffsetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitConsumerOffsetRequest) ProtoMessage() {}
+
+func (x *CommitConsumerOffsetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitConsumerOffsetRequest.ProtoReflect.Descriptor instead.
+func (*CommitConsumerOffsetRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CommitConsumerOffsetRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *CommitConsumerOffsetRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *CommitConsumerOffsetRequest) GetConsumer() string {
+	if x != nil {
+		return x.Consumer
+	}
+	return ""
+}
+
+func (x *CommitConsumerOffsetRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type CommitConsumerOffsetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The chain the hold was stored on.
+	Epoch         uint64   `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Members       []string `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitConsumerOffsetResponse) Reset() {
+	*x = CommitConsumerOffsetResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitConsumerOffsetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitConsumerOffsetResponse) ProtoMessage() {}
+
+func (x *CommitConsumerOffsetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitConsumerOffsetResponse.ProtoReflect.Descriptor instead.
+func (*CommitConsumerOffsetResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CommitConsumerOffsetResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *CommitConsumerOffsetResponse) GetMembers() []string {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+type ListConsumersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListConsumersRequest) Reset() {
+	*x = ListConsumersRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListConsumersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListConsumersRequest) ProtoMessage() {}
+
+func (x *ListConsumersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListConsumersRequest.ProtoReflect.Descriptor instead.
+func (*ListConsumersRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ListConsumersRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+type ListConsumersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partitions    []*PartitionConsumers  `protobuf:"bytes,2,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListConsumersResponse) Reset() {
+	*x = ListConsumersResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListConsumersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListConsumersResponse) ProtoMessage() {}
+
+func (x *ListConsumersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListConsumersResponse.ProtoReflect.Descriptor instead.
+func (*ListConsumersResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListConsumersResponse) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ListConsumersResponse) GetPartitions() []*PartitionConsumers {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type PartitionConsumers struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Per consumer, the lowest offset any member of the chain reports (what
+	// every member keeps), sorted by consumer.
+	Holds []*ConsumerHold `protobuf:"bytes,2,rep,name=holds,proto3" json:"holds,omitempty"`
+	// The members' forced trims, one per consumer and hold offset.
+	ForcedTrims []*ForcedTrim `protobuf:"bytes,3,rep,name=forced_trims,json=forcedTrims,proto3" json:"forced_trims,omitempty"`
+	// The highest log start and committed offset the members report.
+	LogStart  uint64 `protobuf:"varint,4,opt,name=log_start,json=logStart,proto3" json:"log_start,omitempty"`
+	Committed uint64 `protobuf:"varint,5,opt,name=committed,proto3" json:"committed,omitempty"`
+	// Members that hold a different set of holds than the others (a commit
+	// that failed on some members, or raced a chain change): their consumer's
+	// next commit fixes it.
+	Disagreeing   []string `protobuf:"bytes,6,rep,name=disagreeing,proto3" json:"disagreeing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionConsumers) Reset() {
+	*x = PartitionConsumers{}
+	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionConsumers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionConsumers) ProtoMessage() {}
+
+func (x *PartitionConsumers) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionConsumers.ProtoReflect.Descriptor instead.
+func (*PartitionConsumers) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PartitionConsumers) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionConsumers) GetHolds() []*ConsumerHold {
+	if x != nil {
+		return x.Holds
+	}
+	return nil
+}
+
+func (x *PartitionConsumers) GetForcedTrims() []*ForcedTrim {
+	if x != nil {
+		return x.ForcedTrims
+	}
+	return nil
+}
+
+func (x *PartitionConsumers) GetLogStart() uint64 {
+	if x != nil {
+		return x.LogStart
+	}
+	return 0
+}
+
+func (x *PartitionConsumers) GetCommitted() uint64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
+func (x *PartitionConsumers) GetDisagreeing() []string {
+	if x != nil {
+		return x.Disagreeing
+	}
+	return nil
+}
+
+type DeleteConsumerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Consumer      string                 `protobuf:"bytes,2,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteConsumerRequest) Reset() {
+	*x = DeleteConsumerRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteConsumerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteConsumerRequest) ProtoMessage() {}
+
+func (x *DeleteConsumerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteConsumerRequest.ProtoReflect.Descriptor instead.
+func (*DeleteConsumerRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeleteConsumerRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *DeleteConsumerRequest) GetConsumer() string {
+	if x != nil {
+		return x.Consumer
+	}
+	return ""
+}
+
+type DeleteConsumerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partitions on which some member held the consumer.
+	Partitions    []uint32 `protobuf:"varint,1,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteConsumerResponse) Reset() {
+	*x = DeleteConsumerResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteConsumerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteConsumerResponse) ProtoMessage() {}
+
+func (x *DeleteConsumerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteConsumerResponse.ProtoReflect.Descriptor instead.
+func (*DeleteConsumerResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *DeleteConsumerResponse) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
 type ProduceRecord struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Key         []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -387,7 +940,7 @@ type ProduceRecord struct {
 
 func (x *ProduceRecord) Reset() {
 	*x = ProduceRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[2]
+	mi := &file_catena_v1_catena_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -399,7 +952,7 @@ func (x *ProduceRecord) String() string {
 func (*ProduceRecord) ProtoMessage() {}
 
 func (x *ProduceRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[2]
+	mi := &file_catena_v1_catena_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -412,7 +965,7 @@ func (x *ProduceRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRecord.ProtoReflect.Descriptor instead.
 func (*ProduceRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{2}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ProduceRecord) GetKey() []byte {
@@ -468,7 +1021,7 @@ type ProduceRequest struct {
 
 func (x *ProduceRequest) Reset() {
 	*x = ProduceRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[3]
+	mi := &file_catena_v1_catena_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -480,7 +1033,7 @@ func (x *ProduceRequest) String() string {
 func (*ProduceRequest) ProtoMessage() {}
 
 func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[3]
+	mi := &file_catena_v1_catena_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -493,7 +1046,7 @@ func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRequest.ProtoReflect.Descriptor instead.
 func (*ProduceRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{3}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ProduceRequest) GetStream() string {
@@ -539,7 +1092,7 @@ type ProduceResult struct {
 
 func (x *ProduceResult) Reset() {
 	*x = ProduceResult{}
-	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	mi := &file_catena_v1_catena_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +1104,7 @@ func (x *ProduceResult) String() string {
 func (*ProduceResult) ProtoMessage() {}
 
 func (x *ProduceResult) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	mi := &file_catena_v1_catena_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -564,7 +1117,7 @@ func (x *ProduceResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResult.ProtoReflect.Descriptor instead.
 func (*ProduceResult) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{4}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProduceResult) GetPartition() uint32 {
@@ -612,7 +1165,7 @@ type ProduceResponse struct {
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	mi := &file_catena_v1_catena_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +1177,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	mi := &file_catena_v1_catena_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +1190,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{5}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ProduceResponse) GetResults() []*ProduceResult {
@@ -661,7 +1214,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	mi := &file_catena_v1_catena_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -673,7 +1226,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	mi := &file_catena_v1_catena_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -686,7 +1239,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{6}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FetchRequest) GetStream() string {
@@ -738,7 +1291,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +1303,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +1316,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{7}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FetchResponse) GetRecords() []*Record {
@@ -806,7 +1359,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +1371,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +1384,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{8}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SubscribeRequest) GetStream() string {
@@ -874,7 +1427,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +1439,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +1452,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{9}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListOffsetsRequest) GetStream() string {
@@ -939,7 +1492,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -951,7 +1504,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -964,7 +1517,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{10}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListOffsetsResponse) GetOffset() uint64 {
@@ -983,7 +1536,7 @@ type DescribeStreamRequest struct {
 
 func (x *DescribeStreamRequest) Reset() {
 	*x = DescribeStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1548,7 @@ func (x *DescribeStreamRequest) String() string {
 func (*DescribeStreamRequest) ProtoMessage() {}
 
 func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1561,7 @@ func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeStreamRequest.ProtoReflect.Descriptor instead.
 func (*DescribeStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{11}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DescribeStreamRequest) GetStream() string {
@@ -1029,7 +1582,7 @@ type StreamDescription struct {
 
 func (x *StreamDescription) Reset() {
 	*x = StreamDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1594,7 @@ func (x *StreamDescription) String() string {
 func (*StreamDescription) ProtoMessage() {}
 
 func (x *StreamDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1607,7 @@ func (x *StreamDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamDescription.ProtoReflect.Descriptor instead.
 func (*StreamDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{12}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StreamDescription) GetStream() string {
@@ -1091,7 +1644,7 @@ type PartitionDescription struct {
 
 func (x *PartitionDescription) Reset() {
 	*x = PartitionDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1103,7 +1656,7 @@ func (x *PartitionDescription) String() string {
 func (*PartitionDescription) ProtoMessage() {}
 
 func (x *PartitionDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1116,7 +1669,7 @@ func (x *PartitionDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionDescription.ProtoReflect.Descriptor instead.
 func (*PartitionDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{13}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PartitionDescription) GetPartition() uint32 {
@@ -1155,7 +1708,7 @@ type ListStreamsRequest struct {
 
 func (x *ListStreamsRequest) Reset() {
 	*x = ListStreamsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1167,7 +1720,7 @@ func (x *ListStreamsRequest) String() string {
 func (*ListStreamsRequest) ProtoMessage() {}
 
 func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1180,7 +1733,7 @@ func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsRequest.ProtoReflect.Descriptor instead.
 func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{14}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
 }
 
 type ListStreamsResponse struct {
@@ -1192,7 +1745,7 @@ type ListStreamsResponse struct {
 
 func (x *ListStreamsResponse) Reset() {
 	*x = ListStreamsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1757,7 @@ func (x *ListStreamsResponse) String() string {
 func (*ListStreamsResponse) ProtoMessage() {}
 
 func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,12 +1770,187 @@ func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsResponse.ProtoReflect.Descriptor instead.
 func (*ListStreamsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{15}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListStreamsResponse) GetStreams() []string {
 	if x != nil {
 		return x.Streams
+	}
+	return nil
+}
+
+type HoldRetentionRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Consumer  string                 `protobuf:"bytes,3,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	// The consumer needs every record at or above this offset.
+	Offset        uint64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldRetentionRequest) Reset() {
+	*x = HoldRetentionRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldRetentionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldRetentionRequest) ProtoMessage() {}
+
+func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldRetentionRequest.ProtoReflect.Descriptor instead.
+func (*HoldRetentionRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *HoldRetentionRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *HoldRetentionRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *HoldRetentionRequest) GetConsumer() string {
+	if x != nil {
+		return x.Consumer
+	}
+	return ""
+}
+
+func (x *HoldRetentionRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+type ReleaseRetentionRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	// Absent: every partition of the stream hosted here.
+	Partition     *uint32 `protobuf:"varint,2,opt,name=partition,proto3,oneof" json:"partition,omitempty"`
+	Consumer      string  `protobuf:"bytes,3,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRetentionRequest) Reset() {
+	*x = ReleaseRetentionRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRetentionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRetentionRequest) ProtoMessage() {}
+
+func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRetentionRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRetentionRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ReleaseRetentionRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ReleaseRetentionRequest) GetPartition() uint32 {
+	if x != nil && x.Partition != nil {
+		return *x.Partition
+	}
+	return 0
+}
+
+func (x *ReleaseRetentionRequest) GetConsumer() string {
+	if x != nil {
+		return x.Consumer
+	}
+	return ""
+}
+
+type ReleaseRetentionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partitions on which the consumer had a hold here.
+	Released      []uint32 `protobuf:"varint,1,rep,packed,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRetentionResponse) Reset() {
+	*x = ReleaseRetentionResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRetentionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRetentionResponse) ProtoMessage() {}
+
+func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRetentionResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseRetentionResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ReleaseRetentionResponse) GetReleased() []uint32 {
+	if x != nil {
+		return x.Released
 	}
 	return nil
 }
@@ -1240,7 +1968,7 @@ type CatchUpRequest struct {
 
 func (x *CatchUpRequest) Reset() {
 	*x = CatchUpRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1980,7 @@ func (x *CatchUpRequest) String() string {
 func (*CatchUpRequest) ProtoMessage() {}
 
 func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1993,7 @@ func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
 func (*CatchUpRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CatchUpRequest) GetChain() *ConfigureRequest {
@@ -1303,7 +2031,7 @@ type ReadFramesRequest struct {
 
 func (x *ReadFramesRequest) Reset() {
 	*x = ReadFramesRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +2043,7 @@ func (x *ReadFramesRequest) String() string {
 func (*ReadFramesRequest) ProtoMessage() {}
 
 func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +2056,7 @@ func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReadFramesRequest) GetStream() string {
@@ -1370,16 +2098,19 @@ type ReadFramesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Whole frames, contiguous from the frame holding `from`, all below
 	// `committed`.
-	Frames        [][]byte `protobuf:"bytes,1,rep,name=frames,proto3" json:"frames,omitempty"`
-	Committed     uint64   `protobuf:"varint,2,opt,name=committed,proto3" json:"committed,omitempty"`
-	LogStart      uint64   `protobuf:"varint,3,opt,name=log_start,json=logStart,proto3" json:"log_start,omitempty"`
+	Frames    [][]byte `protobuf:"bytes,1,rep,name=frames,proto3" json:"frames,omitempty"`
+	Committed uint64   `protobuf:"varint,2,opt,name=committed,proto3" json:"committed,omitempty"`
+	LogStart  uint64   `protobuf:"varint,3,opt,name=log_start,json=logStart,proto3" json:"log_start,omitempty"`
+	// The source's consumer holds: a replica catching up adopts them before
+	// it appends the frames, so that it never trims what the chain keeps.
+	Holds         []*ConsumerHold `protobuf:"bytes,4,rep,name=holds,proto3" json:"holds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReadFramesResponse) Reset() {
 	*x = ReadFramesResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1391,7 +2122,7 @@ func (x *ReadFramesResponse) String() string {
 func (*ReadFramesResponse) ProtoMessage() {}
 
 func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1404,7 +2135,7 @@ func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadFramesResponse) GetFrames() [][]byte {
@@ -1428,6 +2159,13 @@ func (x *ReadFramesResponse) GetLogStart() uint64 {
 	return 0
 }
 
+func (x *ReadFramesResponse) GetHolds() []*ConsumerHold {
+	if x != nil {
+		return x.Holds
+	}
+	return nil
+}
+
 type DropRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -1442,7 +2180,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +2192,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +2205,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -1508,7 +2246,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +2258,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +2271,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -1554,7 +2292,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +2304,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +2317,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -1621,7 +2359,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +2371,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +2384,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -1689,7 +2427,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +2439,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +2452,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -1748,7 +2486,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +2498,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +2511,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Member) GetId() string {
@@ -1804,7 +2542,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +2554,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +2567,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -1891,13 +2629,17 @@ type PartitionStatus struct {
 	// down, in milliseconds (0: up, or no successor). A master reads it as a
 	// neighbour's report that the successor may be dead.
 	SuccessorDownMs uint64 `protobuf:"varint,16,opt,name=successor_down_ms,json=successorDownMs,proto3" json:"successor_down_ms,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Consumer holds on this member's copy, sorted by consumer.
+	Holds []*ConsumerHold `protobuf:"bytes,17,rep,name=holds,proto3" json:"holds,omitempty"`
+	// Holds a hard retention limit trimmed past, oldest first.
+	ForcedTrims   []*ForcedTrim `protobuf:"bytes,18,rep,name=forced_trims,json=forcedTrims,proto3" json:"forced_trims,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2651,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2664,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -2037,6 +2779,20 @@ func (x *PartitionStatus) GetSuccessorDownMs() uint64 {
 	return 0
 }
 
+func (x *PartitionStatus) GetHolds() []*ConsumerHold {
+	if x != nil {
+		return x.Holds
+	}
+	return nil
+}
+
+func (x *PartitionStatus) GetForcedTrims() []*ForcedTrim {
+	if x != nil {
+		return x.ForcedTrims
+	}
+	return nil
+}
+
 type StatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty stream: every partition.
@@ -2048,7 +2804,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2060,7 +2816,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2073,7 +2829,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -2100,7 +2856,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2112,7 +2868,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2125,7 +2881,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -2158,7 +2914,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2170,7 +2926,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2183,7 +2939,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -2236,7 +2992,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +3004,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +3017,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -2320,7 +3076,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2332,7 +3088,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2345,7 +3101,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -2416,7 +3172,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2428,7 +3184,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2441,7 +3197,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -2539,7 +3295,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +3307,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +3320,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
 }
 
 type BatchData struct {
@@ -2577,7 +3333,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2589,7 +3345,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2602,7 +3358,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -2628,7 +3384,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2640,7 +3396,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2653,7 +3409,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -2677,7 +3433,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +3445,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +3458,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -2765,7 +3521,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +
 	"\ftimestamp_ms\x18\x03 \x01(\x03R\vtimestampMs\x12\x1c\n" +
 	"\tpartition\x18\x04 \x01(\rR\tpartition\x12\x16\n" +
-	"\x06offset\x18\x05 \x01(\x04R\x06offset\"\xd6\x02\n" +
+	"\x06offset\x18\x05 \x01(\x04R\x06offset\"\xb4\x03\n" +
 	"\fStreamConfig\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\rR\n" +
@@ -2778,7 +3534,49 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\fretention_ms\x18\x05 \x01(\x03R\vretentionMs\x12#\n" +
 	"\rsegment_bytes\x18\x06 \x01(\x03R\fsegmentBytes\x12(\n" +
 	"\x10max_record_bytes\x18\a \x01(\rR\x0emaxRecordBytes\x12(\n" +
-	"\x10min_chain_length\x18\b \x01(\rR\x0eminChainLength\"\xa7\x01\n" +
+	"\x10min_chain_length\x18\b \x01(\rR\x0eminChainLength\x120\n" +
+	"\x14hard_retention_bytes\x18\t \x01(\x03R\x12hardRetentionBytes\x12*\n" +
+	"\x11hard_retention_ms\x18\n" +
+	" \x01(\x03R\x0fhardRetentionMs\"B\n" +
+	"\fConsumerHold\x12\x1a\n" +
+	"\bconsumer\x18\x01 \x01(\tR\bconsumer\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\"\x7f\n" +
+	"\n" +
+	"ForcedTrim\x12\x1a\n" +
+	"\bconsumer\x18\x01 \x01(\tR\bconsumer\x12\x1f\n" +
+	"\vhold_offset\x18\x02 \x01(\x04R\n" +
+	"holdOffset\x12\x1b\n" +
+	"\tlog_start\x18\x03 \x01(\x04R\blogStart\x12\x17\n" +
+	"\atime_ms\x18\x04 \x01(\x03R\x06timeMs\"\x87\x01\n" +
+	"\x1bCommitConsumerOffsetRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1a\n" +
+	"\bconsumer\x18\x03 \x01(\tR\bconsumer\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x04R\x06offset\"N\n" +
+	"\x1cCommitConsumerOffsetResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x18\n" +
+	"\amembers\x18\x02 \x03(\tR\amembers\".\n" +
+	"\x14ListConsumersRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\"n\n" +
+	"\x15ListConsumersResponse\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12=\n" +
+	"\n" +
+	"partitions\x18\x02 \x03(\v2\x1d.catena.v1.PartitionConsumersR\n" +
+	"partitions\"\xf8\x01\n" +
+	"\x12PartitionConsumers\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12-\n" +
+	"\x05holds\x18\x02 \x03(\v2\x17.catena.v1.ConsumerHoldR\x05holds\x128\n" +
+	"\fforced_trims\x18\x03 \x03(\v2\x15.catena.v1.ForcedTrimR\vforcedTrims\x12\x1b\n" +
+	"\tlog_start\x18\x04 \x01(\x04R\blogStart\x12\x1c\n" +
+	"\tcommitted\x18\x05 \x01(\x04R\tcommitted\x12 \n" +
+	"\vdisagreeing\x18\x06 \x03(\tR\vdisagreeing\"K\n" +
+	"\x15DeleteConsumerRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1a\n" +
+	"\bconsumer\x18\x02 \x01(\tR\bconsumer\"8\n" +
+	"\x16DeleteConsumerResponse\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x01 \x03(\rR\n" +
+	"partitions\"\xa7\x01\n" +
 	"\rProduceRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +
@@ -2841,7 +3639,20 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\breplicas\x18\x04 \x03(\v2\x1a.catena.v1.PartitionStatusR\breplicas\"\x14\n" +
 	"\x12ListStreamsRequest\"/\n" +
 	"\x13ListStreamsResponse\x12\x18\n" +
-	"\astreams\x18\x01 \x03(\tR\astreams\"\x81\x01\n" +
+	"\astreams\x18\x01 \x03(\tR\astreams\"\x80\x01\n" +
+	"\x14HoldRetentionRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1a\n" +
+	"\bconsumer\x18\x03 \x01(\tR\bconsumer\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x04R\x06offset\"~\n" +
+	"\x17ReleaseRetentionRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
+	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01\x12\x1a\n" +
+	"\bconsumer\x18\x03 \x01(\tR\bconsumerB\f\n" +
+	"\n" +
+	"_partition\"6\n" +
+	"\x18ReleaseRetentionResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x03(\rR\breleased\"\x81\x01\n" +
 	"\x0eCatchUpRequest\x121\n" +
 	"\x05chain\x18\x01 \x01(\v2\x1b.catena.v1.ConfigureRequestR\x05chain\x12\x1b\n" +
 	"\tsource_id\x18\x02 \x01(\tR\bsourceId\x12\x1f\n" +
@@ -2852,11 +3663,12 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x12\n" +
 	"\x04from\x18\x03 \x01(\x04R\x04from\x12\x1b\n" +
 	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\x12\x17\n" +
-	"\await_ms\x18\x05 \x01(\rR\x06waitMs\"g\n" +
+	"\await_ms\x18\x05 \x01(\rR\x06waitMs\"\x96\x01\n" +
 	"\x12ReadFramesResponse\x12\x16\n" +
 	"\x06frames\x18\x01 \x03(\fR\x06frames\x12\x1c\n" +
 	"\tcommitted\x18\x02 \x01(\x04R\tcommitted\x12\x1b\n" +
-	"\tlog_start\x18\x03 \x01(\x04R\blogStart\"\x80\x01\n" +
+	"\tlog_start\x18\x03 \x01(\x04R\blogStart\x12-\n" +
+	"\x05holds\x18\x04 \x03(\v2\x17.catena.v1.ConsumerHoldR\x05holds\"\x80\x01\n" +
 	"\vDropRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
@@ -2887,7 +3699,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
-	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\x96\x04\n" +
+	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xff\x04\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -2906,7 +3718,9 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05error\x18\r \x01(\tR\x05error\x12/\n" +
 	"\x06config\x18\x0e \x01(\v2\x17.catena.v1.StreamConfigR\x06config\x12$\n" +
 	"\x0elast_log_epoch\x18\x0f \x01(\x04R\flastLogEpoch\x12*\n" +
-	"\x11successor_down_ms\x18\x10 \x01(\x04R\x0fsuccessorDownMs\"X\n" +
+	"\x11successor_down_ms\x18\x10 \x01(\x04R\x0fsuccessorDownMs\x12-\n" +
+	"\x05holds\x18\x11 \x03(\v2\x17.catena.v1.ConsumerHoldR\x05holds\x128\n" +
+	"\fforced_trims\x18\x12 \x03(\v2\x15.catena.v1.ForcedTrimR\vforcedTrims\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
@@ -2978,14 +3792,17 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tROLE_HEAD\x10\x01\x12\x0f\n" +
 	"\vROLE_MIDDLE\x10\x02\x12\r\n" +
 	"\tROLE_TAIL\x10\x03\x12\r\n" +
-	"\tROLE_SOLE\x10\x042\xba\x03\n" +
+	"\tROLE_SOLE\x10\x042\xce\x05\n" +
 	"\x06Ingest\x12@\n" +
 	"\aProduce\x12\x19.catena.v1.ProduceRequest\x1a\x1a.catena.v1.ProduceResponse\x12:\n" +
 	"\x05Fetch\x12\x17.catena.v1.FetchRequest\x1a\x18.catena.v1.FetchResponse\x12D\n" +
 	"\tSubscribe\x12\x1b.catena.v1.SubscribeRequest\x1a\x18.catena.v1.FetchResponse0\x01\x12L\n" +
 	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12P\n" +
 	"\x0eDescribeStream\x12 .catena.v1.DescribeStreamRequest\x1a\x1c.catena.v1.StreamDescription\x12L\n" +
-	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse2\xb3\x06\n" +
+	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse\x12g\n" +
+	"\x14CommitConsumerOffset\x12&.catena.v1.CommitConsumerOffsetRequest\x1a'.catena.v1.CommitConsumerOffsetResponse\x12R\n" +
+	"\rListConsumers\x12\x1f.catena.v1.ListConsumersRequest\x1a .catena.v1.ListConsumersResponse\x12U\n" +
+	"\x0eDeleteConsumer\x12 .catena.v1.DeleteConsumerRequest\x1a!.catena.v1.DeleteConsumerResponse2\xde\a\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -2999,7 +3816,9 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x04Drop\x12\x16.catena.v1.DropRequest\x1a\x17.catena.v1.DropResponse\x12@\n" +
 	"\aCatchUp\x12\x19.catena.v1.CatchUpRequest\x1a\x1a.catena.v1.PartitionStatus\x12I\n" +
 	"\n" +
-	"ReadFrames\x12\x1c.catena.v1.ReadFramesRequest\x1a\x1d.catena.v1.ReadFramesResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
+	"ReadFrames\x12\x1c.catena.v1.ReadFramesRequest\x1a\x1d.catena.v1.ReadFramesResponse\x12L\n" +
+	"\rHoldRetention\x12\x1f.catena.v1.HoldRetentionRequest\x1a\x1a.catena.v1.PartitionStatus\x12[\n" +
+	"\x10ReleaseRetention\x12\".catena.v1.ReleaseRetentionRequest\x1a#.catena.v1.ReleaseRetentionResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
 
 var (
 	file_catena_v1_catena_proto_rawDescOnce sync.Once
@@ -3014,111 +3833,139 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_catena_v1_catena_proto_goTypes = []any{
-	(Durability)(0),               // 0: catena.v1.Durability
-	(OffsetSpec)(0),               // 1: catena.v1.OffsetSpec
-	(Role)(0),                     // 2: catena.v1.Role
-	(*Record)(nil),                // 3: catena.v1.Record
-	(*StreamConfig)(nil),          // 4: catena.v1.StreamConfig
-	(*ProduceRecord)(nil),         // 5: catena.v1.ProduceRecord
-	(*ProduceRequest)(nil),        // 6: catena.v1.ProduceRequest
-	(*ProduceResult)(nil),         // 7: catena.v1.ProduceResult
-	(*ProduceResponse)(nil),       // 8: catena.v1.ProduceResponse
-	(*FetchRequest)(nil),          // 9: catena.v1.FetchRequest
-	(*FetchResponse)(nil),         // 10: catena.v1.FetchResponse
-	(*SubscribeRequest)(nil),      // 11: catena.v1.SubscribeRequest
-	(*ListOffsetsRequest)(nil),    // 12: catena.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),   // 13: catena.v1.ListOffsetsResponse
-	(*DescribeStreamRequest)(nil), // 14: catena.v1.DescribeStreamRequest
-	(*StreamDescription)(nil),     // 15: catena.v1.StreamDescription
-	(*PartitionDescription)(nil),  // 16: catena.v1.PartitionDescription
-	(*ListStreamsRequest)(nil),    // 17: catena.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),   // 18: catena.v1.ListStreamsResponse
-	(*CatchUpRequest)(nil),        // 19: catena.v1.CatchUpRequest
-	(*ReadFramesRequest)(nil),     // 20: catena.v1.ReadFramesRequest
-	(*ReadFramesResponse)(nil),    // 21: catena.v1.ReadFramesResponse
-	(*DropRequest)(nil),           // 22: catena.v1.DropRequest
-	(*DropResponse)(nil),          // 23: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),       // 24: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),      // 25: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),       // 26: catena.v1.TruncateRequest
-	(*Member)(nil),                // 27: catena.v1.Member
-	(*ConfigureRequest)(nil),      // 28: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),       // 29: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),         // 30: catena.v1.StatusRequest
-	(*StatusResponse)(nil),        // 31: catena.v1.StatusResponse
-	(*AppendRequest)(nil),         // 32: catena.v1.AppendRequest
-	(*AppendRecord)(nil),          // 33: catena.v1.AppendRecord
-	(*AppendResponse)(nil),        // 34: catena.v1.AppendResponse
-	(*ReplicateFrame)(nil),        // 35: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),             // 36: catena.v1.LinkHello
-	(*BatchData)(nil),             // 37: catena.v1.BatchData
-	(*CommitNotice)(nil),          // 38: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),          // 39: catena.v1.ReplicateAck
+	(Durability)(0),                      // 0: catena.v1.Durability
+	(OffsetSpec)(0),                      // 1: catena.v1.OffsetSpec
+	(Role)(0),                            // 2: catena.v1.Role
+	(*Record)(nil),                       // 3: catena.v1.Record
+	(*StreamConfig)(nil),                 // 4: catena.v1.StreamConfig
+	(*ConsumerHold)(nil),                 // 5: catena.v1.ConsumerHold
+	(*ForcedTrim)(nil),                   // 6: catena.v1.ForcedTrim
+	(*CommitConsumerOffsetRequest)(nil),  // 7: catena.v1.CommitConsumerOffsetRequest
+	(*CommitConsumerOffsetResponse)(nil), // 8: catena.v1.CommitConsumerOffsetResponse
+	(*ListConsumersRequest)(nil),         // 9: catena.v1.ListConsumersRequest
+	(*ListConsumersResponse)(nil),        // 10: catena.v1.ListConsumersResponse
+	(*PartitionConsumers)(nil),           // 11: catena.v1.PartitionConsumers
+	(*DeleteConsumerRequest)(nil),        // 12: catena.v1.DeleteConsumerRequest
+	(*DeleteConsumerResponse)(nil),       // 13: catena.v1.DeleteConsumerResponse
+	(*ProduceRecord)(nil),                // 14: catena.v1.ProduceRecord
+	(*ProduceRequest)(nil),               // 15: catena.v1.ProduceRequest
+	(*ProduceResult)(nil),                // 16: catena.v1.ProduceResult
+	(*ProduceResponse)(nil),              // 17: catena.v1.ProduceResponse
+	(*FetchRequest)(nil),                 // 18: catena.v1.FetchRequest
+	(*FetchResponse)(nil),                // 19: catena.v1.FetchResponse
+	(*SubscribeRequest)(nil),             // 20: catena.v1.SubscribeRequest
+	(*ListOffsetsRequest)(nil),           // 21: catena.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),          // 22: catena.v1.ListOffsetsResponse
+	(*DescribeStreamRequest)(nil),        // 23: catena.v1.DescribeStreamRequest
+	(*StreamDescription)(nil),            // 24: catena.v1.StreamDescription
+	(*PartitionDescription)(nil),         // 25: catena.v1.PartitionDescription
+	(*ListStreamsRequest)(nil),           // 26: catena.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),          // 27: catena.v1.ListStreamsResponse
+	(*HoldRetentionRequest)(nil),         // 28: catena.v1.HoldRetentionRequest
+	(*ReleaseRetentionRequest)(nil),      // 29: catena.v1.ReleaseRetentionRequest
+	(*ReleaseRetentionResponse)(nil),     // 30: catena.v1.ReleaseRetentionResponse
+	(*CatchUpRequest)(nil),               // 31: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),            // 32: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),           // 33: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),                  // 34: catena.v1.DropRequest
+	(*DropResponse)(nil),                 // 35: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),              // 36: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),             // 37: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),              // 38: catena.v1.TruncateRequest
+	(*Member)(nil),                       // 39: catena.v1.Member
+	(*ConfigureRequest)(nil),             // 40: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),              // 41: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),                // 42: catena.v1.StatusRequest
+	(*StatusResponse)(nil),               // 43: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                // 44: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                 // 45: catena.v1.AppendRecord
+	(*AppendResponse)(nil),               // 46: catena.v1.AppendResponse
+	(*ReplicateFrame)(nil),               // 47: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                    // 48: catena.v1.LinkHello
+	(*BatchData)(nil),                    // 49: catena.v1.BatchData
+	(*CommitNotice)(nil),                 // 50: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                 // 51: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
-	5,  // 1: catena.v1.ProduceRequest.records:type_name -> catena.v1.ProduceRecord
-	7,  // 2: catena.v1.ProduceResponse.results:type_name -> catena.v1.ProduceResult
-	3,  // 3: catena.v1.FetchResponse.records:type_name -> catena.v1.Record
-	1,  // 4: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
-	4,  // 5: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
-	16, // 6: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	27, // 7: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	29, // 8: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	28, // 9: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
-	27, // 10: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
-	4,  // 11: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	27, // 12: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
-	2,  // 13: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
-	4,  // 14: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
-	29, // 15: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	33, // 16: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	36, // 17: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	37, // 18: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	38, // 19: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
-	6,  // 20: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
-	9,  // 21: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
-	11, // 22: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
-	12, // 23: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	14, // 24: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
-	17, // 25: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	28, // 26: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	30, // 27: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	32, // 28: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	32, // 29: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	35, // 30: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	9,  // 31: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	12, // 32: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	24, // 33: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	26, // 34: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	22, // 35: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	19, // 36: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	20, // 37: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	8,  // 38: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	10, // 39: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	10, // 40: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	13, // 41: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	15, // 42: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	18, // 43: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	29, // 44: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	31, // 45: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	34, // 46: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	34, // 47: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	39, // 48: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	10, // 49: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	13, // 50: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	25, // 51: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	29, // 52: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	23, // 53: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	29, // 54: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	21, // 55: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	38, // [38:56] is the sub-list for method output_type
-	20, // [20:38] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	11, // 1: catena.v1.ListConsumersResponse.partitions:type_name -> catena.v1.PartitionConsumers
+	5,  // 2: catena.v1.PartitionConsumers.holds:type_name -> catena.v1.ConsumerHold
+	6,  // 3: catena.v1.PartitionConsumers.forced_trims:type_name -> catena.v1.ForcedTrim
+	14, // 4: catena.v1.ProduceRequest.records:type_name -> catena.v1.ProduceRecord
+	16, // 5: catena.v1.ProduceResponse.results:type_name -> catena.v1.ProduceResult
+	3,  // 6: catena.v1.FetchResponse.records:type_name -> catena.v1.Record
+	1,  // 7: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
+	4,  // 8: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
+	25, // 9: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
+	39, // 10: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	41, // 11: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	40, // 12: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	5,  // 13: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
+	39, // 14: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	4,  // 15: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
+	39, // 16: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	2,  // 17: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
+	4,  // 18: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
+	5,  // 19: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
+	6,  // 20: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
+	41, // 21: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	45, // 22: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	48, // 23: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	49, // 24: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	50, // 25: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	15, // 26: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
+	18, // 27: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
+	20, // 28: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
+	21, // 29: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	23, // 30: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
+	26, // 31: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
+	7,  // 32: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
+	9,  // 33: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
+	12, // 34: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
+	40, // 35: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	42, // 36: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	44, // 37: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	44, // 38: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	47, // 39: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	18, // 40: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	21, // 41: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	36, // 42: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	38, // 43: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	34, // 44: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	31, // 45: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	32, // 46: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	28, // 47: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	29, // 48: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	17, // 49: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	19, // 50: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	19, // 51: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	22, // 52: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	24, // 53: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	27, // 54: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	8,  // 55: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	10, // 56: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	13, // 57: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	41, // 58: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	43, // 59: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	46, // 60: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	46, // 61: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	51, // 62: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	19, // 63: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	22, // 64: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	37, // 65: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	41, // 66: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	35, // 67: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	41, // 68: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	33, // 69: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	41, // 70: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	30, // 71: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	49, // [49:72] is the sub-list for method output_type
+	26, // [26:49] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_catena_v1_catena_proto_init() }
@@ -3126,14 +3973,15 @@ func file_catena_v1_catena_proto_init() {
 	if File_catena_v1_catena_proto != nil {
 		return
 	}
-	file_catena_v1_catena_proto_msgTypes[2].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[27].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[32].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[11].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[26].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[39].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[44].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[36].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[48].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -3143,7 +3991,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   37,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

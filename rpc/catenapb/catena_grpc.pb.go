@@ -27,12 +27,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Ingest_Produce_FullMethodName        = "/catena.v1.Ingest/Produce"
-	Ingest_Fetch_FullMethodName          = "/catena.v1.Ingest/Fetch"
-	Ingest_Subscribe_FullMethodName      = "/catena.v1.Ingest/Subscribe"
-	Ingest_ListOffsets_FullMethodName    = "/catena.v1.Ingest/ListOffsets"
-	Ingest_DescribeStream_FullMethodName = "/catena.v1.Ingest/DescribeStream"
-	Ingest_ListStreams_FullMethodName    = "/catena.v1.Ingest/ListStreams"
+	Ingest_Produce_FullMethodName              = "/catena.v1.Ingest/Produce"
+	Ingest_Fetch_FullMethodName                = "/catena.v1.Ingest/Fetch"
+	Ingest_Subscribe_FullMethodName            = "/catena.v1.Ingest/Subscribe"
+	Ingest_ListOffsets_FullMethodName          = "/catena.v1.Ingest/ListOffsets"
+	Ingest_DescribeStream_FullMethodName       = "/catena.v1.Ingest/DescribeStream"
+	Ingest_ListStreams_FullMethodName          = "/catena.v1.Ingest/ListStreams"
+	Ingest_CommitConsumerOffset_FullMethodName = "/catena.v1.Ingest/CommitConsumerOffset"
+	Ingest_ListConsumers_FullMethodName        = "/catena.v1.Ingest/ListConsumers"
+	Ingest_DeleteConsumer_FullMethodName       = "/catena.v1.Ingest/DeleteConsumer"
 )
 
 // IngestClient is the client API for Ingest service.
@@ -52,6 +55,19 @@ type IngestClient interface {
 	// DescribeStream reports each partition's chain as the replicas see it.
 	DescribeStream(ctx context.Context, in *DescribeStreamRequest, opts ...grpc.CallOption) (*StreamDescription, error)
 	ListStreams(ctx context.Context, in *ListStreamsRequest, opts ...grpc.CallOption) (*ListStreamsResponse, error)
+	// CommitConsumerOffset sets a consumer's hold on a partition (set, not
+	// max: it may move back, e.g. after a restore from an older checkpoint)
+	// on every member of the partition's current chain, and answers OK only
+	// once every member stored it durably. Retention on those members keeps
+	// the records from offset on. INVALID_ARGUMENT for a bad consumer name,
+	// NOT_FOUND for an unknown stream or partition: nothing is stored.
+	CommitConsumerOffset(ctx context.Context, in *CommitConsumerOffsetRequest, opts ...grpc.CallOption) (*CommitConsumerOffsetResponse, error)
+	// ListConsumers reports, per partition, the holds and forced trims the
+	// members of its chain report.
+	ListConsumers(ctx context.Context, in *ListConsumersRequest, opts ...grpc.CallOption) (*ListConsumersResponse, error)
+	// DeleteConsumer releases a consumer's holds on every partition of a
+	// stream (on every member of each chain). Idempotent.
+	DeleteConsumer(ctx context.Context, in *DeleteConsumerRequest, opts ...grpc.CallOption) (*DeleteConsumerResponse, error)
 }
 
 type ingestClient struct {
@@ -131,6 +147,36 @@ func (c *ingestClient) ListStreams(ctx context.Context, in *ListStreamsRequest, 
 	return out, nil
 }
 
+func (c *ingestClient) CommitConsumerOffset(ctx context.Context, in *CommitConsumerOffsetRequest, opts ...grpc.CallOption) (*CommitConsumerOffsetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommitConsumerOffsetResponse)
+	err := c.cc.Invoke(ctx, Ingest_CommitConsumerOffset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *ingestClient) ListConsumers(ctx context.Context, in *ListConsumersRequest, opts ...grpc.CallOption) (*ListConsumersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListConsumersResponse)
+	err := c.cc.Invoke(ctx, Ingest_ListConsumers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *ingestClient) DeleteConsumer(ctx context.Context, in *DeleteConsumerRequest, opts ...grpc.CallOption) (*DeleteConsumerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteConsumerResponse)
+	err := c.cc.Invoke(ctx, Ingest_DeleteConsumer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IngestServer is the server API for Ingest service.
 // All implementations must embed UnimplementedIngestServer
 // for forward compatibility.
@@ -148,6 +194,19 @@ type IngestServer interface {
 	// DescribeStream reports each partition's chain as the replicas see it.
 	DescribeStream(context.Context, *DescribeStreamRequest) (*StreamDescription, error)
 	ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error)
+	// CommitConsumerOffset sets a consumer's hold on a partition (set, not
+	// max: it may move back, e.g. after a restore from an older checkpoint)
+	// on every member of the partition's current chain, and answers OK only
+	// once every member stored it durably. Retention on those members keeps
+	// the records from offset on. INVALID_ARGUMENT for a bad consumer name,
+	// NOT_FOUND for an unknown stream or partition: nothing is stored.
+	CommitConsumerOffset(context.Context, *CommitConsumerOffsetRequest) (*CommitConsumerOffsetResponse, error)
+	// ListConsumers reports, per partition, the holds and forced trims the
+	// members of its chain report.
+	ListConsumers(context.Context, *ListConsumersRequest) (*ListConsumersResponse, error)
+	// DeleteConsumer releases a consumer's holds on every partition of a
+	// stream (on every member of each chain). Idempotent.
+	DeleteConsumer(context.Context, *DeleteConsumerRequest) (*DeleteConsumerResponse, error)
 	mustEmbedUnimplementedIngestServer()
 }
 
@@ -175,6 +234,15 @@ func (UnimplementedIngestServer) DescribeStream(context.Context, *DescribeStream
 }
 func (UnimplementedIngestServer) ListStreams(context.Context, *ListStreamsRequest) (*ListStreamsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListStreams not implemented")
+}
+func (UnimplementedIngestServer) CommitConsumerOffset(context.Context, *CommitConsumerOffsetRequest) (*CommitConsumerOffsetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CommitConsumerOffset not implemented")
+}
+func (UnimplementedIngestServer) ListConsumers(context.Context, *ListConsumersRequest) (*ListConsumersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListConsumers not implemented")
+}
+func (UnimplementedIngestServer) DeleteConsumer(context.Context, *DeleteConsumerRequest) (*DeleteConsumerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteConsumer not implemented")
 }
 func (UnimplementedIngestServer) mustEmbedUnimplementedIngestServer() {}
 func (UnimplementedIngestServer) testEmbeddedByValue()                {}
@@ -298,6 +366,60 @@ func _Ingest_ListStreams_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Ingest_CommitConsumerOffset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommitConsumerOffsetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IngestServer).CommitConsumerOffset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Ingest_CommitConsumerOffset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IngestServer).CommitConsumerOffset(ctx, req.(*CommitConsumerOffsetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Ingest_ListConsumers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListConsumersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IngestServer).ListConsumers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Ingest_ListConsumers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IngestServer).ListConsumers(ctx, req.(*ListConsumersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Ingest_DeleteConsumer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteConsumerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IngestServer).DeleteConsumer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Ingest_DeleteConsumer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IngestServer).DeleteConsumer(ctx, req.(*DeleteConsumerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Ingest_ServiceDesc is the grpc.ServiceDesc for Ingest service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -325,6 +447,18 @@ var Ingest_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListStreams",
 			Handler:    _Ingest_ListStreams_Handler,
 		},
+		{
+			MethodName: "CommitConsumerOffset",
+			Handler:    _Ingest_CommitConsumerOffset_Handler,
+		},
+		{
+			MethodName: "ListConsumers",
+			Handler:    _Ingest_ListConsumers_Handler,
+		},
+		{
+			MethodName: "DeleteConsumer",
+			Handler:    _Ingest_DeleteConsumer_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -337,18 +471,20 @@ var Ingest_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Replica_Configure_FullMethodName    = "/catena.v1.Replica/Configure"
-	Replica_Status_FullMethodName       = "/catena.v1.Replica/Status"
-	Replica_Append_FullMethodName       = "/catena.v1.Replica/Append"
-	Replica_AppendStream_FullMethodName = "/catena.v1.Replica/AppendStream"
-	Replica_Replicate_FullMethodName    = "/catena.v1.Replica/Replicate"
-	Replica_Read_FullMethodName         = "/catena.v1.Replica/Read"
-	Replica_ListOffsets_FullMethodName  = "/catena.v1.Replica/ListOffsets"
-	Replica_EpochEnd_FullMethodName     = "/catena.v1.Replica/EpochEnd"
-	Replica_Truncate_FullMethodName     = "/catena.v1.Replica/Truncate"
-	Replica_Drop_FullMethodName         = "/catena.v1.Replica/Drop"
-	Replica_CatchUp_FullMethodName      = "/catena.v1.Replica/CatchUp"
-	Replica_ReadFrames_FullMethodName   = "/catena.v1.Replica/ReadFrames"
+	Replica_Configure_FullMethodName        = "/catena.v1.Replica/Configure"
+	Replica_Status_FullMethodName           = "/catena.v1.Replica/Status"
+	Replica_Append_FullMethodName           = "/catena.v1.Replica/Append"
+	Replica_AppendStream_FullMethodName     = "/catena.v1.Replica/AppendStream"
+	Replica_Replicate_FullMethodName        = "/catena.v1.Replica/Replicate"
+	Replica_Read_FullMethodName             = "/catena.v1.Replica/Read"
+	Replica_ListOffsets_FullMethodName      = "/catena.v1.Replica/ListOffsets"
+	Replica_EpochEnd_FullMethodName         = "/catena.v1.Replica/EpochEnd"
+	Replica_Truncate_FullMethodName         = "/catena.v1.Replica/Truncate"
+	Replica_Drop_FullMethodName             = "/catena.v1.Replica/Drop"
+	Replica_CatchUp_FullMethodName          = "/catena.v1.Replica/CatchUp"
+	Replica_ReadFrames_FullMethodName       = "/catena.v1.Replica/ReadFrames"
+	Replica_HoldRetention_FullMethodName    = "/catena.v1.Replica/HoldRetention"
+	Replica_ReleaseRetention_FullMethodName = "/catena.v1.Replica/ReleaseRetention"
 )
 
 // ReplicaClient is the client API for Replica service.
@@ -407,6 +543,17 @@ type ReplicaClient interface {
 	// catching up. It long-polls up to wait_ms when nothing past from is
 	// committed yet.
 	ReadFrames(ctx context.Context, in *ReadFramesRequest, opts ...grpc.CallOption) (*ReadFramesResponse, error)
+	// HoldRetention sets a consumer's hold on a hosted partition (set, not
+	// max: it may move back) and answers once it is durable. Retention then
+	// deletes only segments wholly below the lowest hold, unless a hard
+	// limit of the stream config is exceeded. INVALID_ARGUMENT for a bad
+	// consumer name, NOT_FOUND for a partition not hosted, RESOURCE_EXHAUSTED
+	// past the limit of holds per partition; nothing changes then.
+	HoldRetention(ctx context.Context, in *HoldRetentionRequest, opts ...grpc.CallOption) (*PartitionStatus, error)
+	// ReleaseRetention removes a consumer's hold (and its forced trims) from
+	// one hosted partition, or from every hosted partition of the stream
+	// when partition is absent. Releasing a hold that is not there succeeds.
+	ReleaseRetention(ctx context.Context, in *ReleaseRetentionRequest, opts ...grpc.CallOption) (*ReleaseRetentionResponse, error)
 }
 
 type replicaClient struct {
@@ -543,6 +690,26 @@ func (c *replicaClient) ReadFrames(ctx context.Context, in *ReadFramesRequest, o
 	return out, nil
 }
 
+func (c *replicaClient) HoldRetention(ctx context.Context, in *HoldRetentionRequest, opts ...grpc.CallOption) (*PartitionStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PartitionStatus)
+	err := c.cc.Invoke(ctx, Replica_HoldRetention_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *replicaClient) ReleaseRetention(ctx context.Context, in *ReleaseRetentionRequest, opts ...grpc.CallOption) (*ReleaseRetentionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseRetentionResponse)
+	err := c.cc.Invoke(ctx, Replica_ReleaseRetention_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ReplicaServer is the server API for Replica service.
 // All implementations must embed UnimplementedReplicaServer
 // for forward compatibility.
@@ -599,6 +766,17 @@ type ReplicaServer interface {
 	// catching up. It long-polls up to wait_ms when nothing past from is
 	// committed yet.
 	ReadFrames(context.Context, *ReadFramesRequest) (*ReadFramesResponse, error)
+	// HoldRetention sets a consumer's hold on a hosted partition (set, not
+	// max: it may move back) and answers once it is durable. Retention then
+	// deletes only segments wholly below the lowest hold, unless a hard
+	// limit of the stream config is exceeded. INVALID_ARGUMENT for a bad
+	// consumer name, NOT_FOUND for a partition not hosted, RESOURCE_EXHAUSTED
+	// past the limit of holds per partition; nothing changes then.
+	HoldRetention(context.Context, *HoldRetentionRequest) (*PartitionStatus, error)
+	// ReleaseRetention removes a consumer's hold (and its forced trims) from
+	// one hosted partition, or from every hosted partition of the stream
+	// when partition is absent. Releasing a hold that is not there succeeds.
+	ReleaseRetention(context.Context, *ReleaseRetentionRequest) (*ReleaseRetentionResponse, error)
 	mustEmbedUnimplementedReplicaServer()
 }
 
@@ -644,6 +822,12 @@ func (UnimplementedReplicaServer) CatchUp(context.Context, *CatchUpRequest) (*Pa
 }
 func (UnimplementedReplicaServer) ReadFrames(context.Context, *ReadFramesRequest) (*ReadFramesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReadFrames not implemented")
+}
+func (UnimplementedReplicaServer) HoldRetention(context.Context, *HoldRetentionRequest) (*PartitionStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method HoldRetention not implemented")
+}
+func (UnimplementedReplicaServer) ReleaseRetention(context.Context, *ReleaseRetentionRequest) (*ReleaseRetentionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseRetention not implemented")
 }
 func (UnimplementedReplicaServer) mustEmbedUnimplementedReplicaServer() {}
 func (UnimplementedReplicaServer) testEmbeddedByValue()                 {}
@@ -860,6 +1044,42 @@ func _Replica_ReadFrames_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Replica_HoldRetention_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HoldRetentionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).HoldRetention(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_HoldRetention_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).HoldRetention(ctx, req.(*HoldRetentionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Replica_ReleaseRetention_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRetentionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).ReleaseRetention(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_ReleaseRetention_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).ReleaseRetention(ctx, req.(*ReleaseRetentionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Replica_ServiceDesc is the grpc.ServiceDesc for Replica service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -906,6 +1126,14 @@ var Replica_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReadFrames",
 			Handler:    _Replica_ReadFrames_Handler,
+		},
+		{
+			MethodName: "HoldRetention",
+			Handler:    _Replica_HoldRetention_Handler,
+		},
+		{
+			MethodName: "ReleaseRetention",
+			Handler:    _Replica_ReleaseRetention_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
