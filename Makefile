@@ -126,6 +126,11 @@ bench-compare: build ## Run the same produce workloads against Catena and a 3-no
 bench-catchup: ## Measure a replacement's copy outside the chain: MiB/s, and producer p99 before and during (CATENA_CATCHUP_MIB, CATENA_CATCHUP_RATE, CATENA_CATCHUP_JOINER_DIR).
 	$(GO) test -run='^$$' -bench=BenchmarkCatchUp -benchtime=1x ./replica/server/
 
+.PHONY: bench-restore
+bench-restore: ## Restore an aggregation shard of 1M keys (snapshot + 2 increments) with a real catena aggregator against catena dev: time to state-ready, replay rate (CATENA_RESTORE_KEYS, CATENA_RESTORE_REPLAY).
+	$(GO) test -run='^$$' -bench=BenchmarkAggregatorRestore -benchtime=1x ./test/integration/
+	$(GO) test -run='^$$' -bench=BenchmarkRestoreInMemory -benchtime=3x -benchmem ./aggregator/
+
 .PHONY: bench-micro
 bench-micro: ## Run Go micro-benchmarks of the storage and chain paths.
 	$(GO) test -run='^$$' -bench=. -skip=BenchmarkCatchUp -benchmem ./replica/...

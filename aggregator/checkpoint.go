@@ -228,6 +228,9 @@ type Restored struct {
 	// explains the checkpoints passed over.
 	Loaded  int
 	Skipped []string
+	// ReadTime is the time spent reading the checkpoint partition;
+	// DecodeTime the time spent building the state.
+	ReadTime, DecodeTime time.Duration
 
 	last          *manifest
 	lastOffset    uint64
@@ -256,6 +259,7 @@ type seenManifest struct {
 // checkpoints qualify: every one is the fold of a prefix of the same
 // source partition. With none, it returns an empty state.
 func Restore(ctx context.Context, log Log, plan *Plan, shard, partition uint32, from uint64) (*Restored, error) {
+	t0 := time.Now()
 	chunks := map[uint64]seenChunk{}
 	byOffset := map[uint64]*manifest{}
 	var (
@@ -283,6 +287,7 @@ func Restore(ctx context.Context, log Log, plan *Plan, shard, partition uint32, 
 	if err != nil {
 		return nil, fmt.Errorf("failed to read checkpoints of shard %d: %w", shard, err)
 	}
+	read := time.Since(t0)
 	sort.Slice(manifests, func(i, j int) bool {
 		a, b := manifests[i], manifests[j]
 		if a.m.SourceOffset != b.m.SourceOffset {
@@ -310,11 +315,12 @@ func Restore(ctx context.Context, log Log, plan *Plan, shard, partition uint32, 
 		}
 		return &Restored{
 			State: st, SourceOffset: last.SourceOffset, Lost: last.Lost, Loaded: len(chain), Skipped: skipped,
+			ReadTime: read, DecodeTime: time.Since(t0) - read,
 			last: last, lastOffset: cand.offset, sinceSnapshot: len(chain) - 1,
 			snap: &snapRef{firstChunk: first, sourceOffset: snap.m.SourceOffset},
 		}, nil
 	}
-	return &Restored{State: NewState(plan, 0), Skipped: skipped}, nil
+	return &Restored{State: NewState(plan, 0), Skipped: skipped, ReadTime: read, DecodeTime: time.Since(t0) - read}, nil
 }
 
 // chainOf walks from m back to its snapshot and checks every link and

@@ -43,7 +43,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newReplicaCommand(), newIngestCommand(), newDevCommand(), newOperatorCommand())
+	root.AddCommand(newReplicaCommand(), newIngestCommand(), newDevCommand(), newOperatorCommand(), newAggregatorCommand())
 	return root
 }
 

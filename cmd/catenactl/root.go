@@ -49,6 +49,7 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newConsumeCommand(a),
 		newDescribeCommand(a),
 		newConsumersCommand(a),
+		newAggCommand(a),
 		newBenchCommand(a),
 		newVersionCommand(a),
 	)
