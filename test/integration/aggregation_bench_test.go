@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"sigs.k8s.io/yaml"
 
-	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/aggregator"
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/client"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
