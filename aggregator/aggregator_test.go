@@ -53,7 +53,7 @@ func mustCompile(t testing.TB, s streamsv1alpha1.AggregationSpec) *Plan {
 // floats by their bits, and the skipped counter.
 func render(st *State) map[string]string {
 	out := map[string]string{"#skipped": fmt.Sprint(st.Skipped)}
-	for k, e := range st.entries {
+	for k, e := range st.all {
 		var b strings.Builder
 		for i, ag := range st.plan.aggregates {
 			ac := e.accs[i]
@@ -205,7 +205,7 @@ func TestFold(t *testing.T) {
 				st.Fold([]byte(r.key), []byte(r.value), r.ts)
 			}
 			got := map[string]string{}
-			for k, e := range st.entries {
+			for k, e := range st.all {
 				var parts []string
 				for _, v := range p.values(e) {
 					switch {

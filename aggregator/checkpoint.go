@@ -133,12 +133,12 @@ func (c *Checkpointer) Capture(st *State, sourceOffset, lost uint64, now time.Ti
 		}
 	}
 	if cp.snapshot {
-		for k, e := range st.entries {
+		for k, e := range st.all {
 			add(k, e)
 		}
 	} else {
 		for k := range st.dirty {
-			add(k, st.entries[k])
+			add(k, st.get(k))
 		}
 	}
 	if n > 0 {
@@ -358,30 +358,38 @@ func chainOf(m seenManifest, byOffset map[uint64]*manifest, chunks map[uint64]se
 	return chain, ""
 }
 
-// load builds the state of a validated chain: the snapshot's chunks are
-// decoded in parallel (their groups are distinct), then every increment
-// in order overwrites the groups it holds.
+// load builds the state of a validated chain: every chunk (snapshot and
+// increments) is decoded in parallel, then each core fills its share of
+// the state's maps, applying the chunks in chain order so that a later
+// increment's value of a group wins.
 func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State, error) {
-	snap := chain[0].m
-	st := NewState(plan, int(snap.Groups))
+	st := NewState(plan, int(chain[len(chain)-1].m.Groups))
 	type decoded struct {
 		keys    []entryKey
+		parts   []uint8
 		entries []*entry
 		err     error
 	}
-	out := make([]decoded, len(snap.Chunks))
+	var refs []chunkRef
+	for _, c := range chain {
+		refs = append(refs, c.m.Chunks...)
+	}
+	out := make([]decoded, len(refs))
+	workers := runtime.GOMAXPROCS(0)
 	var wg sync.WaitGroup
-	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
-	for i, ref := range snap.Chunks {
+	sem := make(chan struct{}, workers)
+	for i, ref := range refs {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			d := &out[i]
 			d.keys = make([]entryKey, 0, ref.Entries)
+			d.parts = make([]uint8, 0, ref.Entries)
 			d.entries = make([]*entry, 0, ref.Entries)
 			d.err = plan.decodeEntries(chunks[ref.Offset].payload, ref.Entries, func(k entryKey, e *entry) {
 				d.keys = append(d.keys, k)
+				d.parts = append(d.parts, uint8(st.partOf(k.key)))
 				d.entries = append(d.entries, e)
 			})
 		}()
@@ -389,20 +397,21 @@ func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State
 	wg.Wait()
 	for i := range out {
 		if out[i].err != nil {
-			return nil, fmt.Errorf("snapshot chunk %d does not decode: %w", i, out[i].err)
+			return nil, fmt.Errorf("checkpoint chunk at %d does not decode: %w", refs[i].Offset, out[i].err)
 		}
-		for j, k := range out[i].keys {
-			st.entries[k] = out[i].entries[j]
-		}
-		out[i] = decoded{}
 	}
-	for _, inc := range chain[1:] {
-		for i, ref := range inc.m.Chunks {
-			err := plan.decodeEntries(chunks[ref.Offset].payload, ref.Entries, func(k entryKey, e *entry) { st.entries[k] = e })
-			if err != nil {
-				return nil, fmt.Errorf("increment at %d chunk %d does not decode: %w", inc.offset, i, err)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range out {
+				d := &out[i]
+				for j, k := range d.keys {
+					if p := int(d.parts[j]); p%workers == w {
+						st.parts[p][k] = d.entries[j]
+					}
+				}
 			}
-		}
+		})
 	}
+	wg.Wait()
 	return st, nil
 }

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"bytes"
 	"encoding/json"
+	"hash/maphash"
 	"math"
 	"sort"
 	"strings"
@@ -32,25 +33,58 @@ type entry struct {
 	accs []acc
 }
 
+// stateParts is the number of maps a State's groups are spread over (by
+// key hash), so that a restore fills them from several cores at once.
+const stateParts = 16
+
 // State is one shard's per-key aggregates, the changes since its last
 // checkpoint, and the counters that are part of the state (so a restored
 // shard reports the same figures).
 type State struct {
-	plan    *Plan
-	entries map[entryKey]*entry
-	dirty   map[entryKey]struct{}
+	plan  *Plan
+	seed  maphash.Seed
+	parts [stateParts]map[entryKey]*entry
+	dirty map[entryKey]struct{}
 	// Skipped counts records that were not folded: no key, or a value that
 	// is not a JSON object where the plan reads fields.
 	Skipped uint64
 }
 
-// NewState makes an empty state for plan; sizeHint pre-sizes the map.
+// NewState makes an empty state for plan; sizeHint pre-sizes the maps.
 func NewState(plan *Plan, sizeHint int) *State {
-	return &State{plan: plan, entries: make(map[entryKey]*entry, sizeHint), dirty: map[entryKey]struct{}{}}
+	s := &State{plan: plan, seed: maphash.MakeSeed(), dirty: map[entryKey]struct{}{}}
+	for i := range s.parts {
+		s.parts[i] = make(map[entryKey]*entry, sizeHint/stateParts)
+	}
+	return s
+}
+
+// partOf is the map holding the groups of key.
+func (s *State) partOf(key string) int { return int(maphash.String(s.seed, key) % stateParts) }
+
+func (s *State) get(k entryKey) *entry { return s.parts[s.partOf(k.key)][k] }
+
+func (s *State) put(k entryKey, e *entry) { s.parts[s.partOf(k.key)][k] = e }
+
+// all yields every group.
+func (s *State) all(yield func(entryKey, *entry) bool) {
+	for _, m := range s.parts {
+		for k, e := range m {
+			if !yield(k, e) {
+				return
+			}
+		}
+	}
 }
 
 // Len is the number of groups (keys, or key-window pairs).
-func (s *State) Len() int { return len(s.entries) }
+func (s *State) Len() int {
+	n := 0
+	for _, m := range s.parts {
+		n += len(m)
+	}
+	return n
+}
 
 // Dirty is the number of groups changed since the last checkpoint.
 func (s *State) Dirty() int { return len(s.dirty) }
@@ -91,10 +125,11 @@ func (s *State) Fold(key, value []byte, timestampMs int64) bool {
 	if w := s.plan.windowMs; w > 0 {
 		ek.window = timestampMs - mod(timestampMs, w)
 	}
-	e := s.entries[ek]
+	m := s.parts[s.partOf(ek.key)]
+	e := m[ek]
 	if e == nil {
 		e = s.newEntry()
-		s.entries[ek] = e
+		m[ek] = e
 	}
 	for i, a := range s.plan.aggregates {
 		ac := &e.accs[i]
@@ -251,13 +286,13 @@ func (p *Plan) values(e *entry) []*catenapb.AggValue {
 // groups returns the groups of key (every window of it), in window order.
 func (s *State) groups(key string, fromMs, toMs int64) []entryKey {
 	if !s.plan.Windowed() {
-		if _, ok := s.entries[entryKey{key: key}]; ok {
+		if s.get(entryKey{key: key}) != nil {
 			return []entryKey{{key: key}}
 		}
 		return nil
 	}
 	var out []entryKey
-	for ek := range s.entries {
+	for ek := range s.parts[s.partOf(key)] {
 		if ek.key == key && ek.window >= fromMs && (toMs == 0 || ek.window < toMs) {
 			out = append(out, ek)
 		}
@@ -271,7 +306,7 @@ func (s *State) groups(key string, fromMs, toMs int64) []entryKey {
 func (s *State) keys(prefix, after string, limit int) []string {
 	seen := map[string]struct{}{}
 	var out []string
-	for ek := range s.entries {
+	for ek := range s.all {
 		k := ek.key
 		if !strings.HasPrefix(k, prefix) || k <= after {
 			continue

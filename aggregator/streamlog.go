@@ -51,43 +51,85 @@ func (l *StreamLog) Append(ctx context.Context, partition uint32, values [][]byt
 }
 
 // Read implements Log. Records before the partition's log start were
-// trimmed by retention; reading starts at the log start then.
+// trimmed by retention; reading starts at the log start then. What lies
+// past the first response is fetched as readRanges offset ranges at once,
+// so the replica's reads, ingestion's forwarding and this decoding
+// overlap (a restore reads tens of MiB), and delivered in order.
 func (l *StreamLog) Read(ctx context.Context, partition uint32, from uint64, fn func(uint64, []byte) error) error {
-	end := uint64(0)
-	first := true
-	for off := from; first || off < end; {
-		res, err := l.c.Fetch(ctx, l.stream, partition, off, 16<<20, 0)
-		if err != nil {
-			if first && from > 0 {
-				// A start before the log's start: begin at the log start.
-				start, serr := l.Start(ctx, partition)
-				if serr == nil && start > off {
-					off = start
-					continue
-				}
-			}
-			return fmt.Errorf("failed to read %s/%d at %d: %w", l.stream, partition, off, err)
+	res, err := l.c.Fetch(ctx, l.stream, partition, from, readBytes, 0)
+	if err != nil && from > 0 {
+		// A start before the log's start: begin at the log start.
+		if start, serr := l.Start(ctx, partition); serr == nil && start > from {
+			from = start
+			res, err = l.c.Fetch(ctx, l.stream, partition, from, readBytes, 0)
 		}
-		if first {
-			end, first = res.Committed, false
+	}
+	if err != nil {
+		return fmt.Errorf("failed to read %s/%d at %d: %w", l.stream, partition, from, err)
+	}
+	end := res.Committed
+	for _, m := range res.Messages {
+		if m.Offset >= end {
+			return nil
 		}
-		for _, m := range res.Messages {
-			if m.Offset >= end {
-				return nil
-			}
+		if err := fn(m.Offset, m.Value); err != nil {
+			return err
+		}
+	}
+	next := res.NextOffset
+	if next >= end {
+		return nil
+	}
+	n := uint64(readRanges)
+	if end-next < 64*n {
+		n = 1
+	}
+	parts := make([][]client.Message, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		lo, hi := next+(end-next)*i/n, next+(end-next)*(i+1)/n
+		wg.Go(func() { parts[i], errs[i] = l.readRange(ctx, partition, lo, hi) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			return errs[i]
+		}
+		for _, m := range parts[i] {
 			if err := fn(m.Offset, m.Value); err != nil {
 				return err
 			}
 		}
-		if res.NextOffset <= off {
-			if off < end {
-				return fmt.Errorf("read of %s/%d made no progress at %d (committed %d)", l.stream, partition, off, end)
+	}
+	return nil
+}
+
+const (
+	readBytes  = 16 << 20
+	readRanges = 3
+)
+
+// readRange reads the committed records at offsets [lo, hi).
+func (l *StreamLog) readRange(ctx context.Context, partition uint32, lo, hi uint64) ([]client.Message, error) {
+	var out []client.Message
+	for off := lo; off < hi; {
+		res, err := l.c.Fetch(ctx, l.stream, partition, off, readBytes, 0)
+		if err != nil {
+			return nil, fmt.Errorf("failed to read %s/%d at %d: %w", l.stream, partition, off, err)
+		}
+		for _, m := range res.Messages {
+			if m.Offset >= hi {
+				return out, nil
 			}
-			return nil
+			out = append(out, m)
+		}
+		if res.NextOffset <= off {
+			return nil, fmt.Errorf("read of %s/%d made no progress at %d (committed %d)", l.stream, partition, off, res.Committed)
 		}
 		off = res.NextOffset
 	}
-	return nil
+	return out, nil
 }
 
 // Start implements Log.

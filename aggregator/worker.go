@@ -382,7 +382,7 @@ func (s *shard) partial(key string, fromMs, toMs int64) ([]byte, error) {
 	ks := s.st.groups(key, fromMs, toMs)
 	b := binary.AppendUvarint(nil, uint64(len(ks)))
 	for _, k := range ks {
-		b = s.env.plan.appendEntry(b, k, s.st.entries[k])
+		b = s.env.plan.appendEntry(b, k, s.st.get(k))
 	}
 	return b, nil
 }
