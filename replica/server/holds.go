@@ -165,26 +165,7 @@ func writeHolds(dir string, h holdState) error {
 	if err != nil {
 		return fmt.Errorf("failed to encode consumer holds: %w", err)
 	}
-	tmp := filepath.Join(dir, holdsFile+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return fmt.Errorf("failed to create %s: %w", tmp, err)
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("failed to write %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("failed to fsync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("failed to close %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, holdsFile)); err != nil {
-		return fmt.Errorf("failed to install %s: %w", holdsFile, err)
-	}
-	return syncDir(dir)
+	return writeFileDurably(dir, holdsFile, b)
 }
 
 // readHolds loads dir's holdsFile; a missing file is no holds. A file that

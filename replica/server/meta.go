@@ -84,7 +84,14 @@ func writeMeta(dir string, m *chainMeta) error {
 	if err != nil {
 		return fmt.Errorf("failed to encode chain meta: %w", err)
 	}
-	tmp := filepath.Join(dir, metaFile+".tmp")
+	return writeFileDurably(dir, metaFile, b)
+}
+
+// writeFileDurably replaces dir/name with b atomically and durably: a
+// temporary file, fsync, rename over name, fsync of dir. A crash leaves
+// the old file or the new one, never a torn one.
+func writeFileDurably(dir, name string, b []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
 		return fmt.Errorf("failed to create %s: %w", tmp, err)
@@ -100,8 +107,8 @@ func writeMeta(dir string, m *chainMeta) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("failed to close %s: %w", tmp, err)
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, metaFile)); err != nil {
-		return fmt.Errorf("failed to install %s: %w", metaFile, err)
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("failed to install %s: %w", name, err)
 	}
 	return syncDir(dir)
 }
