@@ -27,6 +27,7 @@ type shardEnv struct {
 	writer     uint64
 	chunkBytes int
 	log        logr.Logger
+	metrics    *shardMetrics
 }
 
 // shard runs one source partition: restore, replay, follow, checkpoint.
@@ -139,7 +140,11 @@ func (s *shard) runOnce(ctx context.Context) error {
 	}
 	if m, mo := res.Checkpoint(); m != nil {
 		rest.From = refOf(m, mo, 0)
+		env.metrics.restoredFromCheckpoint.Inc()
+	} else {
+		env.metrics.restoredEmpty.Inc()
 	}
+	env.metrics.loadSeconds.Observe(time.Since(started).Seconds())
 	replayFrom := off
 	s.mu.Lock()
 	s.st, s.consumed, s.committed, s.lost = res.State, off, target, lost
@@ -188,13 +193,17 @@ func (s *shard) runOnce(ctx context.Context) error {
 			}
 			s.lost += m.Offset - s.consumed
 		}
-		s.st.Fold(m.Key, m.Value, m.TimestampMs)
+		if !s.st.Fold(m.Key, m.Value, m.TimestampMs) {
+			env.metrics.skipped.Inc()
+		}
+		env.metrics.folded.Inc()
 		s.consumed = m.Offset + 1
 		s.committed = max(s.committed, sub.Committed(), s.consumed)
 		if s.phase == catenapb.ShardPhase_SHARD_PHASE_REPLAYING && s.consumed >= target {
 			s.phase = catenapb.ShardPhase_SHARD_PHASE_RUNNING
 			rest.ReplayMs = time.Since(started).Milliseconds()
 			rest.RecordsReplayed = s.consumed - replayFrom
+			env.metrics.replayed.Add(float64(rest.RecordsReplayed))
 			env.log.Info("Shard replayed", "shard", s.id, "records", rest.RecordsReplayed, "replayMs", rest.ReplayMs)
 		}
 		s.mu.Unlock()
@@ -264,6 +273,7 @@ func (s *shard) checkpointLoop(ctx context.Context, cp *Checkpointer) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			s.env.metrics.ckptFailures.Inc()
 			// The checkpoint did not happen; the next one is a snapshot.
 			s.env.log.Error(err, "Checkpoint failed; the next one is a full snapshot", "shard", s.id)
 		}
@@ -285,12 +295,21 @@ func (s *shard) checkpointOnce(ctx context.Context, cp *Checkpointer, at time.Ti
 		s.mu.Unlock()
 		return nil
 	}
+	began := time.Now()
 	c := cp.Capture(s.st, s.consumed, s.lost, at)
 	s.mu.Unlock()
 
 	w, err := cp.Write(ctx, c)
 	if err != nil {
 		return err
+	}
+	m := s.env.metrics
+	m.ckptSeconds.Observe(time.Since(began).Seconds())
+	m.ckptBytes.Add(float64(w.Bytes))
+	if w.Manifest.Snapshot {
+		m.snapshots.Inc()
+	} else {
+		m.increments.Inc()
 	}
 	ref := refOf(w.Manifest, w.ManifestOffset, w.Bytes)
 	s.mu.Lock()
@@ -360,6 +379,10 @@ func (s *shard) watchCommitted(ctx context.Context) {
 		}
 		s.mu.Lock()
 		s.committed = max(s.committed, c)
+		s.env.metrics.lag.Set(float64(s.committed - min(s.consumed, s.committed)))
+		if s.st != nil {
+			s.env.metrics.keys.Set(float64(s.st.Len()))
+		}
 		s.mu.Unlock()
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -34,6 +35,8 @@ type Options struct {
 	Logger logr.Logger
 	// ChunkBytes bounds checkpoint chunk records (0: DefaultChunkBytes).
 	ChunkBytes int
+	// Registerer takes the worker's metrics (nil: not exported).
+	Registerer prometheus.Registerer
 }
 
 // Worker is the aggregator role: the Aggregator gRPC service over the
@@ -41,9 +44,10 @@ type Options struct {
 type Worker struct {
 	catenapb.UnimplementedAggregatorServer
 
-	opts   Options
-	writer uint64
-	peers  *transport.Pool
+	opts    Options
+	writer  uint64
+	peers   *transport.Pool
+	metrics *metrics
 
 	mu         sync.Mutex
 	assign     *catenapb.AssignRequest // the current assignment (nil: none yet)
@@ -58,7 +62,8 @@ type Worker struct {
 func NewWorker(opts Options) *Worker {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	return &Worker{opts: opts, writer: binary.BigEndian.Uint64(b[:]), peers: transport.NewPool(opts.TLS), shards: map[uint32]*shard{}}
+	return &Worker{opts: opts, writer: binary.BigEndian.Uint64(b[:]), peers: transport.NewPool(opts.TLS), shards: map[uint32]*shard{},
+		metrics: newMetrics(opts.Registerer)}
 }
 
 // Close stops every shard and closes connections.
@@ -137,7 +142,7 @@ func (w *Worker) Assign(ctx context.Context, req *catenapb.AssignRequest) (*cate
 		w.shards[id] = startShard(id, shardEnv{
 			plan: plan, client: w.cl, source: w.sourceLocked(), ckpt: w.ckpt, ckptParts: ckptParts,
 			consumer: req.Consumer, writer: w.writer, chunkBytes: w.opts.ChunkBytes,
-			log: w.opts.Logger.WithValues("source", w.sourceLocked()),
+			log: w.opts.Logger.WithValues("source", w.sourceLocked()), metrics: w.metrics.forShard(id),
 		})
 		w.opts.Logger.Info("Shard assigned", "shard", id, "generation", req.Generation)
 	}
@@ -153,7 +158,7 @@ func (w *Worker) clientOptions() []client.Option {
 
 // checkpointPartitions asks for the checkpoint stream's partition count.
 func (w *Worker) checkpointPartitions(ctx context.Context, stream string) (uint32, bool) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	d, err := w.cl.Describe(cctx, stream)
 	if err != nil || len(d.GetPartitions()) == 0 {

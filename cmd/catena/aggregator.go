@@ -23,9 +23,9 @@ import (
 
 func newAggregatorCommand() *cobra.Command {
 	var (
-		id, listen, ingestAddr, specFile, ckptStream, shardList string
-		verbosity                                               int
-		tlsFiles                                                transport.TLSFiles
+		id, listen, ingestAddr, specFile, ckptStream, shardList, metricsAddr string
+		verbosity                                                            int
+		tlsFiles                                                             transport.TLSFiles
 	)
 	cmd := &cobra.Command{
 		Use:   "aggregator",
@@ -57,7 +57,11 @@ source from the offsets recorded there.`,
 			if err != nil {
 				return fmt.Errorf("failed to listen on %s: %w", listen, err)
 			}
-			w := aggregator.NewWorker(aggregator.Options{ID: id, Ingest: ingestAddr, TLS: tlsConfig, Logger: logger})
+			reg := newRegistry()
+			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
+				return err
+			}
+			w := aggregator.NewWorker(aggregator.Options{ID: id, Ingest: ingestAddr, TLS: tlsConfig, Logger: logger, Registerer: reg})
 			defer w.Close()
 			if specFile != "" {
 				req, err := standaloneAssignment(ctx, specFile, id, lis.Addr().String(), ingestAddr, ckptStream, shardList)
@@ -81,6 +85,7 @@ source from the offsets recorded there.`,
 	f.StringVar(&ingestAddr, "ingest", "", "ingestion endpoint for the source and checkpoint streams, when the operator names none")
 	f.StringVar(&specFile, "spec", "", "standalone: an Aggregation manifest to run without an operator")
 	f.StringVar(&ckptStream, "checkpoint-stream", "", "standalone: the stream to checkpoint into (default <name>-checkpoints)")
+	f.StringVar(&metricsAddr, "metrics-listen", "", "address to serve Prometheus /metrics on (empty: off)")
 	f.StringVar(&shardList, "shards", "", "standalone: the source partitions to run, comma-separated (default all)")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
