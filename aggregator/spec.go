@@ -62,6 +62,9 @@ type Plan struct {
 	windowMs   int64 // 0: no window
 	// needsJSON: some aggregate or the key reads the record's value.
 	needsJSON bool
+	// fields are the paths read from values: the key field's at index 0
+	// (when the key is a field), then each aggregate's at 1+i.
+	fields *fieldTrie
 
 	Interval      time.Duration
 	SnapshotEvery int
@@ -129,6 +132,15 @@ func Compile(spec streamsv1alpha1.AggregationSpec) (*Plan, error) {
 			return nil, fmt.Errorf("spec.window.tumbling %s is below the 1s minimum", w.Tumbling.Duration)
 		}
 		p.windowMs = w.Tumbling.Duration.Milliseconds()
+	}
+	p.fields = &fieldTrie{}
+	if p.keyField != nil {
+		p.fields.add(p.keyField, 0)
+	}
+	for i, a := range p.aggregates {
+		if a.field != nil {
+			p.fields.add(a.field, 1+i)
+		}
 	}
 	p.Fingerprint = fingerprint(spec.Key, spec.Aggregates, p.windowMs)
 	return p, nil

@@ -1,8 +1,6 @@
 package aggregator
 
 import (
-	"bytes"
-	"encoding/json"
 	"hash/maphash"
 	"math"
 	"sort"
@@ -45,6 +43,7 @@ type State struct {
 	seed  maphash.Seed
 	parts [stateParts]map[entryKey]*entry
 	dirty map[entryKey]struct{}
+	found []span // Fold's scratch
 	// Skipped counts records that were not folded: no key, or a value that
 	// is not a JSON object where the plan reads fields.
 	Skipped uint64
@@ -52,7 +51,7 @@ type State struct {
 
 // NewState makes an empty state for plan; sizeHint pre-sizes the maps.
 func NewState(plan *Plan, sizeHint int) *State {
-	s := &State{plan: plan, seed: maphash.MakeSeed(), dirty: map[entryKey]struct{}{}}
+	s := &State{plan: plan, seed: maphash.MakeSeed(), dirty: map[entryKey]struct{}{}, found: make([]span, 1+len(plan.aggregates))}
 	for i := range s.parts {
 		s.parts[i] = make(map[entryKey]*entry, sizeHint/stateParts)
 	}
@@ -96,24 +95,26 @@ func (s *State) newEntry() *entry {
 // Fold adds one record. It reports whether the record was folded (false:
 // counted as skipped).
 func (s *State) Fold(key, value []byte, timestampMs int64) bool {
-	var doc map[string]any
+	found := s.found[:0]
 	if s.plan.needsJSON {
-		if !decodeObject(value, &doc) {
+		found = s.found[:1+len(s.plan.aggregates)]
+		clear(found)
+		if !scanObject(value, s.plan.fields, found) {
 			if s.plan.keyField != nil {
 				s.Skipped++
 				return false
 			}
-			doc = nil // the record key groups it; field aggregates skip it
+			clear(found) // the record key groups it; field aggregates skip it
 		}
 	}
 	var k string
 	if s.plan.keyField != nil {
-		v, ok := lookup(doc, s.plan.keyField)
-		if !ok {
+		v := found[0]
+		if v.kind == jsonMissing || v.kind == jsonNull {
 			s.Skipped++
 			return false
 		}
-		k = textOf(v)
+		k = v.text()
 	} else {
 		if len(key) == 0 {
 			s.Skipped++
@@ -137,12 +138,8 @@ func (s *State) Fold(key, value []byte, timestampMs int64) bool {
 		case fnCount:
 			ac.n++
 		case fnSum, fnMin, fnMax:
-			v, ok := lookup(doc, a.field)
-			if !ok {
-				continue
-			}
-			x, ok := number(v)
-			if !ok {
+			x, ok := found[1+i].float()
+			if !ok || math.IsInf(x, 0) {
 				continue
 			}
 			switch {
@@ -157,14 +154,14 @@ func (s *State) Fold(key, value []byte, timestampMs int64) bool {
 			}
 			ac.n++
 		case fnDistinct:
-			v, ok := lookup(doc, a.field)
-			if !ok {
+			v := found[1+i]
+			if v.kind == jsonMissing || v.kind == jsonNull {
 				continue
 			}
 			if ac.set == nil {
 				ac.set = map[string]struct{}{}
 			}
-			ac.set[textOf(v)] = struct{}{}
+			ac.set[v.text()] = struct{}{}
 			ac.n = int64(len(ac.set))
 		}
 	}
@@ -180,53 +177,6 @@ func mod(a, b int64) int64 {
 		m += b
 	}
 	return m
-}
-
-func decodeObject(value []byte, doc *map[string]any) bool {
-	value = bytes.TrimSpace(value)
-	if len(value) == 0 || value[0] != '{' {
-		return false
-	}
-	d := json.NewDecoder(bytes.NewReader(value))
-	d.UseNumber()
-	return d.Decode(doc) == nil
-}
-
-func lookup(doc map[string]any, path []string) (any, bool) {
-	var cur any = doc
-	for _, p := range path {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil, false
-		}
-		if cur, ok = m[p]; !ok {
-			return nil, false
-		}
-	}
-	return cur, cur != nil
-}
-
-// textOf is a JSON value as a grouping key or distinct value: strings as
-// they are, anything else as its JSON text.
-func textOf(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case json.Number:
-		return x.String()
-	default:
-		b, _ := json.Marshal(x)
-		return string(b)
-	}
-}
-
-func number(v any) (float64, bool) {
-	n, ok := v.(json.Number)
-	if !ok {
-		return 0, false
-	}
-	f, err := n.Float64()
-	return f, err == nil && !math.IsInf(f, 0) && !math.IsNaN(f)
 }
 
 // merge folds partial b (of the same group, from another shard) into a.
