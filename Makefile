@@ -88,6 +88,7 @@ build: ## Build bin/catena and bin/catenactl.
 test: build lint verify envtest-assets chart-check ## Run unit, integration, fault and envtest API tests, and a short fuzz run.
 	KUBEBUILDER_ASSETS=$$(hack/k8s-binaries.sh | tail -1) HELM=$$(hack/helm.sh | tail -1) $(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./replica/partlog/
+	$(GO) test -run='^$$' -fuzz=FuzzScanObject -fuzztime=$(FUZZTIME) ./aggregator/
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once, cached per version outside the checkout) kube-apiserver, etcd and kubectl for envtest.
