@@ -16,8 +16,20 @@ var (
 		Name: "catena_operator_chain_step_errors_total",
 		Help: "Chain steps (Configure, EpochEnd, Truncate calls to replicas) that failed and are retried, by namespace.",
 	}, []string{"namespace"})
+	aggReassignments = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "catena_operator_aggregation_reassignments_total",
+		Help: "Aggregation shards given to a worker under a new assignment generation, by reason (Assigned, WorkerFailed, WorkerStalled, Rebalanced).",
+	}, []string{"reason"})
+	aggRestorations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "catena_operator_aggregation_restorations_total",
+		Help: "Aggregation shards restored and running on a new owner after a move, by reason (WorkerFailed, WorkerStalled, Rebalanced).",
+	}, []string{"reason"})
+	aggAssignErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "catena_operator_aggregation_assign_errors_total",
+		Help: "Assign calls to aggregator workers that failed and are retried, by namespace.",
+	}, []string{"namespace"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(chainReconfigurations, chainRPCErrors)
+	metrics.Registry.MustRegister(chainReconfigurations, chainRPCErrors, aggReassignments, aggRestorations, aggAssignErrors)
 }

@@ -14,7 +14,8 @@ import (
 
 // Options configure the operator's reconcilers.
 type Options struct {
-	// Image is the container image of replica pods.
+	// Image is the container image of the pods the operator runs:
+	// replicas, ingestion and aggregator workers.
 	Image string
 	// ReplicaAddr says where replica pods are reached (nil: PodDNSAddr,
 	// through the pool's headless Service). Tests point it at replica
@@ -25,6 +26,15 @@ type Options struct {
 	ReplicaTLS *tls.Config
 	// FailureTimeout: see DefaultFailureTimeout (0: that).
 	FailureTimeout time.Duration
+	// WorkerAddr says where aggregator worker pods are reached (nil:
+	// WorkerDNSAddr, through the workers' headless Service). Tests point
+	// it at aggregator processes on loopback.
+	WorkerAddr WorkerAddrFunc
+	// AggregationIngestAddr says which ingestion address workers are told
+	// to read sources and write checkpoints through (nil: the source
+	// Stream's status.endpoints.producers). Tests point it at an ingestion
+	// process on loopback.
+	AggregationIngestAddr IngestAddrFunc
 }
 
 // SetupWithManager registers every reconciler of the operator with mgr,
@@ -55,7 +65,14 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if err := chains.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicationChain controller: %w", err)
 	}
-	// Connections to replicas close with the manager.
+	aggs := &AggregationReconciler{
+		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, Recorder: recorder,
+		Conns: conns, ReplicaAddr: addr, WorkerAddr: opts.WorkerAddr, IngestAddr: opts.AggregationIngestAddr,
+	}
+	if err := aggs.SetupWithManager(ctx, mgr); err != nil {
+		return fmt.Errorf("failed to set up the Aggregation controller: %w", err)
+	}
+	// Connections to replicas and workers close with the manager.
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		<-ctx.Done()
 		conns.Close()

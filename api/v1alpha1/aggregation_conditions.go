@@ -35,6 +35,10 @@ const (
 	// AggregationRecordsLostReason (Degraded True): a hard retention limit
 	// trimmed source records some shard had not checkpointed past.
 	AggregationRecordsLostReason = "RecordsLost"
+	// AggregationCheckpointConflictReason (Ready False, Degraded True): a
+	// Stream the Aggregation does not own holds the checkpoint Stream's
+	// name; nothing is assigned, so that no worker writes into it.
+	AggregationCheckpointConflictReason = "CheckpointStreamConflict"
 	// AggregationUpToDateReason (Progressing False, Degraded False).
 	AggregationUpToDateReason = "UpToDate"
 )

@@ -333,6 +333,8 @@ type AggregationRestoration struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 35",message="Aggregation names must be at most 35 characters: the checkpoint Stream is named <aggregation>-checkpoints and a Stream's name is at most 47"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="Aggregation names must start with a letter and contain only lowercase letters, digits and '-': they name a Stream, a StatefulSet and Services"
 type Aggregation struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -33,7 +33,7 @@ func newOperatorCommand() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "operator",
-		Short: "Run the Kubernetes operator for ReplicaPools and Streams",
+		Short: "Run the Kubernetes operator for ReplicaPools, Streams and Aggregations",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger := newLogger(verbosity)
@@ -65,10 +65,11 @@ func newOperatorCommand() *cobra.Command {
 				// Stop reconciling as soon as leadership is lost, and let a
 				// new leader take over without waiting for the lease.
 				LeaderElectionReleaseOnCancel: true,
-				// The chain controller watches replica pods only: caching
-				// every pod of the cluster would cost memory for nothing.
+				// The chain and Aggregation controllers watch replica and
+				// worker pods only: caching every pod of the cluster would
+				// cost memory for nothing.
 				Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-					&corev1.Pod{}: {Label: controllers.ReplicaPodSelector()},
+					&corev1.Pod{}: {Label: controllers.OperatorPodSelector()},
 				}},
 			})
 			if err != nil {
@@ -93,7 +94,7 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address to serve Prometheus /metrics on (0: off)")
 	cmd.Flags().StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address to serve /healthz and /readyz on")
 	cmd.Flags().BoolVar(&leaderElect, "leader-elect", false, "elect a leader among operator replicas, so that only one reconciles")
-	cmd.Flags().StringVar(&image, "image", "catena:dev", "container image of replica pods")
+	cmd.Flags().StringVar(&image, "image", "catena:dev", "container image of the pods the operator runs: replicas, ingestion and aggregator workers")
 	cmd.Flags().DurationVar(&failureTimeout, "failure-timeout", controllers.DefaultFailureTimeout, "how long a replica may stay silent, or its pod not Ready, before its chains are reordered without it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
