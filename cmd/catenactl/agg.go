@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -70,18 +71,18 @@ func (f *aggFlags) connect(ctx context.Context) (catenapb.AggregatorClient, func
 }
 
 func newAggGetCommand(a *app, f *aggFlags) *cobra.Command {
-	var from, to string
+	var fromFlag, toFlag string
 	cmd := &cobra.Command{
-		Use:   "get KEY",
-		Short: "Print a key's aggregates (one row per window with a tumbling window)",
-		Args:  cobra.ExactArgs(1),
+		Use:   "get KEY...",
+		Short: "Print keys' aggregates (one row per key, or per window with a tumbling window)",
+		Args:  cobra.MinimumNArgs(1),
 		RunE: runE(func(cmd *cobra.Command, args []string) error {
-			req := &catenapb.AggGetRequest{Key: args[0]}
+			var from, to int64
 			var err error
-			if req.WindowFromMs, err = parseWindowBound("--from", from); err != nil {
+			if from, err = parseWindowBound("--from", fromFlag); err != nil {
 				return err
 			}
-			if req.WindowToMs, err = parseWindowBound("--to", to); err != nil {
+			if to, err = parseWindowBound("--to", toFlag); err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
@@ -91,19 +92,40 @@ func newAggGetCommand(a *app, f *aggFlags) *cobra.Command {
 				return err
 			}
 			defer closeConn()
-			resp, err := c.Get(ctx, req)
-			if err != nil {
-				return aggError(err)
+			var rows []*catenapb.AggRow
+			var unknown []string
+			for _, key := range args {
+				resp, err := c.Get(ctx, &catenapb.AggGetRequest{Key: key, WindowFromMs: from, WindowToMs: to})
+				if err != nil {
+					return aggError(err)
+				}
+				if len(resp.Rows) == 0 {
+					unknown = append(unknown, key)
+				}
+				rows = append(rows, resp.Rows...)
 			}
-			if len(resp.Rows) == 0 {
-				return failuref("no aggregates for key %q on any of %d shards", args[0], len(resp.Shards))
+			if len(rows) > 0 {
+				if err := printRows(a, f.output, rows); err != nil {
+					return err
+				}
 			}
-			return printRows(a, f.output, resp.Rows)
+			if len(unknown) > 0 {
+				return failuref("no aggregates for %s on any shard", quoteAll(unknown))
+			}
+			return nil
 		}),
 	}
-	cmd.Flags().StringVar(&from, "from", "", "windows starting at or after this time (RFC 3339 or Unix ms)")
-	cmd.Flags().StringVar(&to, "to", "", "windows starting before this time (RFC 3339 or Unix ms)")
+	cmd.Flags().StringVar(&fromFlag, "from", "", "windows starting at or after this time (RFC 3339 or Unix ms)")
+	cmd.Flags().StringVar(&toFlag, "to", "", "windows starting before this time (RFC 3339 or Unix ms)")
 	return cmd
+}
+
+func quoteAll(ks []string) string {
+	q := make([]string, len(ks))
+	for i, k := range ks {
+		q[i] = strconv.Quote(k)
+	}
+	return strings.Join(q, ", ")
 }
 
 func parseWindowBound(flag, v string) (int64, error) {
