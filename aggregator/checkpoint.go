@@ -358,60 +358,45 @@ func chainOf(m seenManifest, byOffset map[uint64]*manifest, chunks map[uint64]se
 	return chain, ""
 }
 
-// load builds the state of a validated chain: every chunk (snapshot and
-// increments) is decoded in parallel, then each core fills its share of
-// the state's maps, applying the chunks in chain order so that a later
-// increment's value of a group wins.
+// load builds the state of a validated chain. Each core reads every chunk
+// (the snapshot's, then each increment's, in chain order, so a later value
+// of a group wins) and fills its own share of the state's maps, decoding
+// only the groups that fall in them: no intermediate copies, no locks.
 func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State, error) {
 	st := NewState(plan, int(chain[len(chain)-1].m.Groups))
-	type decoded struct {
-		keys    []entryKey
-		parts   []uint8
-		entries []*entry
-		err     error
-	}
 	var refs []chunkRef
 	for _, c := range chain {
 		refs = append(refs, c.m.Chunks...)
 	}
-	out := make([]decoded, len(refs))
-	workers := runtime.GOMAXPROCS(0)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, workers)
+	// One string copy of each chunk: every key is a substring of it.
+	strs := make([]string, len(refs))
 	for i, ref := range refs {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			d := &out[i]
-			d.keys = make([]entryKey, 0, ref.Entries)
-			d.parts = make([]uint8, 0, ref.Entries)
-			d.entries = make([]*entry, 0, ref.Entries)
-			d.err = plan.decodeEntries(chunks[ref.Offset].payload, ref.Entries, func(k entryKey, e *entry) {
-				d.keys = append(d.keys, k)
-				d.parts = append(d.parts, uint8(st.partOf(k.key)))
-				d.entries = append(d.entries, e)
-			})
-		}()
+		strs[i] = string(chunks[ref.Offset].payload)
 	}
-	wg.Wait()
-	for i := range out {
-		if out[i].err != nil {
-			return nil, fmt.Errorf("checkpoint chunk at %d does not decode: %w", refs[i].Offset, out[i].err)
-		}
-	}
+	workers := runtime.GOMAXPROCS(0)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
-			for i := range out {
-				d := &out[i]
-				for j, k := range d.keys {
-					if p := int(d.parts[j]); p%workers == w {
-						st.parts[p][k] = d.entries[j]
-					}
+			sl := &slab{na: len(plan.aggregates)}
+			own := func(key string) (int, bool) {
+				p := st.partOf(key)
+				return p, p%workers == w
+			}
+			put := func(p int, k entryKey, e *entry) { st.parts[p][k] = e }
+			for i, ref := range refs {
+				if err := plan.decodeOwned(chunks[ref.Offset].payload, strs[i], ref.Entries, sl, own, put); err != nil {
+					errs[w] = fmt.Errorf("checkpoint chunk at %d does not decode: %w", ref.Offset, err)
+					return
 				}
 			}
 		})
 	}
 	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
 	return st, nil
 }

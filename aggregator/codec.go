@@ -224,11 +224,42 @@ func (d *decoder) bytes(n uint64) []byte {
 	return v
 }
 
-// entry decodes the next group into e, whose accumulators are accs.
-func (d *decoder) entry(p *Plan, e *entry, accs []acc) entryKey {
+// key decodes the next group's key.
+func (d *decoder) key() entryKey {
 	var k entryKey
 	k.key = d.str(d.uvarint())
 	k.window = d.varint()
+	return k
+}
+
+// skipAccs passes over a group's accumulators.
+func (d *decoder) skipAccs(p *Plan) {
+	for _, ag := range p.aggregates {
+		switch ag.fn {
+		case fnCount:
+			d.uvarint()
+		case fnSum, fnMin, fnMax:
+			if d.uvarint() > 0 {
+				d.bytes(8)
+			}
+		case fnDistinct:
+			n := d.uvarint()
+			for j := uint64(0); j < n && d.err == nil; j++ {
+				d.bytes(d.uvarint())
+			}
+		}
+	}
+}
+
+// entry decodes the next group into e, whose accumulators are accs.
+func (d *decoder) entry(p *Plan, e *entry, accs []acc) entryKey {
+	k := d.key()
+	d.accs(p, e, accs)
+	return k
+}
+
+// accs decodes a group's accumulators into e.
+func (d *decoder) accs(p *Plan, e *entry, accs []acc) {
 	e.accs = accs
 	for i, ag := range p.aggregates {
 		ac := &e.accs[i]
@@ -254,7 +285,55 @@ func (d *decoder) entry(p *Plan, e *entry, accs []acc) entryKey {
 			ac.n = int64(len(ac.set))
 		}
 	}
-	return k
+}
+
+// slab hands out entries and their accumulators from shared arrays.
+type slab struct {
+	na   int
+	ents []entry
+	accs []acc
+}
+
+func (s *slab) next() (*entry, []acc) {
+	if len(s.ents) == cap(s.ents) {
+		s.ents = make([]entry, 0, 4096)
+		s.accs = make([]acc, 0, 4096*s.na)
+	}
+	s.ents = s.ents[:len(s.ents)+1]
+	n := len(s.accs)
+	s.accs = s.accs[:n+s.na]
+	return &s.ents[len(s.ents)-1], s.accs[n : n+s.na : n+s.na]
+}
+
+// decodeOwned decodes a payload of n entries whose keys share all (one
+// string copy of the payload), calling put for the groups own accepts and
+// passing over the others: the cores of a restore each read every chunk
+// and keep their share of the groups.
+func (p *Plan) decodeOwned(payload []byte, all string, n uint32, sl *slab, own func(string) (int, bool), put func(int, entryKey, *entry)) error {
+	if uint64(n) > uint64(len(payload)) {
+		return fmt.Errorf("%d entries cannot fit in %d bytes: %w", n, len(payload), errCorrupt)
+	}
+	d := &decoder{b: payload, all: all, n: len(payload)}
+	for range n {
+		k := d.key()
+		part, mine := own(k.key)
+		if !mine || d.err != nil {
+			d.skipAccs(p)
+		} else {
+			e, accs := sl.next()
+			d.accs(p, e, accs)
+			if d.err == nil {
+				put(part, k, e)
+			}
+		}
+		if d.err != nil {
+			return d.err
+		}
+	}
+	if len(d.b) != 0 {
+		return fmt.Errorf("%d bytes after the last entry: %w", len(d.b), errCorrupt)
+	}
+	return nil
 }
 
 // decodeEntries decodes a whole payload of n entries, calling put for
