@@ -136,8 +136,17 @@ func memberHealth(pod *corev1.Pod, answered bool, lastAnswer, now time.Time, tim
 	if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
 		return chainplan.Failed
 	}
+	// The container's readiness, not the pod's: a pod's Ready includes the
+	// chains-ready gate, which this very decision feeds, and a replica back
+	// but not yet re-added must not look failed for being out of its chains.
+	ready := corev1.PodReady
 	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady && c.Status != corev1.ConditionTrue && !c.LastTransitionTime.IsZero() && now.Sub(c.LastTransitionTime.Time) >= timeout {
+		if c.Type == corev1.ContainersReady {
+			ready = corev1.ContainersReady
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == ready && c.Status != corev1.ConditionTrue && !c.LastTransitionTime.IsZero() && now.Sub(c.LastTransitionTime.Time) >= timeout {
 			return chainplan.Failed
 		}
 	}

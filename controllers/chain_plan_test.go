@@ -153,6 +153,14 @@ func TestMemberHealth(t *testing.T) {
 	}
 	deleting := ready(corev1.ConditionTrue, time.Minute)
 	deleting.DeletionTimestamp = ptr.To(metav1.NewTime(now))
+	// Held back by the chains-ready gate: its container is ready, the pod
+	// is not, since it is not yet back in its chains.
+	gated := func(containers corev1.ConditionStatus) *corev1.Pod {
+		p := ready(corev1.ConditionFalse, time.Minute)
+		p.Status.Conditions = append(p.Status.Conditions, corev1.PodCondition{
+			Type: corev1.ContainersReady, Status: containers, LastTransitionTime: metav1.NewTime(now.Add(-time.Minute))})
+		return p
+	}
 	type healthCase struct {
 		name          string
 		pod           *corev1.Pod
@@ -180,6 +188,8 @@ func TestMemberHealth(t *testing.T) {
 		{"pod not ready for the timeout", ready(corev1.ConditionFalse, timeout), false, 0, chainplan.Failed},
 		{"pod not ready a moment", ready(corev1.ConditionFalse, time.Second), false, 0, chainplan.Unknown},
 		{"pod pending, no conditions", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}, false, 0, chainplan.Unknown},
+		{"pod held back by the chains gate, its container ready", gated(corev1.ConditionTrue), false, 0, chainplan.Unknown},
+		{"pod held back by the chains gate, its container not ready for the timeout", gated(corev1.ConditionFalse), false, 0, chainplan.Failed},
 	} {
 		cases = append(cases, healthCase{tc.name, tc.pod, tc.answered, tc.lastAnswer, 0, tc.want})
 	}

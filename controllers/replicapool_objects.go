@@ -149,7 +149,10 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 	podSecurity.FSGroup = ptr.To(replicaUID)
 
 	podSpec := corev1.PodSpec{
-		Containers:                []corev1.Container{container},
+		Containers: []corev1.Container{container},
+		// Ready means back in its chains, not only listening: see
+		// ChainsReadyCondition.
+		ReadinessGates:            []corev1.PodReadinessGate{{ConditionType: ChainsReadyCondition}},
 		NodeSelector:              spec.Placement.NodeSelector,
 		Tolerations:               spec.Placement.Tolerations,
 		Affinity:                  podAntiAffinity(pool, spec.Placement.NodeSpread),

@@ -194,6 +194,11 @@ func TestDesiredServiceAndPDB(t *testing.T) {
 	if svc.Spec.ClusterIP != corev1.ClusterIPNone || !svc.Spec.PublishNotReadyAddresses {
 		t.Errorf("Service clusterIP %q publishNotReadyAddresses %v, want headless and publishing", svc.Spec.ClusterIP, svc.Spec.PublishNotReadyAddresses)
 	}
+	// Pods held back by the chains-ready gate keep their DNS names: the
+	// operator, ingestion and their chain neighbours reach them by it.
+	if g := sts.Spec.Template.Spec.ReadinessGates; len(g) != 1 || g[0].ConditionType != ChainsReadyCondition {
+		t.Errorf("readiness gates %v, want the chains-ready gate", g)
+	}
 	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 7071 || svc.Spec.Ports[0].Protocol != corev1.ProtocolTCP {
 		t.Errorf("Service ports = %+v, want 7071/TCP", svc.Spec.Ports)
 	}

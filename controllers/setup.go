@@ -47,6 +47,10 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}
+	gates := &ChainsReadyReconciler{Client: mgr.GetClient()}
+	if err := gates.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("failed to set up the chains-ready gate controller: %w", err)
+	}
 	addr := opts.ReplicaAddr
 	if addr == nil {
 		addr = PodDNSAddr

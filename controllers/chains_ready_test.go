@@ -1,0 +1,88 @@
+package controllers
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+)
+
+func chainOf(name string, target int64, members ...streamsv1alpha1.ChainMember) streamsv1alpha1.ReplicationChain {
+	c := streamsv1alpha1.ReplicationChain{}
+	c.Name = name
+	c.Spec.ReplicationFactor = 2
+	c.Status.TargetEpoch = target
+	c.Status.Members = members
+	return c
+}
+
+func member(name string, state streamsv1alpha1.MemberState, confirmed int64) streamsv1alpha1.ChainMember {
+	return streamsv1alpha1.ChainMember{Name: name, State: state, ConfirmedEpoch: confirmed}
+}
+
+func TestChainsReady(t *testing.T) {
+	in := streamsv1alpha1.MemberInChain
+	for _, tc := range []struct {
+		name   string
+		chains []streamsv1alpha1.ReplicationChain
+		ready  bool
+		msg    string
+	}{
+		{"no chains: nothing waits for it", nil, true, "all its members"},
+		{"every chain full, at its target", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-0", 3, member("p-0", in, 3), member("p-1", in, 3)),
+			chainOf("s-1", 5, member("p-1", in, 5), member("p-0", in, 5)),
+		}, true, "all its members"},
+		{"not listed, every chain full: it was replaced", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-0", 3, member("p-1", in, 3), member("p-2", in, 3)),
+		}, true, "all its members"},
+		{"not listed, a chain short: removed and not yet taken back", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-0", 4, member("p-1", in, 4)),
+			chainOf("s-1", 3, member("p-1", in, 3), member("p-2", in, 3)),
+		}, false, "s-0 has 1 of 2 members in chain"},
+		{"listed failed (the chain's last member)", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-1", 4, member("p-0", streamsv1alpha1.MemberFailed, 3)),
+		}, false, "s-1 lists it Failed at epoch 3 of 4"},
+		{"catching up at the tail", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-0", 6, member("p-1", in, 6), member("p-0", streamsv1alpha1.MemberCatchingUp, 5)),
+		}, false, "s-0 lists it CatchingUp"},
+		{"in chain but not yet confirmed the target epoch", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-0", 7, member("p-0", in, 6), member("p-1", in, 7)),
+		}, false, "s-0 lists it InChain at epoch 6 of 7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ready, msg := chainsReady("p-0", tc.chains)
+			if ready != tc.ready || !strings.Contains(msg, tc.msg) {
+				t.Fatalf("chainsReady = %v %q, want %v and a message with %q", ready, msg, tc.ready, tc.msg)
+			}
+		})
+	}
+	var many []streamsv1alpha1.ReplicationChain
+	for i := range 12 {
+		many = append(many, chainOf("c"+string(rune('a'+i)), 2, member("p-0", streamsv1alpha1.MemberFailed, 1)))
+	}
+	if _, msg := chainsReady("p-0", many); !strings.HasSuffix(msg, "and 16 more") {
+		t.Fatalf("a long list must be cut: %q", msg)
+	}
+}
+
+func TestGateCondition(t *testing.T) {
+	t0 := metav1.NewTime(time.Unix(100, 0))
+	t1 := metav1.NewTime(time.Unix(200, 0))
+	c := gateCondition(nil, false, "not yet back in s-0", t0)
+	if c.Type != ChainsReadyCondition || c.Status != corev1.ConditionFalse || c.Reason != chainsReadyNotInChains || !c.LastTransitionTime.Equal(&t0) {
+		t.Fatalf("first condition: %+v", c)
+	}
+	same := gateCondition(&c, false, "not yet back in s-1", t1)
+	if !same.LastTransitionTime.Equal(&t0) || same.Message != "not yet back in s-1" {
+		t.Fatalf("a new message without a new status keeps the transition time: %+v", same)
+	}
+	flipped := gateCondition(&c, true, "in chain", t1)
+	if flipped.Status != corev1.ConditionTrue || flipped.Reason != chainsReadyInChains || !flipped.LastTransitionTime.Equal(&t1) {
+		t.Fatalf("a flip moves the transition time: %+v", flipped)
+	}
+}
