@@ -152,3 +152,57 @@ $(CONTROLLER_GEN):
 .PHONY: clean
 clean: ## Remove build output.
 	rm -rf $(BIN)
+
+##@ End to end (a real single-node Kubernetes: hack/knode on this machine, or kind when it is on PATH)
+
+# The image the cluster runs: a tag derived from git, never latest, so that
+# pods use the imported image (imagePullPolicy IfNotPresent) and no registry.
+IMAGE_REPO     ?= catena
+# Evaluated once per make run (VERSION is re-run at each use), so that the
+# image built, imported and installed carry the same tag.
+ifeq ($(origin IMAGE_TAG),undefined)
+IMAGE_TAG      := $(subst +,-,$(VERSION))
+endif
+IMAGE          ?= $(IMAGE_REPO):$(IMAGE_TAG)
+CATENA_NS      ?= catena-system
+# The kubeconfig of the test cluster; `make demo` uses $KUBECONFIG instead
+# when it is set and reachable.
+CLUSTER_KUBECONFIG = $(shell hack/knode/cluster.sh kubeconfig)
+HELM_INSTALL = "$$(hack/helm.sh | tail -1)" upgrade --install catena charts/catena \
+	  --namespace $(CATENA_NS) --create-namespace --wait --timeout 5m \
+	  --set image.repository=$(IMAGE_REPO),image.tag=$(IMAGE_TAG),image.pullPolicy=IfNotPresent
+
+.PHONY: cluster-up
+cluster-up: ## Bring up the single-node test cluster (builds its binaries once, 10-20 min cold; about 25 s warm).
+	hack/knode/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Tear the test cluster down completely (safe to run twice).
+	hack/knode/cluster.sh down
+
+.PHONY: image
+image: build ## Build the image $(IMAGE) from bin/ without Docker and import it into the test cluster's node.
+	hack/knode/cluster.sh image $(IMAGE)
+
+.PHONY: deploy-local
+deploy-local: ## Install (or upgrade) the operator from charts/catena with $(IMAGE) into the test cluster.
+	KUBECONFIG=$(CLUSTER_KUBECONFIG) $(HELM_INSTALL)
+
+.PHONY: test-e2e
+test-e2e: ## Cluster up, image, helm install, the test/e2e suite, cluster down (also when the suite fails).
+	@start=$$(date +%s); status=0; \
+	{ $(MAKE) --no-print-directory cluster-up && $(MAKE) --no-print-directory image deploy-local IMAGE_TAG=$(IMAGE_TAG) && \
+	  KUBECONFIG=$(CLUSTER_KUBECONFIG) CATENA_E2E_IMAGE=$(IMAGE) CATENA_E2E_RELEASE_NAMESPACE=$(CATENA_NS) \
+	  CATENA_E2E_CTR="$$(hack/knode/cluster.sh ctr)" HELM="$$(hack/helm.sh | tail -1)" \
+	  KUBECTL="$$(hack/knode/cluster.sh kubectl)" \
+	  $(GO) test -tags e2e -count=1 -timeout 40m -v ./test/e2e/... -ginkgo.v; } || status=$$?; \
+	$(MAKE) --no-print-directory cluster-down || status=1; \
+	echo "test-e2e: exit $$status after $$(( $$(date +%s) - start ))s"; exit $$status
+
+.PHONY: demo
+demo: build ## Catena on Kubernetes: cluster (or $KUBECONFIG), image, operator, a Stream, a failover to watch; runs until make demo-down.
+	IMAGE=$(IMAGE) IMAGE_REPO=$(IMAGE_REPO) IMAGE_TAG=$(IMAGE_TAG) CATENA_NS=$(CATENA_NS) hack/knode/demo.sh
+
+.PHONY: demo-down
+demo-down: ## Remove what make demo made (and the test cluster, when the demo brought it up).
+	CATENA_NS=$(CATENA_NS) hack/knode/demo.sh down

@@ -51,6 +51,7 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newConsumersCommand(a),
 		newAggCommand(a),
 		newBenchCommand(a),
+		newCheckCommand(a),
 		newVersionCommand(a),
 	)
 	return root
