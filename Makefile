@@ -170,7 +170,7 @@ CATENA_NS      ?= catena-system
 CLUSTER_KUBECONFIG = $(shell hack/knode/cluster.sh kubeconfig)
 HELM_INSTALL = "$$(hack/helm.sh | tail -1)" upgrade --install catena charts/catena \
 	  --namespace $(CATENA_NS) --create-namespace --wait --timeout 5m \
-	  --set image.repository=$(IMAGE_REPO),image.tag=$(IMAGE_TAG),image.pullPolicy=IfNotPresent
+	  --set image.repository=$(IMAGE_REPO),image.pullPolicy=IfNotPresent --set-string image.tag=$(IMAGE_TAG)
 
 .PHONY: cluster-up
 cluster-up: ## Bring up the single-node test cluster (builds its binaries once, 10-20 min cold; about 25 s warm).

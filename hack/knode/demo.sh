@@ -64,7 +64,7 @@ if $load_image; then "$here/cluster.sh" image "$IMAGE"; fi
 
 step "The operator, from charts/catena"
 "$helm" upgrade --install catena "$root/charts/catena" --namespace "$CATENA_NS" --create-namespace \
-  --wait --timeout 5m --set "image.repository=$IMAGE_REPO,image.tag=$IMAGE_TAG,image.pullPolicy=IfNotPresent"
+  --wait --timeout 5m --set "image.repository=$IMAGE_REPO,image.pullPolicy=IfNotPresent" --set-string "image.tag=$IMAGE_TAG"
 k get deployments -n "$CATENA_NS"
 
 step "A Stream: 4 partitions, 3 copies each, a pool of 3 replica pods on local volumes"
