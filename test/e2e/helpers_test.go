@@ -155,6 +155,22 @@ func podReady(p corev1.Pod) bool {
 	return false
 }
 
+// replicaUp reports whether a replica pod's process runs and answers:
+// its container is ready. The pod's own Ready also waits for the
+// operator's chains-ready gate, which holds every pod of a pool back
+// while any chain is short, so it cannot tell how many replicas are down.
+func replicaUp(p corev1.Pod) bool {
+	if p.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.ContainersReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
 // claimOf is the PersistentVolumeClaim a replica pod mounts as its data.
 func claimOf(p corev1.Pod) string {
 	for _, v := range p.Spec.Volumes {

@@ -292,7 +292,7 @@ func watchDisruption(ns string) *disruptionWatch {
 			down := 3 - len(pods.Items)
 			var notReady []string
 			for _, p := range pods.Items {
-				if !podReady(p) {
+				if !replicaUp(p) {
 					down++
 					notReady = append(notReady, p.Name)
 				}
