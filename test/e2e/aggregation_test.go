@@ -146,8 +146,10 @@ var _ = Describe("An Aggregation on a real node", Ordered, func() {
 
 	AfterAll(func() {
 		if CurrentSpecReport().Failed() {
-			_, _ = run(env.kubectl, "get", "-n", ns, "aggregations,pods,events", "-o", "wide")
+			_, _ = run(env.kubectl, "get", "-n", ns, "aggregations,streams,services,endpointslices,pods,events", "-o", "wide")
 			_, _ = run(env.kubectl, "logs", "-n", ns, "-l", "app.kubernetes.io/component=aggregator", "--tail", "100")
+			_, _ = run(env.kubectl, "logs", "-n", ns, "-l", "app.kubernetes.io/component=ingest", "--tail", "100")
+			_, _ = run(env.kubectl, "logs", "-n", ns, "-l", "app.kubernetes.io/component=replica", "--tail", "50")
 		}
 	})
 })
