@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,21 +17,28 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
 )
 
 // ChainsReadyCondition is the readiness gate of every replica pod. The
-// operator sets it True when the pod's pool holds every copy it should:
-// every chain of the pool has its replicationFactor members in chain at
-// its target epoch (so the pod, if a chain needs it, is back). A replica
-// pod is then Ready only while taking it down costs a chain at most one
-// copy: a StatefulSet rolling update waits before taking the next pod
-// down, and the PodDisruptionBudget refuses evictions while any chain is
-// short. A container's readiness probe alone (the port answers) says
-// nothing about the chains: rolling restarts that trusted it took the
-// next pod down while the previous one was still out of its chains, and
-// left a chain with no member in chain. The gate is pool-wide because a
-// chain does not list the members it lost: a pod removed from its chains
-// and not yet taken back appears in none of them.
+// operator sets it True when the pod is not owed to any chain: it is in
+// chain at the target epoch in every chain that lists it, and no chain of
+// its pool is short while the pod holds a copy of that chain's partition
+// (removed after a failure and not yet taken back). A StatefulSet rolling
+// update then waits for a restarted replica to be back in its chains
+// before taking the next one down, and the PodDisruptionBudget counts it
+// as disrupted until then. A container's readiness probe alone (the port
+// answers) says nothing about the chains: rolling restarts that trusted it
+// took the next pod down while the previous one was still out of its
+// chains, and left a chain with no member in chain.
+//
+// The gate is per pod on purpose. A pool-wide gate (every pod NotReady
+// while any chain is short) was tried first: the StatefulSet controller
+// then replaced the other, healthy, NotReady pods of the old revision at
+// once, taking three replicas down together. A chain does not list the
+// members it lost, so the operator asks each replica which partitions it
+// holds.
 const ChainsReadyCondition corev1.PodConditionType = "streams.catena.io/chains-ready"
 
 // Reasons of ChainsReadyCondition.
@@ -39,30 +47,44 @@ const (
 	chainsReadyNotInChains = "NotInChains"
 )
 
-// chainsReady decides a replica pod's gate from the chains of its pool:
-// false, with the chains named, while the pod is listed in a chain in
+// partitionKey names a partition of a stream.
+type partitionKey struct {
+	stream    string
+	partition int32
+}
+
+// chainsReady decides a replica pod's gate from the chains of its pool and
+// the partitions the replica reports it holds (answered false: it did not
+// answer). It is false, with the reasons, while a chain lists the pod in
 // another state than in chain or below the chain's target epoch, or while
-// any chain of the pool has fewer than its replicationFactor members in
-// chain at its target epoch.
-func chainsReady(pod string, chains []streamsv1alpha1.ReplicationChain) (bool, string) {
+// a chain is short of members and the pod holds a copy of its partition
+// without being a member.
+func chainsReady(pod string, chains []streamsv1alpha1.ReplicationChain, hosted map[partitionKey]bool, answered bool) (bool, string) {
+	if !answered {
+		return false, "the replica does not answer"
+	}
 	var waiting []string
 	for _, c := range chains {
-		inChain := 0
+		inChain, listed := 0, false
 		for _, m := range c.Status.Members {
 			ok := m.State == streamsv1alpha1.MemberInChain && m.ConfirmedEpoch >= c.Status.TargetEpoch
 			if ok {
 				inChain++
 			}
-			if m.Name == pod && !ok {
-				waiting = append(waiting, fmt.Sprintf("%s lists it %s at epoch %d of %d", c.Name, m.State, m.ConfirmedEpoch, c.Status.TargetEpoch))
+			if m.Name == pod {
+				listed = true
+				if !ok {
+					waiting = append(waiting, fmt.Sprintf("%s lists it %s at epoch %d of %d", c.Name, m.State, m.ConfirmedEpoch, c.Status.TargetEpoch))
+				}
 			}
 		}
-		if rf := int(c.Spec.ReplicationFactor); inChain < rf {
-			waiting = append(waiting, fmt.Sprintf("%s has %d of %d members in chain", c.Name, inChain, rf))
+		rf := int(c.Spec.ReplicationFactor)
+		if !listed && inChain < rf && c.Spec.Partition != nil && hosted[partitionKey{c.Spec.Stream, *c.Spec.Partition}] {
+			waiting = append(waiting, fmt.Sprintf("%s has %d of %d members in chain and not its copy", c.Name, inChain, rf))
 		}
 	}
 	if len(waiting) == 0 {
-		return true, "every chain of the pool has all its members in chain"
+		return true, "in chain in every chain that needs it"
 	}
 	sort.Strings(waiting)
 	const most = 8
@@ -87,15 +109,44 @@ func gateCondition(prev *corev1.PodCondition, ready bool, msg string, now metav1
 }
 
 // ChainsReadyReconciler sets ChainsReadyCondition on the replica pods of
-// a pool from its ReplicationChains.
+// a pool from its ReplicationChains and what each replica holds.
 type ChainsReadyReconciler struct {
-	Client client.Client
+	Client      client.Client
+	Conns       *transport.Pool
+	ReplicaAddr ReplicaAddrFunc
+}
+
+// gateRecheck is how soon a pool with a pod held back is looked at again:
+// what a replica holds changes without its chains changing.
+const gateRecheck = 2 * time.Second
+
+// hostedBy asks a replica which partitions it holds.
+func (r *ChainsReadyReconciler) hostedBy(ctx context.Context, addr string) (map[partitionKey]bool, bool) {
+	conn, err := r.Conns.Get(addr)
+	if err != nil {
+		return nil, false
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{})
+	if err != nil {
+		return nil, false
+	}
+	out := map[partitionKey]bool{}
+	for _, p := range resp.GetPartitions() {
+		out[partitionKey{p.GetStream(), int32(p.GetPartition())}] = true
+	}
+	return out, true
 }
 
 // +kubebuilder:rbac:groups="",resources=pods/status,verbs=get;patch
 
 // Reconcile handles one ReplicaPool (by name).
 func (r *ChainsReadyReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	var pool streamsv1alpha1.ReplicaPool
+	if err := r.Client.Get(ctx, req.NamespacedName, &pool); err != nil {
+		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
 	var pods corev1.PodList
 	sel := selectorLabels(componentReplica, req.Name)
 	if err := r.Client.List(ctx, &pods, client.InNamespace(req.Namespace), client.MatchingLabels(sel)); err != nil {
@@ -115,12 +166,17 @@ func (r *ChainsReadyReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		}
 	}
 	now := metav1.Now()
+	var result reconcile.Result
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		if !hasGate(pod) || pod.DeletionTimestamp != nil {
 			continue
 		}
-		ready, msg := chainsReady(pod.Name, chains)
+		hosted, answered := r.hostedBy(ctx, r.ReplicaAddr(&pool, pod.Name))
+		ready, msg := chainsReady(pod.Name, chains, hosted, answered)
+		if !ready {
+			result.RequeueAfter = gateRecheck
+		}
 		var prev *corev1.PodCondition
 		for j := range pod.Status.Conditions {
 			if pod.Status.Conditions[j].Type == ChainsReadyCondition {
@@ -142,7 +198,7 @@ func (r *ChainsReadyReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		}
 		log.FromContext(ctx).V(1).Info("Set the chains-ready gate", "pod", pod.Name, "ready", ready, "message", msg)
 	}
-	return reconcile.Result{}, nil
+	return result, nil
 }
 
 func hasGate(pod *corev1.Pod) bool {

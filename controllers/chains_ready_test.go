@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,10 @@ func chainOf(name string, target int64, members ...streamsv1alpha1.ChainMember) 
 	c := streamsv1alpha1.ReplicationChain{}
 	c.Name = name
 	c.Spec.ReplicationFactor = 2
+	c.Spec.Stream = "s"
+	var p int32
+	fmt.Sscanf(name, "s-%d", &p)
+	c.Spec.Partition = &p
 	c.Status.TargetEpoch = target
 	c.Status.Members = members
 	return c
@@ -26,36 +31,50 @@ func member(name string, state streamsv1alpha1.MemberState, confirmed int64) str
 
 func TestChainsReady(t *testing.T) {
 	in := streamsv1alpha1.MemberInChain
+	holds := func(parts ...int32) map[partitionKey]bool {
+		m := map[partitionKey]bool{}
+		for _, p := range parts {
+			m[partitionKey{"s", p}] = true
+		}
+		return m
+	}
 	for _, tc := range []struct {
-		name   string
-		chains []streamsv1alpha1.ReplicationChain
-		ready  bool
-		msg    string
+		name     string
+		chains   []streamsv1alpha1.ReplicationChain
+		hosted   map[partitionKey]bool
+		answered bool
+		ready    bool
+		msg      string
 	}{
-		{"no chains: nothing waits for it", nil, true, "all its members"},
-		{"every chain full, at its target", []streamsv1alpha1.ReplicationChain{
+		{"no chains: nothing waits for it", nil, nil, true, true, "every chain"},
+		{"silent: not ready", nil, nil, false, false, "does not answer"},
+		{"in chain everywhere at the target", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 3, member("p-0", in, 3), member("p-1", in, 3)),
 			chainOf("s-1", 5, member("p-1", in, 5), member("p-0", in, 5)),
-		}, true, "all its members"},
-		{"not listed, every chain full: it was replaced", []streamsv1alpha1.ReplicationChain{
-			chainOf("s-0", 3, member("p-1", in, 3), member("p-2", in, 3)),
-		}, true, "all its members"},
-		{"not listed, a chain short: removed and not yet taken back", []streamsv1alpha1.ReplicationChain{
+		}, holds(0, 1), true, true, "every chain"},
+		{"removed and not yet taken back: a short chain whose copy it holds", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 4, member("p-1", in, 4)),
 			chainOf("s-1", 3, member("p-1", in, 3), member("p-2", in, 3)),
-		}, false, "s-0 has 1 of 2 members in chain"},
+		}, holds(0), true, false, "s-0 has 1 of 2 members in chain and not its copy"},
+		{"another pod's chain is short: not this pod's business", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-0", 4, member("p-1", in, 4)),
+			chainOf("s-1", 3, member("p-0", in, 3), member("p-2", in, 3)),
+		}, holds(1), true, true, "every chain"},
+		{"replaced: the chain is full without its copy", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-0", 3, member("p-1", in, 3), member("p-2", in, 3)),
+		}, holds(0), true, true, "every chain"},
 		{"listed failed (the chain's last member)", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-1", 4, member("p-0", streamsv1alpha1.MemberFailed, 3)),
-		}, false, "s-1 lists it Failed at epoch 3 of 4"},
+		}, holds(1), true, false, "s-1 lists it Failed at epoch 3 of 4"},
 		{"catching up at the tail", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 6, member("p-1", in, 6), member("p-0", streamsv1alpha1.MemberCatchingUp, 5)),
-		}, false, "s-0 lists it CatchingUp"},
+		}, holds(0), true, false, "s-0 lists it CatchingUp"},
 		{"in chain but not yet confirmed the target epoch", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 7, member("p-0", in, 6), member("p-1", in, 7)),
-		}, false, "s-0 lists it InChain at epoch 6 of 7"},
+		}, holds(0), true, false, "s-0 lists it InChain at epoch 6 of 7"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ready, msg := chainsReady("p-0", tc.chains)
+			ready, msg := chainsReady("p-0", tc.chains, tc.hosted, tc.answered)
 			if ready != tc.ready || !strings.Contains(msg, tc.msg) {
 				t.Fatalf("chainsReady = %v %q, want %v and a message with %q", ready, msg, tc.ready, tc.msg)
 			}
@@ -65,7 +84,7 @@ func TestChainsReady(t *testing.T) {
 	for i := range 12 {
 		many = append(many, chainOf("c"+string(rune('a'+i)), 2, member("p-0", streamsv1alpha1.MemberFailed, 1)))
 	}
-	if _, msg := chainsReady("p-0", many); !strings.HasSuffix(msg, "and 16 more") {
+	if _, msg := chainsReady("p-0", many, nil, true); !strings.HasSuffix(msg, "and 4 more") {
 		t.Fatalf("a long list must be cut: %q", msg)
 	}
 }

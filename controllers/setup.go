@@ -47,15 +47,15 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}
-	gates := &ChainsReadyReconciler{Client: mgr.GetClient()}
-	if err := gates.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("failed to set up the chains-ready gate controller: %w", err)
-	}
 	addr := opts.ReplicaAddr
 	if addr == nil {
 		addr = PodDNSAddr
 	}
 	conns := transport.NewPool(opts.ReplicaTLS)
+	gates := &ChainsReadyReconciler{Client: mgr.GetClient(), Conns: conns, ReplicaAddr: addr}
+	if err := gates.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("failed to set up the chains-ready gate controller: %w", err)
+	}
 	recorder := mgr.GetEventRecorder("catena-operator")
 	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image,
 		Recorder: recorder, Conns: conns, ReplicaAddr: addr}
