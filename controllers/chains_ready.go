@@ -54,20 +54,20 @@ type partitionKey struct {
 }
 
 // chainsReady decides a replica pod's gate from the chains of its pool and
-// the partitions the replica reports it holds (answered false: it did not
-// answer). It is false, with the reasons, while a chain lists the pod in
-// another state than in chain or below the chain's target epoch, or while
-// a chain is short of members and the pod holds a copy of its partition
-// without being a member.
-func chainsReady(pod string, chains []streamsv1alpha1.ReplicationChain, hosted map[partitionKey]bool, answered bool) (bool, string) {
-	if !answered {
-		return false, "the replica does not answer"
-	}
+// the partitions the replica reports it holds. It is false, with the
+// reasons, while a chain lists the pod in another state than in chain, or
+// while a chain is short of members and the pod holds a copy of its
+// partition without being a member. A member that has not yet confirmed a
+// new epoch still counts as in chain: every member of a reconfigured chain
+// is in that state for a moment, and a gate that dropped them all at once
+// would let a rolling update replace them together (the StatefulSet
+// controller replaces NotReady pods of an old revision without waiting).
+func chainsReady(pod string, chains []streamsv1alpha1.ReplicationChain, hosted map[partitionKey]bool) (bool, string) {
 	var waiting []string
 	for _, c := range chains {
 		inChain, listed := 0, false
 		for _, m := range c.Status.Members {
-			ok := m.State == streamsv1alpha1.MemberInChain && m.ConfirmedEpoch >= c.Status.TargetEpoch
+			ok := m.State == streamsv1alpha1.MemberInChain
 			if ok {
 				inChain++
 			}
@@ -126,7 +126,7 @@ func (r *ChainsReadyReconciler) hostedBy(ctx context.Context, addr string) (map[
 	if err != nil {
 		return nil, false
 	}
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{})
 	if err != nil {
@@ -173,7 +173,13 @@ func (r *ChainsReadyReconciler) Reconcile(ctx context.Context, req reconcile.Req
 			continue
 		}
 		hosted, answered := r.hostedBy(ctx, r.ReplicaAddr(&pool, pod.Name))
-		ready, msg := chainsReady(pod.Name, chains, hosted, answered)
+		if !answered {
+			// Unknown: keep the gate as it is (the container's readiness
+			// probe says whether the process is up), and look again.
+			result.RequeueAfter = gateRecheck
+			continue
+		}
+		ready, msg := chainsReady(pod.Name, chains, hosted)
 		if !ready {
 			result.RequeueAfter = gateRecheck
 		}

@@ -39,42 +39,40 @@ func TestChainsReady(t *testing.T) {
 		return m
 	}
 	for _, tc := range []struct {
-		name     string
-		chains   []streamsv1alpha1.ReplicationChain
-		hosted   map[partitionKey]bool
-		answered bool
-		ready    bool
-		msg      string
+		name   string
+		chains []streamsv1alpha1.ReplicationChain
+		hosted map[partitionKey]bool
+		ready  bool
+		msg    string
 	}{
-		{"no chains: nothing waits for it", nil, nil, true, true, "every chain"},
-		{"silent: not ready", nil, nil, false, false, "does not answer"},
+		{"no chains: nothing waits for it", nil, nil, true, "every chain"},
 		{"in chain everywhere at the target", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 3, member("p-0", in, 3), member("p-1", in, 3)),
 			chainOf("s-1", 5, member("p-1", in, 5), member("p-0", in, 5)),
-		}, holds(0, 1), true, true, "every chain"},
+		}, holds(0, 1), true, "every chain"},
 		{"removed and not yet taken back: a short chain whose copy it holds", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 4, member("p-1", in, 4)),
 			chainOf("s-1", 3, member("p-1", in, 3), member("p-2", in, 3)),
-		}, holds(0), true, false, "s-0 has 1 of 2 members in chain and not its copy"},
+		}, holds(0), false, "s-0 has 1 of 2 members in chain and not its copy"},
 		{"another pod's chain is short: not this pod's business", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 4, member("p-1", in, 4)),
 			chainOf("s-1", 3, member("p-0", in, 3), member("p-2", in, 3)),
-		}, holds(1), true, true, "every chain"},
+		}, holds(1), true, "every chain"},
 		{"replaced: the chain is full without its copy", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 3, member("p-1", in, 3), member("p-2", in, 3)),
-		}, holds(0), true, true, "every chain"},
+		}, holds(0), true, "every chain"},
 		{"listed failed (the chain's last member)", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-1", 4, member("p-0", streamsv1alpha1.MemberFailed, 3)),
-		}, holds(1), true, false, "s-1 lists it Failed at epoch 3 of 4"},
+		}, holds(1), false, "s-1 lists it Failed at epoch 3 of 4"},
 		{"catching up at the tail", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 6, member("p-1", in, 6), member("p-0", streamsv1alpha1.MemberCatchingUp, 5)),
-		}, holds(0), true, false, "s-0 lists it CatchingUp"},
-		{"in chain but not yet confirmed the target epoch", []streamsv1alpha1.ReplicationChain{
+		}, holds(0), false, "s-0 lists it CatchingUp"},
+		{"in chain, not yet confirmed a new epoch: still in chain", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 7, member("p-0", in, 6), member("p-1", in, 7)),
-		}, holds(0), true, false, "s-0 lists it InChain at epoch 6 of 7"},
+		}, holds(0), true, "every chain"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ready, msg := chainsReady("p-0", tc.chains, tc.hosted, tc.answered)
+			ready, msg := chainsReady("p-0", tc.chains, tc.hosted)
 			if ready != tc.ready || !strings.Contains(msg, tc.msg) {
 				t.Fatalf("chainsReady = %v %q, want %v and a message with %q", ready, msg, tc.ready, tc.msg)
 			}
@@ -84,7 +82,7 @@ func TestChainsReady(t *testing.T) {
 	for i := range 12 {
 		many = append(many, chainOf("c"+string(rune('a'+i)), 2, member("p-0", streamsv1alpha1.MemberFailed, 1)))
 	}
-	if _, msg := chainsReady("p-0", many, nil, true); !strings.HasSuffix(msg, "and 4 more") {
+	if _, msg := chainsReady("p-0", many, nil); !strings.HasSuffix(msg, "and 4 more") {
 		t.Fatalf("a long list must be cut: %q", msg)
 	}
 }
