@@ -200,7 +200,7 @@ test-e2e: ## Cluster up, image, helm install, the test/e2e suite, cluster down (
 	echo "test-e2e: exit $$status after $$(( $$(date +%s) - start ))s"; exit $$status
 
 .PHONY: demo
-demo: build ## Catena on Kubernetes: cluster (or $KUBECONFIG), image, operator, a Stream, a failover to watch; runs until make demo-down.
+demo: build ## Catena on Kubernetes: cluster (or $KUBECONFIG), image, operator, a Stream and an Aggregation, a failover to watch; runs until make demo-down.
 	IMAGE=$(IMAGE) IMAGE_REPO=$(IMAGE_REPO) IMAGE_TAG=$(IMAGE_TAG) CATENA_NS=$(CATENA_NS) hack/knode/demo.sh
 
 .PHONY: demo-down

@@ -91,6 +91,21 @@ catenactl demo-produce produce --stream "$STREAM" --key user-1 --value hello --v
 catenactl demo-consume consume --stream "$STREAM" --from earliest --no-follow
 catenactl demo-describe describe --stream "$STREAM"
 
+step "An Aggregation: records per key of $STREAM, checkpointed into the Stream $STREAM-count-checkpoints"
+k apply -n "$DEMO_NS" -f - <<EOT
+apiVersion: streams.catena.io/v1alpha1
+kind: Aggregation
+metadata: {name: $STREAM-count}
+spec:
+  source: $STREAM
+  aggregates: [{name: records, function: Count}]
+  checkpointInterval: 5s
+EOT
+k wait -n "$DEMO_NS" --for=condition=Ready "aggregation/$STREAM-count" --timeout=5m
+k get -n "$DEMO_NS" aggregations
+aggregator=$(k get -n "$DEMO_NS" "aggregation/$STREAM-count" -o 'jsonpath={.status.endpoint}')
+catenactl demo-agg agg --aggregator "$aggregator" get user-1
+
 step "Delete replica pod $POOL-1: its chains are reordered without it, then it returns at the tail"
 k get -n "$DEMO_NS" replicationchains
 # chain EPOCH READY per chain
@@ -133,5 +148,7 @@ $kubectl_bin run -n $DEMO_NS -it --rm check --image=$IMAGE --restart=Never --com
     # and, meanwhile in another terminal, delete a replica pod and watch
     # kubectl get replicationchains -n $DEMO_NS -w
 $kubectl_bin rollout restart statefulset/$POOL -n $DEMO_NS
+$kubectl_bin delete pod -n $DEMO_NS $STREAM-count-aggregator-0     # restored from its checkpoint:
+$kubectl_bin get aggregation -n $DEMO_NS $STREAM-count -o jsonpath='{.status.restorations}'
 make demo-down
 EOT
