@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
@@ -158,11 +157,6 @@ func desiredWorkers(agg *streamsv1alpha1.Aggregation, image string) *appsv1.Stat
 	if replicas == 0 {
 		replicas = 1 // the schema's default, for an Aggregation built in Go
 	}
-	tcpProbe := func() *corev1.Probe {
-		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
-			TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(workerPortName)},
-		}}
-	}
 	container := corev1.Container{
 		Name:  workerContainer,
 		Image: image,
@@ -179,23 +173,15 @@ func desiredWorkers(agg *streamsv1alpha1.Aggregation, image string) *appsv1.Stat
 		}},
 		Ports:           []corev1.ContainerPort{{Name: workerPortName, ContainerPort: workerPort, Protocol: corev1.ProtocolTCP}},
 		Resources:       *agg.Spec.Resources.DeepCopy(),
-		ReadinessProbe:  tcpProbe(),
-		LivenessProbe:   tcpProbe(),
+		ReadinessProbe:  tcpProbe(workerPortName),
+		LivenessProbe:   tcpProbe(workerPortName),
 		SecurityContext: restrictedContainer(),
 	}
 	podSpec := corev1.PodSpec{
 		Containers: []corev1.Container{container},
 		// Workers keep their state in memory and in the checkpoint stream:
 		// spread them when the cluster allows, never leave one pending.
-		Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
-				Weight: 100,
-				PodAffinityTerm: corev1.PodAffinityTerm{
-					LabelSelector: &metav1.LabelSelector{MatchLabels: aggSelectorLabels(agg)},
-					TopologyKey:   nodeTopologyKey,
-				},
-			}},
-		}},
+		Affinity:        spreadWhenPossible(aggSelectorLabels(agg)),
 		SecurityContext: restrictedPod(),
 	}
 	return &appsv1.StatefulSet{

@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
@@ -79,11 +78,6 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 	if spec.Resources != nil {
 		resources = *spec.Resources.DeepCopy()
 	}
-	tcpProbe := func() *corev1.Probe {
-		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
-			TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(ingestPortName)},
-		}}
-	}
 
 	container := corev1.Container{
 		Name:  ingestContainer,
@@ -97,8 +91,8 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 		},
 		Ports:           []corev1.ContainerPort{{Name: ingestPortName, ContainerPort: ingestPort, Protocol: corev1.ProtocolTCP}},
 		Resources:       resources,
-		ReadinessProbe:  tcpProbe(),
-		LivenessProbe:   tcpProbe(),
+		ReadinessProbe:  tcpProbe(ingestPortName),
+		LivenessProbe:   tcpProbe(ingestPortName),
 		SecurityContext: restrictedContainer(),
 	}
 
@@ -106,15 +100,7 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 		Containers: []corev1.Container{container},
 		// Ingestion pods are stateless and interchangeable: spread them
 		// when the cluster allows, but never leave one pending for it.
-		Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
-				Weight: 100,
-				PodAffinityTerm: corev1.PodAffinityTerm{
-					LabelSelector: &metav1.LabelSelector{MatchLabels: ingestSelectorLabels(stream)},
-					TopologyKey:   nodeTopologyKey,
-				},
-			}},
-		}},
+		Affinity:        spreadWhenPossible(ingestSelectorLabels(stream)),
 		SecurityContext: restrictedPod(),
 	}
 

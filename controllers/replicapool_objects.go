@@ -59,6 +59,28 @@ func poolSelectorLabels(pool *streamsv1alpha1.ReplicaPool) map[string]string {
 	return selectorLabels(componentReplica, pool.Name)
 }
 
+// tcpProbe probes that a container accepts connections on a named port.
+func tcpProbe(port string) *corev1.Probe {
+	return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+		TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(port)},
+	}}
+}
+
+// spreadWhenPossible prefers, and never requires, the pods of selector on
+// different nodes: for stateless or restorable pods (ingestion, aggregation
+// workers), where spreading helps but a pending pod would hurt.
+func spreadWhenPossible(selector map[string]string) *corev1.Affinity {
+	return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
+			Weight: 100,
+			PodAffinityTerm: corev1.PodAffinityTerm{
+				LabelSelector: &metav1.LabelSelector{MatchLabels: selector},
+				TopologyKey:   nodeTopologyKey,
+			},
+		}},
+	}}
+}
+
 // restrictedContainer is the security context of every container the
 // operator runs: non-root, read-only root file system, no privilege
 // escalation, no capabilities (the Kubernetes "restricted" profile).
@@ -135,13 +157,9 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 			{Name: replicaPortName, ContainerPort: replicaPort, Protocol: corev1.ProtocolTCP},
 			{Name: metricsPortName, ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP},
 		},
-		Resources:    *spec.Resources.DeepCopy(),
-		VolumeMounts: []corev1.VolumeMount{{Name: dataVolumeName, MountPath: dataDir}},
-		ReadinessProbe: &corev1.Probe{
-			ProbeHandler: corev1.ProbeHandler{
-				TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString(replicaPortName)},
-			},
-		},
+		Resources:       *spec.Resources.DeepCopy(),
+		VolumeMounts:    []corev1.VolumeMount{{Name: dataVolumeName, MountPath: dataDir}},
+		ReadinessProbe:  tcpProbe(replicaPortName),
 		SecurityContext: restrictedContainer(),
 	}
 	podSecurity := restrictedPod()

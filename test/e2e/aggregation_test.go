@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 )
@@ -184,24 +183,7 @@ func checkpointOffset(c *streamsv1alpha1.CheckpointReference) int64 {
 // runPod runs catenactl with args in a pod of the suite's image and
 // returns its output once it has succeeded.
 func runPod(ns, name string, args ...string) string {
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever,
-			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), RunAsGroup: ptr.To[int64](65532),
-				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-			},
-			Containers: []corev1.Container{{
-				Name: "catenactl", Image: env.image, ImagePullPolicy: corev1.PullIfNotPresent,
-				Command: []string{"/usr/local/bin/catenactl"}, Args: args,
-				SecurityContext: &corev1.SecurityContext{
-					ReadOnlyRootFilesystem: ptr.To(true), AllowPrivilegeEscalation: ptr.To(false),
-					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-				},
-			}},
-		},
-	}
+	pod := catenactlPod(ns, name, "catenactl", args)
 	Expect(k8s.Create(ctx, pod)).To(Succeed())
 	var phase corev1.PodPhase
 	Eventually(func(g Gomega) {

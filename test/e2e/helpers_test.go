@@ -203,14 +203,12 @@ type checkReport struct {
 	Problems   []string `json:"problems"`
 }
 
-// startChecker runs catenactl check from the suite's image for duration
-// at rate records/s, and waits until it is producing.
-func startChecker(ns, stream, name string, duration time.Duration, rate int) *checker {
-	var s streamsv1alpha1.Stream
-	Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: stream}, &s)).To(Succeed())
-	Expect(s.Status.Endpoints.Producers).NotTo(BeEmpty(), "Stream %s has no producer endpoint", stream)
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/component": "e2e-checker"}},
+// catenactlPod is a pod that runs catenactl with args once, from the
+// suite's image, as the operator's own pods run: non-root, read-only, no
+// capabilities.
+func catenactlPod(ns, name, container string, args []string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			SecurityContext: &corev1.PodSecurityContext{
@@ -218,13 +216,8 @@ func startChecker(ns, stream, name string, duration time.Duration, rate int) *ch
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
 			Containers: []corev1.Container{{
-				Name:            "check",
-				Image:           env.image,
-				ImagePullPolicy: corev1.PullIfNotPresent,
-				Command:         []string{"/usr/local/bin/catenactl"},
-				Args: []string{"--server", s.Status.Endpoints.Producers, "check", "--stream", stream,
-					"--duration", duration.String(), "--rate", fmt.Sprint(rate), "--keys", "16",
-					"--retry-timeout", "2m", "--verify-timeout", "3m"},
+				Name: container, Image: env.image, ImagePullPolicy: corev1.PullIfNotPresent,
+				Command: []string{"/usr/local/bin/catenactl"}, Args: args,
 				SecurityContext: &corev1.SecurityContext{
 					ReadOnlyRootFilesystem: ptr.To(true), AllowPrivilegeEscalation: ptr.To(false),
 					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
@@ -232,6 +225,18 @@ func startChecker(ns, stream, name string, duration time.Duration, rate int) *ch
 			}},
 		},
 	}
+}
+
+// startChecker runs catenactl check from the suite's image for duration
+// at rate records/s, and waits until it is producing.
+func startChecker(ns, stream, name string, duration time.Duration, rate int) *checker {
+	var s streamsv1alpha1.Stream
+	Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: stream}, &s)).To(Succeed())
+	Expect(s.Status.Endpoints.Producers).NotTo(BeEmpty(), "Stream %s has no producer endpoint", stream)
+	pod := catenactlPod(ns, name, "check", []string{"--server", s.Status.Endpoints.Producers, "check", "--stream", stream,
+		"--duration", duration.String(), "--rate", fmt.Sprint(rate), "--keys", "16",
+		"--retry-timeout", "2m", "--verify-timeout", "3m"})
+	pod.Labels = map[string]string{"app.kubernetes.io/component": "e2e-checker"}
 	Expect(k8s.Create(ctx, pod)).To(Succeed())
 	c := &checker{ns: ns, name: name, started: time.Now()}
 	By("waiting for checker " + name + " to produce")
