@@ -84,10 +84,6 @@ func (c *Checkpointer) Resume(r *Restored) {
 	c.curSnap = r.snap
 }
 
-// Last is the latest checkpoint written or loaded (nil: none), and its
-// manifest's offset.
-func (c *Checkpointer) Last() (*manifest, uint64) { return c.last, c.lastOffset }
-
 // Due reports whether a checkpoint at sourceOffset would record anything
 // new.
 func (c *Checkpointer) Due(sourceOffset uint64) bool {

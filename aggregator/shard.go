@@ -22,6 +22,7 @@ type shardEnv struct {
 	client     *client.Client
 	source     string
 	ckpt       Log
+	ckptStream string
 	ckptParts  uint32
 	consumer   string
 	writer     uint64
@@ -229,7 +230,7 @@ func heldSource(res *Restored, off uint64) uint64 {
 // shard's retention hold there (at the oldest snapshot it may fall back
 // to), or the partition's start.
 func (s *shard) scanStart(ctx context.Context, part uint32) (uint64, error) {
-	resp, err := s.env.client.ListConsumers(ctx, s.env.ckptStreamName())
+	resp, err := s.env.client.ListConsumers(ctx, s.env.ckptStream)
 	if err != nil {
 		if status.Code(err) == codes.Unimplemented {
 			return s.env.ckpt.Start(ctx, part)
@@ -248,13 +249,6 @@ func (s *shard) scanStart(ctx context.Context, part uint32) (uint64, error) {
 		}
 	}
 	return s.env.ckpt.Start(ctx, part)
-}
-
-func (e shardEnv) ckptStreamName() string {
-	if l, ok := e.ckpt.(*StreamLog); ok {
-		return l.stream
-	}
-	return ""
 }
 
 // checkpointLoop writes a checkpoint at every aligned tick (multiples of
@@ -321,10 +315,8 @@ func (s *shard) checkpointOnce(ctx context.Context, cp *Checkpointer, at time.Ti
 	if err := env.client.CommitConsumerOffset(ctx, env.source, s.id, env.consumer, w.HoldSource); err != nil {
 		return fmt.Errorf("checkpoint written, but holding the source failed: %w", err)
 	}
-	if name := env.ckptStreamName(); name != "" {
-		if err := env.client.CommitConsumerOffset(ctx, name, cp.Partition, ckptConsumer(env.consumer, s.id), w.HoldCheckpoints); err != nil {
-			return fmt.Errorf("checkpoint written, but holding the checkpoint stream failed: %w", err)
-		}
+	if err := env.client.CommitConsumerOffset(ctx, env.ckptStream, cp.Partition, ckptConsumer(env.consumer, s.id), w.HoldCheckpoints); err != nil {
+		return fmt.Errorf("checkpoint written, but holding the checkpoint stream failed: %w", err)
 	}
 	return nil
 }

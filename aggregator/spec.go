@@ -57,6 +57,8 @@ type aggregate struct {
 // Plan is a compiled AggregationSpec: how to find a record's key, window
 // and values.
 type Plan struct {
+	// Source is the stream aggregated.
+	Source     string
 	keyField   []string // nil: the record key
 	aggregates []aggregate
 	windowMs   int64 // 0: no window
@@ -78,7 +80,7 @@ type Plan struct {
 // rules for Aggregations applied to a cluster; Compile also guards specs
 // read from files by a standalone aggregator.
 func Compile(spec streamsv1alpha1.AggregationSpec) (*Plan, error) {
-	p := &Plan{Interval: spec.CheckpointInterval.Duration, SnapshotEvery: int(spec.SnapshotEvery)}
+	p := &Plan{Source: spec.Source, Interval: spec.CheckpointInterval.Duration, SnapshotEvery: int(spec.SnapshotEvery)}
 	if spec.Source == "" {
 		return nil, fmt.Errorf("spec.source must name the stream to aggregate")
 	}

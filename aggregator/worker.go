@@ -140,9 +140,9 @@ func (w *Worker) Assign(ctx context.Context, req *catenapb.AssignRequest) (*cate
 			continue
 		}
 		w.shards[id] = startShard(id, shardEnv{
-			plan: plan, client: w.cl, source: w.sourceLocked(), ckpt: w.ckpt, ckptParts: ckptParts,
+			plan: plan, client: w.cl, source: plan.Source, ckpt: w.ckpt, ckptStream: req.CheckpointStream, ckptParts: ckptParts,
 			consumer: req.Consumer, writer: w.writer, chunkBytes: w.opts.ChunkBytes,
-			log: w.opts.Logger.WithValues("source", w.sourceLocked()), metrics: w.metrics.forShard(id),
+			log: w.opts.Logger.WithValues("source", plan.Source), metrics: w.metrics.forShard(id),
 		})
 		w.opts.Logger.Info("Shard assigned", "shard", id, "generation", req.Generation)
 	}
@@ -165,12 +165,6 @@ func (w *Worker) checkpointPartitions(ctx context.Context, stream string) (uint3
 		return 0, false
 	}
 	return uint32(len(d.GetPartitions())), true
-}
-
-func (w *Worker) sourceLocked() string {
-	var spec streamsv1alpha1.AggregationSpec
-	_ = json.Unmarshal(w.assign.SpecJson, &spec)
-	return spec.Source
 }
 
 // checkAssign validates an assignment before anything changes.

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 
@@ -31,28 +30,11 @@ type workerProcess struct {
 	conn              *grpc.ClientConn
 }
 
-// workerSet is the processes playing worker pods, by namespace/pod.
-type workerSet struct {
-	dir   string
-	mu    sync.Mutex
-	procs map[string]*workerProcess
-}
+// workerSet is the processes playing worker pods.
+type workerSet struct{ *procSet[*workerProcess] }
 
-// newWorkerSet makes a set whose processes stop when the calling container
-// or spec ends.
 func newWorkerSet() *workerSet {
-	dir, err := os.MkdirTemp("", "catena-envtest-aggregators-")
-	Expect(err).NotTo(HaveOccurred())
-	ws := &workerSet{dir: dir, procs: map[string]*workerProcess{}}
-	DeferCleanup(func() {
-		ws.mu.Lock()
-		defer ws.mu.Unlock()
-		for _, p := range ws.procs {
-			p.stop()
-		}
-		_ = os.RemoveAll(ws.dir)
-	})
-	return ws
+	return &workerSet{newProcSet[*workerProcess]("catena-envtest-aggregators-")}
 }
 
 // addr is the operator's WorkerAddr: the process playing the pod, or an

@@ -60,31 +60,37 @@ type replicaProcess struct {
 	conn     *grpc.ClientConn
 }
 
-// replicaSet is the processes playing the pods of pools, by namespace/pod.
-type replicaSet struct {
-	// dir holds the processes' data directories and logs; they live as
-	// long as the set (a spec's TempDir would vanish under a process that
-	// outlives the spec).
+// procSet is the processes playing pods of one kind, by namespace/pod.
+// Its directory holds their data and logs; it lives as long as the set (a
+// spec's TempDir would vanish under a process that outlives the spec).
+type procSet[P interface{ stop() }] struct {
 	dir   string
 	mu    sync.Mutex
-	procs map[string]*replicaProcess
+	procs map[string]P
 }
 
-// newReplicaSet makes a set whose processes stop, and whose data is
+// newProcSet makes a set whose processes stop, and whose directory is
 // removed, when the calling container or spec ends.
-func newReplicaSet() *replicaSet {
-	dir, err := os.MkdirTemp("", "catena-envtest-replicas-")
+func newProcSet[P interface{ stop() }](prefix string) *procSet[P] {
+	dir, err := os.MkdirTemp("", prefix)
 	Expect(err).NotTo(HaveOccurred())
-	rs := &replicaSet{dir: dir, procs: map[string]*replicaProcess{}}
+	ps := &procSet[P]{dir: dir, procs: map[string]P{}}
 	DeferCleanup(func() {
-		rs.mu.Lock()
-		defer rs.mu.Unlock()
-		for _, p := range rs.procs {
+		ps.mu.Lock()
+		defer ps.mu.Unlock()
+		for _, p := range ps.procs {
 			p.stop()
 		}
-		_ = os.RemoveAll(rs.dir)
+		_ = os.RemoveAll(ps.dir)
 	})
-	return rs
+	return ps
+}
+
+// replicaSet is the processes playing the pods of pools.
+type replicaSet struct{ *procSet[*replicaProcess] }
+
+func newReplicaSet() *replicaSet {
+	return &replicaSet{newProcSet[*replicaProcess]("catena-envtest-replicas-")}
 }
 
 // addr is the operator's ReplicaAddr: the process playing the pod, or an
