@@ -299,9 +299,21 @@ func chainStatus(chain *streamsv1alpha1.ReplicationChain, obs chainObservation) 
 		case ps != nil && ps.GetError() != "":
 			m.State = streamsv1alpha1.MemberFailed
 			refusing = append(refusing, fmt.Sprintf("%s: %s", m.Name, ps.GetError()))
-		case ps != nil && ps.GetDurable() < committed:
+		// Catching up: the member lacks records the chain committed. Its
+		// own report says so when its predecessor's commit notice is
+		// beyond its durable end. The other members' committed offsets
+		// are only trusted for a member not yet seen in chain (a joiner
+		// before its link is up): they are read at other instants, and
+		// under load a committed offset read after a member's durable end
+		// is often beyond it, which made members in chain flap to
+		// CatchingUp (and a rolling restart's check see one in chain).
+		// A member in chain holds everything committed by definition.
+		case ps != nil && ps.GetDurable() < ps.GetCommittedNotice():
 			m.State = streamsv1alpha1.MemberCatchingUp
-			catching = append(catching, m.Name)
+			catching = append(catching, fmt.Sprintf("%s catching up to offset %d", m.Name, ps.GetCommittedNotice()))
+		case ps != nil && m.State != streamsv1alpha1.MemberInChain && ps.GetDurable() < committed:
+			m.State = streamsv1alpha1.MemberCatchingUp
+			catching = append(catching, fmt.Sprintf("%s catching up to offset %d", m.Name, committed))
 		default:
 			m.State = streamsv1alpha1.MemberInChain
 		}
@@ -338,7 +350,7 @@ func chainStatus(chain *streamsv1alpha1.ReplicationChain, obs chainObservation) 
 			fmt.Sprintf("Epoch %d not yet confirmed by %s", target, strings.Join(unconfirmed, ", ")))
 	case len(catching) > 0:
 		set(streamsv1alpha1.ReplicationChainProgressingCondition, metav1.ConditionTrue, streamsv1alpha1.ReplicationChainCatchingUpReason,
-			fmt.Sprintf("%s catching up to offset %d", strings.Join(catching, ", "), committed))
+			strings.Join(catching, "; "))
 	default:
 		set(streamsv1alpha1.ReplicationChainProgressingCondition, metav1.ConditionFalse, streamsv1alpha1.ReplicationChainConvergedReason,
 			fmt.Sprintf("Every member confirmed epoch %d", target))

@@ -295,6 +295,13 @@ func report(epoch, durable, committed uint64, errText string) *catenapb.Partitio
 	return &catenapb.PartitionStatus{Epoch: epoch, LogEnd: durable, Durable: durable, Committed: committed, Error: errText, LogStart: 4}
 }
 
+// reportNoticed is a report whose predecessor's commit notice is noticed.
+func reportNoticed(epoch, durable, committed, noticed uint64) *catenapb.PartitionStatus {
+	r := report(epoch, durable, committed, "")
+	r.CommittedNotice = noticed
+	return r
+}
+
 func TestChainStatus(t *testing.T) {
 	abc := func() []streamsv1alpha1.ChainMember {
 		return []streamsv1alpha1.ChainMember{{Name: "a", ConfirmedEpoch: 1}, {Name: "b", ConfirmedEpoch: 1}, {Name: "c", ConfirmedEpoch: 1}}
@@ -342,6 +349,31 @@ func TestChainStatus(t *testing.T) {
 			chain: chainWith(abc()...),
 			obs: chainObservation{Health: alive, WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{
 				"a": report(2, 10, 10, ""), "b": report(2, 10, 10, ""), "c": report(2, 4, 4, "")}},
+			wantConfirmed: []int64{2, 2, 2},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain", "InChain", "CatchingUp"},
+			ready:         cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainUnderReplicatedReason},
+			prog:          cond{metav1.ConditionTrue, streamsv1alpha1.ReplicationChainCatchingUpReason},
+			degraded:      cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason},
+			wantMsg:       "c catching up to offset 10",
+		},
+		{
+			name: "a member in chain read before a later committed offset stays in chain",
+			chain: chainWith(streamsv1alpha1.ChainMember{Name: "a", State: "InChain", ConfirmedEpoch: 2},
+				streamsv1alpha1.ChainMember{Name: "b", State: "InChain", ConfirmedEpoch: 2}, streamsv1alpha1.ChainMember{Name: "c", State: "InChain", ConfirmedEpoch: 2}),
+			obs: chainObservation{Health: alive, WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{
+				"a": report(2, 12, 12, ""), "b": report(2, 12, 12, ""), "c": reportNoticed(2, 9, 9, 8)}},
+			wantConfirmed: []int64{2, 2, 2},
+			wantStates:    []streamsv1alpha1.MemberState{"InChain", "InChain", "InChain"},
+			ready:         cond{metav1.ConditionTrue, streamsv1alpha1.ReplicationChainConvergedReason},
+			prog:          cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainConvergedReason},
+			degraded:      cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainFullyReplicatedReason},
+		},
+		{
+			name: "a member told of commits beyond its durable end is catching up, in chain or not",
+			chain: chainWith(streamsv1alpha1.ChainMember{Name: "a", State: "InChain", ConfirmedEpoch: 2},
+				streamsv1alpha1.ChainMember{Name: "b", State: "InChain", ConfirmedEpoch: 2}, streamsv1alpha1.ChainMember{Name: "c", State: "InChain", ConfirmedEpoch: 2}),
+			obs: chainObservation{Health: alive, WritesAllowed: true, Reports: map[string]*catenapb.PartitionStatus{
+				"a": report(2, 12, 10, ""), "b": report(2, 12, 10, ""), "c": reportNoticed(2, 7, 7, 10)}},
 			wantConfirmed: []int64{2, 2, 2},
 			wantStates:    []streamsv1alpha1.MemberState{"InChain", "InChain", "CatchingUp"},
 			ready:         cond{metav1.ConditionFalse, streamsv1alpha1.ReplicationChainUnderReplicatedReason},

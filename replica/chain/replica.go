@@ -447,7 +447,11 @@ type Status struct {
 	DurableEnd   uint64
 	SuccessorAck uint64
 	Committed    uint64
-	InFlight     []Range // forwarded, not yet acknowledged
+	// Noticed is the highest committed offset heard from a predecessor (or
+	// a copy's source). It exceeds DurableEnd only while this member lacks
+	// records the chain has committed: a joiner catching up at the tail.
+	Noticed  uint64
+	InFlight []Range // forwarded, not yet acknowledged
 
 	// Linked reports whether the successor link is up under Epoch.
 	Linked bool
@@ -473,6 +477,7 @@ func (r *Replica) Status() Status {
 		DurableEnd:    r.durableEnd,
 		SuccessorAck:  r.successorAck,
 		Committed:     r.committed,
+		Noticed:       r.noticed,
 		InFlight:      slices.Clone(r.inFlight),
 		Linked:        r.linked,
 		ForwardedEnd:  r.forwardedEnd,

@@ -536,7 +536,12 @@ func TestCommitNotice(t *testing.T) {
 		{name: "never backwards", setup: func(t testing.TB) *builder { return middleAt(t).notice("a", 5) }, op: noticeOp(2, "a", 2), wantEff: "no effects", check: committed(5)},
 		{name: "duplicate", setup: func(t testing.TB) *builder { return middleAt(t).notice("a", 5) }, op: noticeOp(2, "a", 5), wantEff: "no effects"},
 		{name: "tail learns", setup: tailAt, op: noticeOp(2, "b", 6), wantEff: "committed=6", check: committed(6)},
-		{name: "tail learns only up to its durable end", setup: tailAt, op: noticeOp(2, "b", 10), wantEff: "committed=6", check: committed(6)},
+		{name: "tail learns only up to its durable end", setup: tailAt, op: noticeOp(2, "b", 10), wantEff: "committed=6", check: func(t *testing.T, st Status) {
+			committed(6)(t, st)
+			if st.Noticed != 10 || st.DurableEnd >= st.Noticed {
+				t.Errorf("noticed %d with durable end %d: a member behind the chain's commits must say so", st.Noticed, st.DurableEnd)
+			}
+		}},
 		{name: "tail already knows", setup: tailAt, op: noticeOp(2, "b", 4), wantEff: "no effects", check: committed(4)},
 		{name: "stale epoch", setup: middleAt, op: noticeOp(1, "a", 4), wantErr: ErrStaleEpoch},
 		{name: "future epoch", setup: middleAt, op: noticeOp(3, "a", 4), wantErr: ErrFutureEpoch},

@@ -488,6 +488,7 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 		ps.Role = catenapb.Role(st.Role)
 		ps.Durable = st.DurableEnd
 		ps.Committed = max(st.Committed, p.committed)
+		ps.CommittedNotice = st.Noticed
 		ps.SuccessorAck = st.SuccessorAck
 		if st.Successor != "" && !p.linkDownSince.IsZero() {
 			ps.SuccessorDownMs = uint64(time.Since(p.linkDownSince).Milliseconds())

@@ -2632,9 +2632,14 @@ type PartitionStatus struct {
 	// Consumer holds on this member's copy, sorted by consumer.
 	Holds []*ConsumerHold `protobuf:"bytes,17,rep,name=holds,proto3" json:"holds,omitempty"`
 	// Holds a hard retention limit trimmed past, oldest first.
-	ForcedTrims   []*ForcedTrim `protobuf:"bytes,18,rep,name=forced_trims,json=forcedTrims,proto3" json:"forced_trims,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ForcedTrims []*ForcedTrim `protobuf:"bytes,18,rep,name=forced_trims,json=forcedTrims,proto3" json:"forced_trims,omitempty"`
+	// The highest committed offset this member has been told of by its
+	// predecessor. Above durable only while the member lacks committed
+	// records (a joiner catching up at the tail): the one comparison that
+	// needs no other member's report, taken at another instant.
+	CommittedNotice uint64 `protobuf:"varint,19,opt,name=committed_notice,json=committedNotice,proto3" json:"committed_notice,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
@@ -2791,6 +2796,13 @@ func (x *PartitionStatus) GetForcedTrims() []*ForcedTrim {
 		return x.ForcedTrims
 	}
 	return nil
+}
+
+func (x *PartitionStatus) GetCommittedNotice() uint64 {
+	if x != nil {
+		return x.CommittedNotice
+	}
+	return 0
 }
 
 type StatusRequest struct {
@@ -3699,7 +3711,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
-	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xff\x04\n" +
+	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xaa\x05\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -3720,7 +3732,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x0elast_log_epoch\x18\x0f \x01(\x04R\flastLogEpoch\x12*\n" +
 	"\x11successor_down_ms\x18\x10 \x01(\x04R\x0fsuccessorDownMs\x12-\n" +
 	"\x05holds\x18\x11 \x03(\v2\x17.catena.v1.ConsumerHoldR\x05holds\x128\n" +
-	"\fforced_trims\x18\x12 \x03(\v2\x15.catena.v1.ForcedTrimR\vforcedTrims\"X\n" +
+	"\fforced_trims\x18\x12 \x03(\v2\x15.catena.v1.ForcedTrimR\vforcedTrims\x12)\n" +
+	"\x10committed_notice\x18\x13 \x01(\x04R\x0fcommittedNotice\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
