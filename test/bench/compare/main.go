@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -41,12 +42,17 @@ func main() {
 		records   = flag.Int("records", 200000, "records per full-speed run")
 		rounds    = flag.Int("rounds", 2, "runs of each workload on each system, alternating")
 		out       = flag.String("out", "", "also write the table (markdown) to this file")
+		only      = flag.String("only", "", "run only the workloads whose name matches this regular expression, and no failover (for profiling one workload)")
 	)
 	flag.Parse()
 	if *natsBin == "" {
 		fail(errors.New("-nats-server is required (hack/nats-server.sh prints it)"))
 	}
-	if err := run(*catenaBin, *natsBin, *records, *rounds, *out); err != nil {
+	match, err := regexp.Compile(*only)
+	if err != nil {
+		fail(fmt.Errorf("-only: %w", err))
+	}
+	if err := run(*catenaBin, *natsBin, *records, *rounds, *out, match, *only != ""); err != nil {
 		fail(err)
 	}
 }
@@ -101,7 +107,7 @@ func (r result) pct(q float64) time.Duration {
 	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
-func run(catenaBin, natsBin string, records, rounds int, out string) error {
+func run(catenaBin, natsBin string, records, rounds int, out string, only *regexp.Regexp, partial bool) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "catena-compare-")
 	if err != nil {
@@ -141,6 +147,9 @@ func run(catenaBin, natsBin string, records, rounds int, out string) error {
 	results := map[string]map[string][]result{}
 	runOne := func(w workload) error {
 		results[w.Name] = map[string][]result{}
+		if !only.MatchString(w.Name) {
+			return nil
+		}
 		for r := range rounds {
 			for _, s := range systems {
 				res, err := s.Run(ctx, w)
@@ -162,12 +171,18 @@ func run(catenaBin, natsBin string, records, rounds int, out string) error {
 	// Latency at load: half the peer's peak with four producers.
 	peak := median(results[workloads[1].Name][peer.Name()], result.recsPerSec) // 1 KiB, 4 producers, 256 in flight
 	atLoad := workload{Name: fmt.Sprintf("1 KiB, 4 producers at %.0f/s (half the peer's peak)", peak/2), Size: 1024, Producers: 4, N: int(peak / 2 * 10), Rate: peak / 2}
-	workloads = append(workloads, atLoad)
-	if err := runOne(atLoad); err != nil {
-		return err
+	if peak > 0 {
+		workloads = append(workloads, atLoad)
+		if err := runOne(atLoad); err != nil {
+			return err
+		}
 	}
 
 	table := render(workloads, systems, results, rounds)
+	if partial {
+		fmt.Print(table)
+		return nil
+	}
 	var fo []failoverResult
 	for _, f := range []func(context.Context) (failoverResult, error){
 		func(ctx context.Context) (failoverResult, error) { return cat.failover(ctx, "head") },
@@ -216,6 +231,9 @@ func render(ws []workload, ss []system, res map[string]map[string][]result, roun
 	p99 := ms(func(r result) time.Duration { return r.pct(0.99) })
 	p999 := ms(func(r result) time.Duration { return r.pct(0.999) })
 	for _, w := range ws {
+		if len(res[w.Name][ss[0].Name()]) == 0 {
+			continue // not run (-only)
+		}
 		for _, s := range ss {
 			rs := res[w.Name][s.Name()]
 			fmt.Fprintf(&b, "| %s | %s | %.0f | %.1f | %.2f ms | %.2f ms | %.2f ms |\n", w.Name, s.Name(),
