@@ -42,7 +42,7 @@ func main() {
 		records   = flag.Int("records", 200000, "records per full-speed run")
 		rounds    = flag.Int("rounds", 2, "runs of each workload on each system, alternating")
 		out       = flag.String("out", "", "also write the table (markdown) to this file")
-		only      = flag.String("only", "", "run only the workloads whose name matches this regular expression, and no failover (for profiling one workload)")
+		only      = flag.String("only", "", "run only the workloads whose name matches this regular expression, and the failover rows only if it matches \"failover\" (for profiling one workload)")
 	)
 	flag.Parse()
 	if *natsBin == "" {
@@ -179,7 +179,7 @@ func run(catenaBin, natsBin string, records, rounds int, out string, only *regex
 	}
 
 	table := render(workloads, systems, results, rounds)
-	if partial {
+	if partial && !only.MatchString("failover") {
 		fmt.Print(table)
 		return nil
 	}
