@@ -202,7 +202,7 @@ func (l *Log) Sync() error {
 	// Only the active segment can hold unsynced data (roll fsyncs the one it
 	// seals). If Append rolls while we fsync, s is the sealed one and end is
 	// within it, so fsyncing s still covers end.
-	s, end := l.active(), l.next
+	s, end, size := l.active(), l.next, l.active().size
 	l.wmu.Unlock()
 	if l.durable.Load() >= end {
 		return nil
@@ -211,8 +211,13 @@ func (l *Log) Sync() error {
 		return l.fail(ErrFailed, "fsync %s: %w", s.path, err)
 	}
 	l.advanceDurable(end)
+	s.dropCached(size - cachedTailBytes)
 	return nil
 }
+
+// cachedTailBytes is how much of the active segment, behind its end, a
+// log leaves in the page cache after an fsync; see segment.dropCached.
+const cachedTailBytes = 32 << 20
 
 // NextOffset is the log end offset: the offset the next batch must start at.
 func (l *Log) NextOffset() uint64 {
