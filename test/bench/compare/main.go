@@ -42,6 +42,7 @@ func main() {
 		records   = flag.Int("records", 200000, "records per full-speed run")
 		rounds    = flag.Int("rounds", 2, "runs of each workload on each system, alternating")
 		out       = flag.String("out", "", "also write the table (markdown) to this file")
+		keep      = flag.Bool("keep", false, "keep the data and logs of both systems (the folder is printed)")
 		only      = flag.String("only", "", "run only the workloads whose name matches this regular expression, and the failover rows only if it matches \"failover\" (for profiling one workload)")
 	)
 	flag.Parse()
@@ -52,7 +53,7 @@ func main() {
 	if err != nil {
 		fail(fmt.Errorf("-only: %w", err))
 	}
-	if err := run(*catenaBin, *natsBin, *records, *rounds, *out, match, *only != ""); err != nil {
+	if err := run(*catenaBin, *natsBin, *records, *rounds, *out, match, *only != "", *keep); err != nil {
 		fail(err)
 	}
 }
@@ -107,13 +108,17 @@ func (r result) pct(q float64) time.Duration {
 	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
-func run(catenaBin, natsBin string, records, rounds int, out string, only *regexp.Regexp, partial bool) error {
+func run(catenaBin, natsBin string, records, rounds int, out string, only *regexp.Regexp, partial, keep bool) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "catena-compare-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	if keep {
+		fmt.Fprintf(os.Stderr, "data and logs kept in %s\n", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
 	var procs []*exec.Cmd
 	defer func() {
 		for _, p := range procs {
