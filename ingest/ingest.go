@@ -49,8 +49,9 @@ const (
 	// head failover costs beyond the reconfiguration itself: with 500 ms,
 	// an appender that had failed six times in a row sat out a 320 ms
 	// back-off while the new head was already serving, and the write gap
-	// of a killed head measured 63-673 ms (make bench-compare). Each retry waits for a discovery round first, and rounds are
-	// shared by every partition, so a lower cap does not multiply them.
+	// of a killed head measured 63-673 ms (make bench-compare). Each retry
+	// waits for a discovery round first, and rounds are shared by every
+	// partition, so a lower cap does not multiply them.
 	retryMin = 10 * time.Millisecond
 	retryMax = 100 * time.Millisecond
 	// subscribeWait is the long-poll of each read behind Subscribe.
