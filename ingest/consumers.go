@@ -251,6 +251,7 @@ func mergeConsumers(sr *streamRoute, reports map[string]*catenapb.StatusResponse
 			}
 			pc.LogStart = max(pc.LogStart, ps.GetLogStart())
 			pc.Committed = max(pc.Committed, ps.GetCommitted())
+			slices.Sort(set) // members send them sorted; compare sets whatever the order
 			sets = append(sets, strings.Join(set, ","))
 			ids = append(ids, m.GetId())
 		}
