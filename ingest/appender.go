@@ -330,6 +330,10 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			} else if len(resp.GetOffsets()) != len(s.req.Records) || len(resp.GetDuplicate()) != len(s.req.Records) {
 				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), len(s.req.Records))
 			} else {
+				// Committed through the last record: reads through this
+				// ingestion must see it from now on (Fetch).
+				offs := resp.GetOffsets()
+				a.srv.sawCommitted(a.stream, a.partition, max(resp.GetCommitted(), offs[len(offs)-1]+1))
 				k := 0
 				for _, c := range s.chunks {
 					n := len(c.recs)

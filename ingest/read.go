@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -66,16 +67,41 @@ func (s *Server) readFrom(ctx context.Context, stream string, index uint32, wait
 	return last
 }
 
-// Fetch reads committed records of one partition.
+// errBehind: a member answered with a committed offset below what this
+// ingestion already acknowledged; the next member is tried.
+var errBehind = errors.New("member knows less committed than was acknowledged")
+
+// Fetch reads committed records of one partition. A record this ingestion
+// acknowledged is visible to its reads from then on: a member whose
+// committed offset is behind the acknowledgements (the old tail, now a
+// middle, while discovery has not seen a returning member join at the
+// tail; middles learn commits a round trip after the tail) is passed over
+// for one that knows more, and the best answer is used if none does.
 func (s *Server) Fetch(ctx context.Context, req *catenapb.FetchRequest) (*catenapb.FetchResponse, error) {
-	var resp *catenapb.FetchResponse
+	seen := s.committedSeen(req.GetStream(), req.GetPartition())
+	if req.GetOffset() < seen && req.GetMaxWaitMs() > 0 {
+		// Records at the offset are committed: no member needs to wait.
+		req = &catenapb.FetchRequest{Stream: req.GetStream(), Partition: req.GetPartition(), Offset: req.GetOffset(), MaxBytes: req.GetMaxBytes()}
+	}
+	var best *catenapb.FetchResponse
 	wait := time.Duration(req.GetMaxWaitMs()) * time.Millisecond
 	err := s.readFrom(ctx, req.GetStream(), req.GetPartition(), wait, func(ctx context.Context, c catenapb.ReplicaClient) error {
-		var err error
-		resp, err = c.Read(ctx, req)
-		return err
+		resp, err := c.Read(ctx, req)
+		if err != nil {
+			return err
+		}
+		if best == nil || resp.GetCommitted() > best.GetCommitted() {
+			best = resp
+		}
+		if resp.GetCommitted() < seen {
+			return errBehind
+		}
+		return nil
 	})
-	return resp, err
+	if best != nil && (err == nil || errors.Is(err, errBehind)) {
+		return best, nil
+	}
+	return nil, err
 }
 
 // Subscribe streams committed records as they commit, until the client
