@@ -1,0 +1,110 @@
+package ingest
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// fakeMember is a chain member that reports a fixed chain and answers
+// reads with a fixed committed offset.
+type fakeMember struct {
+	catenapb.UnimplementedReplicaServer
+	id        string
+	committed uint64
+	chain     func() []*catenapb.Member
+
+	mu    sync.Mutex
+	waits []uint32 // max_wait_ms of each read received
+}
+
+func (f *fakeMember) Status(context.Context, *catenapb.StatusRequest) (*catenapb.StatusResponse, error) {
+	return &catenapb.StatusResponse{ReplicaId: f.id, Partitions: []*catenapb.PartitionStatus{{
+		Stream: "s", Partition: 0, ReplicaId: f.id, Epoch: 1, Members: f.chain(),
+		Config: &catenapb.StreamConfig{Partitions: 1}, Committed: f.committed,
+	}}}, nil
+}
+
+func (f *fakeMember) Read(_ context.Context, req *catenapb.FetchRequest) (*catenapb.FetchResponse, error) {
+	f.mu.Lock()
+	f.waits = append(f.waits, req.GetMaxWaitMs())
+	f.mu.Unlock()
+	return &catenapb.FetchResponse{Committed: f.committed}, nil
+}
+
+func (f *fakeMember) reads() []uint32 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]uint32(nil), f.waits...)
+}
+
+// TestFetchSeesWhatItAcknowledged: a read through ingestion never answers
+// with less committed than ingestion acknowledged when a member knows
+// more, and a read of offsets known committed does not long-poll.
+func TestFetchSeesWhatItAcknowledged(t *testing.T) {
+	// Chain [ahead behind]: the tail, read first, is the one behind (as
+	// the old tail is, a moment after a returning member joined behind it).
+	ahead := &fakeMember{id: "ahead", committed: 9}
+	behind := &fakeMember{id: "behind", committed: 5}
+	var addrs []string
+	for _, f := range []*fakeMember{ahead, behind} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer()
+		catenapb.RegisterReplicaServer(g, f)
+		go func() { _ = g.Serve(lis) }()
+		t.Cleanup(g.Stop)
+		addrs = append(addrs, lis.Addr().String())
+	}
+	chain := func() []*catenapb.Member {
+		return []*catenapb.Member{{Id: "ahead", Addr: addrs[0]}, {Id: "behind", Addr: addrs[1]}}
+	}
+	ahead.chain, behind.chain = chain, chain
+	s, err := New(Options{Replicas: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx := context.Background()
+	fetch := func(offset uint64, waitMs uint32) uint64 {
+		t.Helper()
+		resp, err := s.Fetch(ctx, &catenapb.FetchRequest{Stream: "s", Partition: 0, Offset: offset, MaxWaitMs: waitMs})
+		if err != nil {
+			t.Fatalf("fetch at %d: %v", offset, err)
+		}
+		return resp.GetCommitted()
+	}
+
+	if got := fetch(0, 0); got != 5 {
+		t.Errorf("nothing acknowledged: committed %d, want the tail's 5 (read first)", got)
+	}
+	if n := len(ahead.reads()); n != 0 {
+		t.Errorf("nothing acknowledged, yet the member ahead was read %d times", n)
+	}
+	s.sawCommitted("s", 0, 8)
+	if got := fetch(0, 0); got != 9 {
+		t.Errorf("acknowledged up to 8: committed %d, want 9 from the member ahead", got)
+	}
+	s.sawCommitted("s", 0, 12)
+	if got := fetch(0, 0); got != 9 {
+		t.Errorf("acknowledged up to 12, no member knows: committed %d, want the best answer, 9", got)
+	}
+	s.sawCommitted("s", 0, 3) // never backwards
+	if got := s.committedSeen("s", 0); got != 12 {
+		t.Errorf("committed seen went from 12 to %d", got)
+	}
+	fetch(4, 5000)
+	for _, f := range []*fakeMember{ahead, behind} {
+		r := f.reads()
+		if w := r[len(r)-1]; w != 0 {
+			t.Errorf("%s: a read below the acknowledged offset long-polled (max_wait_ms %d)", f.id, w)
+		}
+	}
+}
