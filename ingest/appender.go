@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -70,6 +71,16 @@ type appender struct {
 	// progressed: the current session had an answer from the head (only
 	// the run goroutine touches it).
 	progressed bool
+	// committed is the highest committed offset this appender has had
+	// records acknowledged up to: reads through this ingestion must see
+	// them from then on (Fetch).
+	committed atomic.Uint64
+}
+
+// acknowledged records that the partition is committed up to c.
+func (a *appender) acknowledged(c uint64) {
+	for old := a.committed.Load(); c > old && !a.committed.CompareAndSwap(old, c); old = a.committed.Load() {
+	}
 }
 
 func newAppender(srv *Server, stream string, partition uint32) *appender {
@@ -330,10 +341,8 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			} else if len(resp.GetOffsets()) != len(s.req.Records) || len(resp.GetDuplicate()) != len(s.req.Records) {
 				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), len(s.req.Records))
 			} else {
-				// Committed through the last record: reads through this
-				// ingestion must see it from now on (Fetch).
 				offs := resp.GetOffsets()
-				a.srv.sawCommitted(a.stream, a.partition, max(resp.GetCommitted(), offs[len(offs)-1]+1))
+				a.acknowledged(max(resp.GetCommitted(), offs[len(offs)-1]+1))
 				k := 0
 				for _, c := range s.chunks {
 					n := len(c.recs)

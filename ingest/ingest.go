@@ -84,10 +84,6 @@ type Server struct {
 
 	appendersMu sync.Mutex
 	appenders   map[appenderKey]*appender
-	// committed is, per partition (appenderKey), the highest committed
-	// offset this ingestion has acknowledged records up to
-	// (*atomic.Uint64), so that its reads never miss what it acknowledged.
-	committed sync.Map
 
 	// Records produced without a producer id are given this one, so that
 	// ingestion's own retries are idempotent too.
@@ -302,21 +298,16 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	return &catenapb.ProduceResponse{Results: results}, nil
 }
 
-// sawCommitted records that a partition is committed up to c.
-func (s *Server) sawCommitted(stream string, partition uint32, c uint64) {
-	v, _ := s.committed.LoadOrStore(appenderKey{stream, partition}, new(atomic.Uint64))
-	seen := v.(*atomic.Uint64)
-	for old := seen.Load(); c > old && !seen.CompareAndSwap(old, c); old = seen.Load() {
-	}
-}
-
 // committedSeen is the highest committed offset of a partition this
 // ingestion acknowledged records up to (0: none).
 func (s *Server) committedSeen(stream string, partition uint32) uint64 {
-	if v, ok := s.committed.Load(appenderKey{stream, partition}); ok {
-		return v.(*atomic.Uint64).Load()
+	s.appendersMu.Lock()
+	a := s.appenders[appenderKey{stream, partition}]
+	s.appendersMu.Unlock()
+	if a == nil {
+		return 0
 	}
-	return 0
+	return a.committed.Load()
 }
 
 // appenderFor returns the partition's appender, starting it on first use.

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -81,7 +82,8 @@ func (s *Server) Fetch(ctx context.Context, req *catenapb.FetchRequest) (*catena
 	seen := s.committedSeen(req.GetStream(), req.GetPartition())
 	if req.GetOffset() < seen && req.GetMaxWaitMs() > 0 {
 		// Records at the offset are committed: no member needs to wait.
-		req = &catenapb.FetchRequest{Stream: req.GetStream(), Partition: req.GetPartition(), Offset: req.GetOffset(), MaxBytes: req.GetMaxBytes()}
+		req = proto.CloneOf(req)
+		req.MaxWaitMs = 0
 	}
 	var best *catenapb.FetchResponse
 	wait := time.Duration(req.GetMaxWaitMs()) * time.Millisecond

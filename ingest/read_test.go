@@ -88,15 +88,15 @@ func TestFetchSeesWhatItAcknowledged(t *testing.T) {
 	if n := len(ahead.reads()); n != 0 {
 		t.Errorf("nothing acknowledged, yet the member ahead was read %d times", n)
 	}
-	s.sawCommitted("s", 0, 8)
+	s.appenderFor("s", 0).acknowledged(8)
 	if got := fetch(0, 0); got != 9 {
 		t.Errorf("acknowledged up to 8: committed %d, want 9 from the member ahead", got)
 	}
-	s.sawCommitted("s", 0, 12)
+	s.appenderFor("s", 0).acknowledged(12)
 	if got := fetch(0, 0); got != 9 {
 		t.Errorf("acknowledged up to 12, no member knows: committed %d, want the best answer, 9", got)
 	}
-	s.sawCommitted("s", 0, 3) // never backwards
+	s.appenderFor("s", 0).acknowledged(3) // never backwards
 	if got := s.committedSeen("s", 0); got != 12 {
 		t.Errorf("committed seen went from 12 to %d", got)
 	}

@@ -202,7 +202,8 @@ func (l *Log) Sync() error {
 	// Only the active segment can hold unsynced data (roll fsyncs the one it
 	// seals). If Append rolls while we fsync, s is the sealed one and end is
 	// within it, so fsyncing s still covers end.
-	s, end, size := l.active(), l.next, l.active().size
+	s, end := l.active(), l.next
+	size := s.size
 	l.wmu.Unlock()
 	if l.durable.Load() >= end {
 		return nil
