@@ -143,28 +143,23 @@ func replicaPods(g Gomega, ns, pool string) map[string]corev1.Pod {
 	return out
 }
 
-func podReady(p corev1.Pod) bool {
-	if p.DeletionTimestamp != nil {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
+// podReady reports whether a pod is Ready and not being deleted.
+func podReady(p corev1.Pod) bool { return podCondition(p, corev1.PodReady) }
 
 // replicaUp reports whether a replica pod's process runs and answers:
 // its container is ready. The pod's own Ready also waits for the
-// operator's chains-ready gate, which holds every pod of a pool back
-// while any chain is short, so it cannot tell how many replicas are down.
-func replicaUp(p corev1.Pod) bool {
+// operator's chains-ready gate, which holds a returning pod back until
+// its chains have it again, so it cannot tell how many replicas are down.
+func replicaUp(p corev1.Pod) bool { return podCondition(p, corev1.ContainersReady) }
+
+// podCondition reports whether a pod that is not being deleted has the
+// condition typ True.
+func podCondition(p corev1.Pod, typ corev1.PodConditionType) bool {
 	if p.DeletionTimestamp != nil {
 		return false
 	}
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.ContainersReady {
+		if c.Type == typ {
 			return c.Status == corev1.ConditionTrue
 		}
 	}
