@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/replica/chainplan"
+	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -31,7 +33,7 @@ const (
 
 // chunk is one produce request's records for one partition.
 type chunk struct {
-	recs     []*catenapb.AppendRecord
+	recs     []partlog.Record // aliasing the produce request
 	bytes    int
 	deadline time.Time
 	offsets  []uint64
@@ -49,7 +51,76 @@ func (c *chunk) fail(err error) {
 type sent struct {
 	id     uint64
 	chunks []*chunk
+	count  int
 	req    *catenapb.AppendRequest
+}
+
+// build (re)makes s's request from its chunks: their records as one log
+// frame under epoch 0 at offset 0, which the head checks, gives its epoch
+// and offsets, and writes without decoding a message per record or
+// encoding them again. Only the run goroutine calls it.
+func (a *appender) build(s *sent) error {
+	all := a.scratch[:0]
+	size := partlog.FrameHeaderSize
+	for _, c := range s.chunks {
+		all = append(all, c.recs...)
+		size += c.bytes + len(c.recs)*maxRecordOverhead
+	}
+	defer func() { clear(all); a.scratch = all[:0] }() // keep the slice, not the records' bytes
+	frame, err := partlog.AppendBatch(a.buffer(size), 0, 0, all)
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "partition %s/%d: records cannot be sent as one batch: %v", a.stream, a.partition, err)
+	}
+	s.count = len(all)
+	s.req = &catenapb.AppendRequest{Stream: a.stream, Partition: a.partition, RequestId: s.id, Frame: frame}
+	return nil
+}
+
+// maxRecordOverhead bounds a record's encoding beyond its key and value:
+// six varints, of at most 3 + 10 + 10 + 10 + 3 + 3 bytes for a batch of at
+// most 65536 records of at most 1 MiB.
+const maxRecordOverhead = 39
+
+// buffer returns an empty buffer of at least size bytes, a recycled one if
+// there is one that large: a partition under load sends frames of similar
+// sizes, and reusing their memory saves touching fresh pages for each.
+func (a *appender) buffer(size int) []byte {
+	for i, b := range a.spare {
+		if cap(b) >= size {
+			a.spare = append(a.spare[:i], a.spare[i+1:]...)
+			return b[:0]
+		}
+	}
+	// A power of two, so that the next, slightly larger frame fits too.
+	return make([]byte, 0, 1<<bits.Len(uint(size-1)))
+}
+
+// recycle keeps an answered request's frame for a later build; the
+// largest few are kept.
+func (a *appender) recycle(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	if len(a.spare) < maxSpareFrames {
+		a.spare = append(a.spare, b)
+		return
+	}
+	for i := range a.spare {
+		if cap(a.spare[i]) < cap(b) {
+			a.spare[i] = b
+			return
+		}
+	}
+}
+
+// maxSpareFrames bounds the recycled frames an appender keeps.
+const maxSpareFrames = 2
+
+// fail fails every chunk of s with err.
+func (s *sent) fail(err error) {
+	for _, c := range s.chunks {
+		c.fail(err)
+	}
 }
 
 // appender sends one partition's records to the head of its chain, in
@@ -67,6 +138,11 @@ type appender struct {
 	queue  []*chunk
 	wake   chan struct{}
 	nextID uint64
+
+	// scratch gathers a request's records while it is encoded; spare holds
+	// answered requests' frames for reuse.
+	scratch []partlog.Record
+	spare   [][]byte
 
 	// progressed: the current session had an answer from the head (only
 	// the run goroutine touches it).
@@ -108,8 +184,10 @@ func (a *appender) take() *sent {
 	}
 	s := &sent{}
 	size, n := 0, 0
-	for n < len(a.queue) && (n == 0 || size+a.queue[n].bytes <= maxAppendBytes) {
+	count := 0
+	for n < len(a.queue) && (n == 0 || (size+a.queue[n].bytes <= maxAppendBytes && count+len(a.queue[n].recs) <= partlog.MaxBatchRecords)) {
 		size += a.queue[n].bytes
+		count += len(a.queue[n].recs)
 		n++
 	}
 	s.chunks = append(s.chunks, a.queue[:n]...)
@@ -119,14 +197,6 @@ func (a *appender) take() *sent {
 	}
 	a.nextID++
 	s.id = a.nextID
-	total := 0
-	for _, c := range s.chunks {
-		total += len(c.recs)
-	}
-	s.req = &catenapb.AppendRequest{Stream: a.stream, Partition: a.partition, RequestId: s.id, Records: make([]*catenapb.AppendRecord, 0, total)}
-	for _, c := range s.chunks {
-		s.req.Records = append(s.req.Records, c.recs...)
-	}
 	return s
 }
 
@@ -153,9 +223,9 @@ func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent 
 		}
 		if len(keep) != len(s.chunks) {
 			s.chunks = keep
-			s.req.Records = s.req.Records[:0]
-			for _, c := range keep {
-				s.req.Records = append(s.req.Records, c.recs...)
+			if err := a.build(s); err != nil {
+				s.fail(err)
+				continue
 			}
 		}
 		out = append(out, s)
@@ -288,6 +358,10 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			if s == nil {
 				break
 			}
+			if err := a.build(s); err != nil {
+				s.fail(err)
+				continue
+			}
 			inflight = append(inflight, s)
 			if err := send(s); err != nil {
 				return inflight, err
@@ -338,8 +412,8 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 				for _, c := range s.chunks {
 					c.fail(err)
 				}
-			} else if len(resp.GetOffsets()) != len(s.req.Records) || len(resp.GetDuplicate()) != len(s.req.Records) {
-				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), len(s.req.Records))
+			} else if len(resp.GetOffsets()) != s.count || len(resp.GetDuplicate()) != s.count {
+				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), s.count)
 			} else {
 				offs := resp.GetOffsets()
 				a.acknowledged(max(resp.GetCommitted(), offs[len(offs)-1]+1))
@@ -351,6 +425,9 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 					close(c.done)
 				}
 			}
+			// Answered: nothing refers to its frame any more (gRPC copied
+			// it when it was sent).
+			a.recycle(s.req.GetFrame())
 			inflight[0] = nil
 			inflight = inflight[1:]
 			if len(inflight) == 0 {

@@ -255,17 +255,14 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	for _, g := range order {
 		a := s.appenderFor(req.GetStream(), g.partition)
 		for _, idx := range splitChunks(g.idx, recs) {
-			c := &chunk{recs: make([]*catenapb.AppendRecord, len(idx)), deadline: deadline, done: make(chan struct{})}
-			ars := make([]catenapb.AppendRecord, len(idx)) // one allocation per chunk
+			c := &chunk{recs: make([]partlog.Record, len(idx)), deadline: deadline, done: make(chan struct{})}
 			for k, i := range idx {
 				r := recs[i]
 				ts := r.GetTimestampMs()
 				if ts == 0 {
 					ts = now
 				}
-				ar := &ars[k]
-				ar.Key, ar.Value, ar.TimestampMs, ar.ProducerId, ar.Sequence = r.GetKey(), r.GetValue(), ts, producer, seqs[i]
-				c.recs[k] = ar
+				c.recs[k] = partlog.Record{Key: r.GetKey(), Value: r.GetValue(), TimestampMs: ts, ProducerID: producer, Sequence: seqs[i]}
 				c.bytes += len(r.GetKey()) + len(r.GetValue())
 			}
 			a.enqueue(c)
@@ -334,7 +331,7 @@ func splitChunks(idx []int, recs []*catenapb.ProduceRecord) [][]int {
 	start, size := 0, 0
 	for k, i := range idx {
 		sz := len(recs[i].GetKey()) + len(recs[i].GetValue()) + 64
-		if k > start && size+sz > maxAppendBytes {
+		if k > start && (size+sz > maxAppendBytes || k-start >= partlog.MaxBatchRecords) {
 			out = append(out, idx[start:k])
 			start, size = k, 0
 		}

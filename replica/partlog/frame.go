@@ -340,3 +340,24 @@ func allZero(b []byte) bool {
 	}
 	return true
 }
+
+// Reframe gives a frame that DecodeBatch accepted a new epoch and base
+// offset, in place, and recomputes its CRC: a sender that is not the head
+// (ingestion) encodes the records, and the head assigns their offsets
+// without encoding them again.
+func Reframe(frame []byte, epoch, baseOffset uint64) error {
+	h, err := DecodeHeader(frame)
+	if err != nil {
+		return err
+	}
+	if uint64(len(frame)) != uint64(h.FrameLen) {
+		return fmt.Errorf("%w: %d bytes given, header says %d", ErrBadFrame, len(frame), h.FrameLen)
+	}
+	if baseOffset > MaxOffset-uint64(h.Count) {
+		return fmt.Errorf("%w: base offset %d + count %d overflows", ErrBadFrame, baseOffset, h.Count)
+	}
+	binary.LittleEndian.PutUint64(frame[hEpoch:], epoch)
+	binary.LittleEndian.PutUint64(frame[hBase:], baseOffset)
+	binary.LittleEndian.PutUint32(frame[hCRC:], frameCRC(frame))
+	return nil
+}

@@ -298,3 +298,36 @@ func TestRollChecksumDefinition(t *testing.T) {
 		}
 	}
 }
+
+// TestReframe: a sender's frame (epoch 0, offset 0) given an epoch and base
+// offset in place is byte for byte the frame the head would have encoded,
+// and frames Reframe cannot place are refused untouched.
+func TestReframe(t *testing.T) {
+	recs := testRecords(5, 100, 1_700_000_000_000)
+	frame := mustFrame(t, 0, 0, recs)
+	if err := Reframe(frame, 7, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if want := mustFrame(t, 7, 1000, recs); !bytes.Equal(frame, want) {
+		t.Fatal("reframed frame differs from one encoded at epoch 7, offset 1000")
+	}
+	if _, _, err := DecodeBatch(frame); err != nil {
+		t.Fatalf("reframed frame does not verify: %v", err)
+	}
+	for name, f := range map[string]func() ([]byte, uint64){
+		"base offset overflows": func() ([]byte, uint64) { return mustFrame(t, 0, 0, recs), MaxOffset - 2 },
+		"truncated":             func() ([]byte, uint64) { f := mustFrame(t, 0, 0, recs); return f[:len(f)-1], 0 },
+		"not a frame":           func() ([]byte, uint64) { return make([]byte, FrameHeaderSize), 0 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			b, base := f()
+			orig := bytes.Clone(b)
+			if err := Reframe(b, 1, base); !errors.Is(err, ErrBadFrame) {
+				t.Fatalf("err = %v, want ErrBadFrame", err)
+			}
+			if !bytes.Equal(b, orig) {
+				t.Fatal("a refused frame was changed")
+			}
+		})
+	}
+}

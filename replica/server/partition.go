@@ -45,6 +45,7 @@ type partition struct {
 	changed   chan struct{}
 	failed    error // non-nil: the partition refuses to serve (corrupt, crash-stopped)
 	linkStop  context.CancelFunc
+	inBuf     []partlog.Record
 	freshBuf  []partlog.Record
 	freshIdx  []int
 	recBuf    []partlog.Record // decoded records of a forwarded frame, reused
@@ -279,17 +280,23 @@ func (p *partition) Append(ctx context.Context, req *catenapb.AppendRequest) (*c
 // below waitEnd is committed under the returned epoch. Nothing is written
 // unless every record is valid. Callers hold p.mu.
 func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.AppendResponse, epoch, waitEnd uint64, err error) {
-	n := len(req.GetRecords())
-	if n == 0 {
-		return nil, 0, 0, status.Error(codes.InvalidArgument, "append carries no records")
+	in, sent, err := p.requestRecords(req)
+	// Keep the buffer, not the request's bytes its records point to.
+	defer func() { clear(in); p.inBuf = in[:0] }()
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	n := len(in)
+	if n > partlog.MaxBatchRecords {
+		return nil, 0, 0, status.Errorf(codes.InvalidArgument, "append of %d records exceeds the limit of %d per batch; split it; nothing was stored", n, partlog.MaxBatchRecords)
 	}
 	if err := p.usable(); err != nil {
 		return nil, 0, 0, err
 	}
 	limit := p.maxRecordBytes()
 	total := 0
-	for i, r := range req.GetRecords() {
-		sz := len(r.GetKey()) + len(r.GetValue())
+	for i := range in {
+		sz := len(in[i].Key) + len(in[i].Value)
 		if sz > limit {
 			return nil, 0, 0, status.Errorf(codes.InvalidArgument, "record %d is %d bytes (key plus value), above the stream's limit of %d bytes; nothing was stored", i, sz, limit)
 		}
@@ -321,9 +328,8 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 	freshIdx := p.freshIdx[:0]
 	type producerSeq struct{ producer, seq uint64 }
 	var inRequest map[producerSeq]int // repeats inside one request
-	now := time.Now().UnixMilli()
-	for i, r := range req.GetRecords() {
-		producer, seq := r.GetProducerId(), r.GetSequence()
+	for i := range in {
+		producer, seq := in[i].ProducerID, in[i].Sequence
 		if producer != 0 {
 			off, found, tooOld, outOfOrder := p.dedup.lookup(producer, seq)
 			if found {
@@ -347,11 +353,7 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 			}
 			inRequest[producerSeq{producer, seq}] = i
 		}
-		ts := r.GetTimestampMs()
-		if ts == 0 {
-			ts = now
-		}
-		fresh = append(fresh, partlog.Record{TimestampMs: ts, ProducerID: producer, Sequence: seq, Key: r.GetKey(), Value: r.GetValue()})
+		fresh = append(fresh, in[i])
 		freshIdx = append(freshIdx, i)
 	}
 	// Keep the buffers, not the request's bytes they point to.
@@ -362,9 +364,20 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 			return nil, 0, 0, coreStatus(err, p)
 		}
 		// A fresh buffer per frame: the link may forward it from memory.
-		frame, err := partlog.AppendBatch(make([]byte, 0, frameSizeHint(fresh)), epoch, base, fresh)
+		var frame []byte
+		if sent != nil && len(fresh) == n {
+			// Every record is new: the sender's frame is the one to write,
+			// with this epoch and these offsets. The request is this
+			// call's alone (gRPC decoded it into fresh memory).
+			frame, err = sent, partlog.Reframe(sent, epoch, base)
+		} else {
+			frame, err = partlog.AppendBatch(make([]byte, 0, frameSizeHint(fresh)), epoch, base, fresh)
+		}
 		if err != nil {
-			return nil, 0, 0, status.Errorf(codes.InvalidArgument, "failed to encode batch: %v", err)
+			// Every limit was checked before the offsets were assigned, so
+			// this is a broken invariant, and the core has moved on.
+			go p.crashStop(fmt.Errorf("failed to encode a batch of partition %s/%d after assigning its offsets: %w", p.stream, p.index, err))
+			return nil, 0, 0, status.Errorf(codes.Internal, "replica %s stopped: failed to encode a checked batch: %v", p.srv.id, err)
 		}
 		if err := p.log.Append(frame); err != nil {
 			// The offsets were assigned in the core but the write failed with
@@ -386,13 +399,45 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 		p.appended()
 	}
 	if inRequest != nil {
-		for i, r := range req.GetRecords() {
-			if j, ok := inRequest[producerSeq{r.GetProducerId(), r.GetSequence()}]; ok && j != i && resp.Duplicate[i] {
+		for i := range in {
+			if j, ok := inRequest[producerSeq{in[i].ProducerID, in[i].Sequence}]; ok && j != i && resp.Duplicate[i] {
 				resp.Offsets[i] = resp.Offsets[j]
 			}
 		}
 	}
 	return resp, epoch, waitEnd, nil
+}
+
+// requestRecords returns an append's records, aliasing the request: its
+// frame checked and decoded (and the frame, which the head may write as it
+// came), or its record messages, a zero timestamp set to now.
+func (p *partition) requestRecords(req *catenapb.AppendRequest) ([]partlog.Record, []byte, error) {
+	in := p.inBuf[:0]
+	msgs, frame := req.GetRecords(), req.GetFrame()
+	switch {
+	case len(msgs) > 0 && len(frame) > 0:
+		return in, nil, status.Error(codes.InvalidArgument, "append carries both records and a frame; send one; nothing was stored")
+	case len(frame) > 0:
+		h, in, err := partlog.DecodeBatchInto(frame, in)
+		if err == nil && (h.Epoch != 0 || h.BaseOffset != 0) {
+			err = fmt.Errorf("frame at epoch %d, base offset %d: a sender's frame has both 0", h.Epoch, h.BaseOffset)
+		}
+		if err != nil {
+			return in, nil, status.Errorf(codes.InvalidArgument, "append frame for partition %s/%d is malformed: %v; nothing was stored", p.stream, p.index, err)
+		}
+		return in, frame, nil
+	case len(msgs) == 0:
+		return in, nil, status.Error(codes.InvalidArgument, "append carries no records")
+	}
+	now := time.Now().UnixMilli()
+	for _, r := range msgs {
+		ts := r.GetTimestampMs()
+		if ts == 0 {
+			ts = now
+		}
+		in = append(in, partlog.Record{TimestampMs: ts, ProducerID: r.GetProducerId(), Sequence: r.GetSequence(), Key: r.GetKey(), Value: r.GetValue()})
+	}
+	return in, nil, nil
 }
 
 // frameSizeHint estimates the encoded size of a batch (header plus a

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -1101,5 +1102,99 @@ func TestStatusReportsHowLongTheSuccessorLinkIsDown(t *testing.T) {
 	configure(t, 2, a)
 	if st := status0(t, a); st.GetSuccessorDownMs() != 0 {
 		t.Fatalf("sole member reports a successor down: %v", st)
+	}
+}
+
+// senderFrame encodes records as ingestion does: one frame at epoch 0,
+// offset 0.
+func senderFrame(t *testing.T, recs []*catenapb.AppendRecord, ts int64) []byte {
+	t.Helper()
+	out := make([]partlog.Record, len(recs))
+	for i, r := range recs {
+		out[i] = partlog.Record{TimestampMs: ts + int64(i), ProducerID: r.GetProducerId(), Sequence: r.GetSequence(), Key: r.GetKey(), Value: r.GetValue()}
+	}
+	f, err := partlog.AppendBatch(nil, 0, 0, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// TestAppendOfASendersFrame: a frame from ingestion is stored with the
+// head's epoch and offsets and read back record for record on every member;
+// sent again with a new record in it, the stored ones are duplicates at
+// their original offsets and only the new one is stored; a malformed frame,
+// or a frame together with record messages, is refused and stores nothing.
+func TestAppendOfASendersFrame(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 3, a, b)
+	ctx := context.Background()
+	head := client(t, a.addr)
+	recs := records(5, 1, 4)
+	first, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 3, Frame: senderFrame(t, recs, 1000)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, off := range first.GetOffsets() {
+		if off != uint64(i) || first.GetDuplicate()[i] {
+			t.Fatalf("record %d at %d (duplicate %v), want %d", i, off, first.GetDuplicate()[i], i)
+		}
+	}
+	// Sent again after a lost answer, with one more record: only that one is new.
+	again := append(records(5, 1, 4), records(5, 5, 1)...)
+	second, err := head.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 3, Frame: senderFrame(t, again, 1000)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if !second.GetDuplicate()[i] || second.GetOffsets()[i] != uint64(i) {
+			t.Fatalf("resent record %d: offset %d duplicate %v", i, second.GetOffsets()[i], second.GetDuplicate()[i])
+		}
+	}
+	if second.GetDuplicate()[4] || second.GetOffsets()[4] != 4 {
+		t.Fatalf("new record: offset %d duplicate %v, want 4, new", second.GetOffsets()[4], second.GetDuplicate()[4])
+	}
+	before := converged(t, a, b)
+	if before.GetLogEnd() != 5 {
+		t.Fatalf("log end %d, want 5", before.GetLogEnd())
+	}
+	for _, n := range []*node{a, b} {
+		resp, err := client(t, n.addr).Read(ctx, &catenapb.FetchRequest{Stream: "s", MaxBytes: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetRecords()) != 5 {
+			t.Fatalf("%s holds %d records, want 5", n.id, len(resp.GetRecords()))
+		}
+		for i, r := range resp.GetRecords() {
+			if r.GetOffset() != uint64(i) || !bytes.Equal(r.GetValue(), again[i].GetValue()) || r.GetTimestampMs() != 1000+int64(i) {
+				t.Fatalf("%s record %d: %+v, want value %q at %d", n.id, i, r, again[i].GetValue(), 1000+i)
+			}
+		}
+	}
+
+	corrupt := senderFrame(t, records(5, 6, 2), 1000)
+	corrupt[len(corrupt)-1] ^= 1
+	placed := senderFrame(t, records(5, 6, 2), 1000)
+	if err := partlog.Reframe(placed, 3, 10); err != nil {
+		t.Fatal(err)
+	}
+	for name, req := range map[string]*catenapb.AppendRequest{
+		"frame with a bad checksum":   {Stream: "s", Epoch: 3, Frame: corrupt},
+		"frame already given offsets": {Stream: "s", Epoch: 3, Frame: placed},
+		"not a frame":                 {Stream: "s", Epoch: 3, Frame: []byte("records")},
+		"both a frame and records":    {Stream: "s", Epoch: 3, Frame: senderFrame(t, records(5, 6, 1), 1000), Records: records(5, 7, 1)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := head.Append(ctx, req)
+			if status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() == "" {
+				t.Fatalf("got %v, want InvalidArgument with a reason", err)
+			}
+			for _, n := range []*node{a, b} {
+				if st := status0(t, n); st.GetLogEnd() != before.GetLogEnd() || st.GetChecksum() != before.GetChecksum() {
+					t.Fatalf("%s changed: log end %d checksum %x", n.id, st.GetLogEnd(), st.GetChecksum())
+				}
+			}
+		})
 	}
 }

@@ -2916,10 +2916,17 @@ type AppendRequest struct {
 	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
 	// The chain epoch the sender believes in; a head under another epoch
 	// refuses with FAILED_PRECONDITION so the sender re-learns the chain.
-	Epoch   uint64          `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The records, one message each. Either these or frame, not both.
 	Records []*AppendRecord `protobuf:"bytes,4,rep,name=records,proto3" json:"records,omitempty"`
 	// Echoed in the response; AppendStream senders match answers by it.
-	RequestId     uint64 `protobuf:"varint,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId uint64 `protobuf:"varint,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The records as one log frame (docs/storage-format.md §3) under epoch 0
+	// at base offset 0, its CRC valid: ingestion encodes them and the head
+	// checks the frame, gives it its epoch and offsets in place and, when none
+	// of the records is a duplicate, writes it as it came (no message to
+	// decode per record, no second encoding). Either this or records.
+	Frame         []byte `protobuf:"bytes,6,opt,name=frame,proto3" json:"frame,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2987,6 +2994,13 @@ func (x *AppendRequest) GetRequestId() uint64 {
 		return x.RequestId
 	}
 	return 0
+}
+
+func (x *AppendRequest) GetFrame() []byte {
+	if x != nil {
+		return x.Frame
+	}
+	return nil
 }
 
 type AppendRecord struct {
@@ -3744,14 +3758,15 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12:\n" +
 	"\n" +
 	"partitions\x18\x02 \x03(\v2\x1a.catena.v1.PartitionStatusR\n" +
-	"partitions\"\xad\x01\n" +
+	"partitions\"\xc3\x01\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x121\n" +
 	"\arecords\x18\x04 \x03(\v2\x17.catena.v1.AppendRecordR\arecords\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x05 \x01(\x04R\trequestId\"\x96\x01\n" +
+	"request_id\x18\x05 \x01(\x04R\trequestId\x12\x14\n" +
+	"\x05frame\x18\x06 \x01(\fR\x05frame\"\x96\x01\n" +
 	"\fAppendRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +
