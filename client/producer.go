@@ -23,6 +23,8 @@ type Record struct {
 	// TimestampMs is Unix milliseconds; zero lets the ingestion node stamp it.
 	TimestampMs int64
 	// Partition, when non-nil, bypasses key routing (see PartitionOf).
+	// Records with neither key nor partition go to one partition per
+	// Produce request, the next request's to the next partition.
 	Partition *uint32
 }
 

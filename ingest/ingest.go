@@ -162,6 +162,31 @@ func PartitionFor(key []byte, partitions uint32) uint32 {
 	return h.Sum32() % partitions
 }
 
+// routeRecords maps each record of a request to its partition: the one it
+// names, else its key's (PartitionFor), else one partition for all of the
+// request's records without key or partition, nextKeyless's pick (called
+// at most once). Sticky, as Kafka's producers do: spread record by record,
+// every request waited for every partition's chain, and each chain got a
+// share of every request instead of whole ones.
+func routeRecords(recs []*catenapb.ProduceRecord, n uint32, nextKeyless func() uint32) []uint32 {
+	out := make([]uint32, len(recs))
+	keyless, picked := uint32(0), false
+	for i, r := range recs {
+		switch {
+		case r.Partition != nil:
+			out[i] = r.GetPartition()
+		case len(r.GetKey()) > 0:
+			out[i] = PartitionFor(r.GetKey(), n)
+		default:
+			if !picked {
+				keyless, picked = nextKeyless(), true
+			}
+			out[i] = keyless
+		}
+	}
+	return out
+}
+
 type group struct {
 	partition uint32
 	idx       []int // request indices, in order
@@ -215,18 +240,9 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	now := time.Now().UnixMilli()
 
 	groups := map[uint32]*group{}
-	partitionOf := make([]uint32, len(recs))
+	partitionOf := routeRecords(recs, n, func() uint32 { return uint32(s.rr.Add(1) % uint64(n)) })
 	var order []*group
-	for i, r := range recs {
-		var p uint32
-		switch {
-		case r.Partition != nil:
-			p = r.GetPartition()
-		case len(r.GetKey()) > 0:
-			p = PartitionFor(r.GetKey(), n)
-		default:
-			p = uint32(s.rr.Add(1) % uint64(n))
-		}
+	for i, p := range partitionOf {
 		g := groups[p]
 		if g == nil {
 			g = &group{partition: p}
@@ -234,7 +250,6 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 			order = append(order, g)
 		}
 		g.idx = append(g.idx, i)
-		partitionOf[i] = p
 	}
 
 	deadline := time.Now().Add(defaultProduceTimeout)

@@ -3,6 +3,8 @@ package ingest
 import (
 	"context"
 	"reflect"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,5 +175,49 @@ func TestSequencerGivesUpOnALostPredecessor(t *testing.T) {
 	case <-done:
 	case <-time.After(time.Second):
 		t.Fatal("the next request in order was held back")
+	}
+}
+
+// TestRouteRecords: a named partition wins, then the key's; a request's
+// records with neither share one partition, picked once per request (and
+// not at all when there are none), so consecutive requests rotate.
+func TestRouteRecords(t *testing.T) {
+	keyed := func(k string) *catenapb.ProduceRecord { return &catenapb.ProduceRecord{Key: []byte(k)} }
+	named := func(p uint32) *catenapb.ProduceRecord {
+		return &catenapb.ProduceRecord{Partition: &p, Key: []byte("ignored")}
+	}
+	free := func() *catenapb.ProduceRecord { return &catenapb.ProduceRecord{Value: []byte("v")} }
+	const n = 4
+	tests := []struct {
+		name  string
+		recs  []*catenapb.ProduceRecord
+		picks int
+		want  []uint32
+	}{
+		{"keyless share the pick", []*catenapb.ProduceRecord{free(), free(), free()}, 1, []uint32{2, 2, 2}},
+		{"keys and names are not sticky", []*catenapb.ProduceRecord{keyed("a"), named(3), keyed("b")}, 0,
+			[]uint32{PartitionFor([]byte("a"), n), 3, PartitionFor([]byte("b"), n)}},
+		{"mixed", []*catenapb.ProduceRecord{free(), keyed("a"), named(0), free()}, 1,
+			[]uint32{2, PartitionFor([]byte("a"), n), 0, 2}},
+		{"empty key is no key", []*catenapb.ProduceRecord{keyed(""), free()}, 1, []uint32{2, 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			picks := 0
+			got := routeRecords(tc.recs, n, func() uint32 { picks++; return 2 })
+			if !slices.Equal(got, tc.want) || picks != tc.picks {
+				t.Fatalf("got %v with %d picks, want %v with %d", got, picks, tc.want, tc.picks)
+			}
+		})
+	}
+	// Through the server's rotation: consecutive keyless requests spread.
+	var rr atomic.Uint64
+	seen := map[uint32]int{}
+	for range 8 {
+		got := routeRecords([]*catenapb.ProduceRecord{free(), free()}, n, func() uint32 { return uint32(rr.Add(1) % n) })
+		seen[got[0]]++
+	}
+	if len(seen) != n {
+		t.Fatalf("8 keyless requests reached partitions %v, want all %d twice", seen, n)
 	}
 }
