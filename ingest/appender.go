@@ -318,6 +318,9 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 	if err != nil {
 		return inflight, err
 	}
+	// run paces the sessions; a head that was down and is back must not
+	// wait out gRPC's reconnect back-off on top (see linkOnce).
+	conn.ResetConnectBackoff()
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := catenapb.NewReplicaClient(conn).AppendStream(sctx)

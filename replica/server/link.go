@@ -59,6 +59,12 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 	if err != nil {
 		return err
 	}
+	// runLink paces the attempts. A connection to a successor that was
+	// down (a returning member joins at the tail) may still be waiting out
+	// gRPC's reconnect back-off, which had grown while it was away: the
+	// link, and with it every write of the chain, waited 0.3-1.3 s for it
+	// after the member was back and configured.
+	conn.ResetConnectBackoff()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := catenapb.NewReplicaClient(conn).Replicate(ctx)

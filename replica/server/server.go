@@ -52,6 +52,9 @@ type Options struct {
 	DataDir string
 	// TLS for links to other replicas (nil: plaintext).
 	TLS *tls.Config
+	// DialOptions are appended to the defaults of connections to other
+	// replicas (tests: a reconnect back-off long enough to matter).
+	DialOptions []grpc.DialOption
 	// Logger, default discard.
 	Logger logr.Logger
 	// Registerer for Prometheus metrics (nil: not registered).
@@ -110,7 +113,7 @@ func New(opts Options) (*Server, error) {
 		id:         opts.ID,
 		dataDir:    opts.DataDir,
 		logger:     opts.Logger,
-		pool:       transport.NewPool(opts.TLS),
+		pool:       transport.NewPool(opts.TLS, opts.DialOptions...),
 		copyRate:   opts.CatchUpBytesPerSecond,
 		metrics:    newMetrics(opts.Registerer),
 		fatalFn:    opts.Fatal,

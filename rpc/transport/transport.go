@@ -114,9 +114,10 @@ const (
 	reconnectMaxDelay  = 2 * time.Second
 )
 
-// Dial opens a client connection (lazily connecting) to addr.
-func Dial(addr string, tlsConfig *tls.Config) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, DialOptions(tlsConfig)...)
+// Dial opens a client connection (lazily connecting) to addr, with
+// DialOptions and then extra.
+func Dial(addr string, tlsConfig *tls.Config, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(addr, append(DialOptions(tlsConfig), extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("failed to set up connection to %s: %w", addr, err)
 	}
@@ -127,13 +128,15 @@ func Dial(addr string, tlsConfig *tls.Config) (*grpc.ClientConn, error) {
 // streams over it.
 type Pool struct {
 	tls   *tls.Config
+	extra []grpc.DialOption
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
 
-// NewPool returns an empty pool dialling with tlsConfig (nil: plaintext).
-func NewPool(tlsConfig *tls.Config) *Pool {
-	return &Pool{tls: tlsConfig, conns: map[string]*grpc.ClientConn{}}
+// NewPool returns an empty pool dialling with tlsConfig (nil: plaintext)
+// and DialOptions, then extra.
+func NewPool(tlsConfig *tls.Config, extra ...grpc.DialOption) *Pool {
+	return &Pool{tls: tlsConfig, extra: extra, conns: map[string]*grpc.ClientConn{}}
 }
 
 // Get returns the connection to addr, creating it on first use.
@@ -143,7 +146,7 @@ func (p *Pool) Get(addr string) (*grpc.ClientConn, error) {
 	if c, ok := p.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := Dial(addr, p.tls)
+	c, err := Dial(addr, p.tls, p.extra...)
 	if err != nil {
 		return nil, err
 	}
