@@ -8,13 +8,11 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -240,11 +238,6 @@ type Producer struct {
 	wg   sync.WaitGroup
 
 	lastSent *batch // owned by the flusher goroutine
-
-	// noFrames: the ingestion node answered a frame with no results, as
-	// one that predates frames does (it saw no records and stored
-	// nothing); batches go as record messages from then on.
-	noFrames atomic.Bool
 }
 
 // NewProducer starts a producer for stream with a random non-zero
@@ -506,7 +499,10 @@ func (p *Producer) sendBatch(b *batch) {
 		p.wg.Done()
 	}()
 	todo := b.futs
-	req := p.produceRequest(todo, b.prev)
+	req := &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, PrevSequence: b.prev, Records: make([]*catenapb.ProduceRecord, len(todo))}
+	for i, f := range todo {
+		req.Records[i] = &f.pr
+	}
 	deadline := b.created.Add(p.opts.RetryTimeout)
 	backoff := p.opts.RetryBackoff
 	var lastErr error
@@ -520,7 +516,6 @@ func (p *Producer) sendBatch(b *batch) {
 		}
 		resp, err := p.c.ingest.Produce(ctx, req)
 		cancel()
-		prev := req.PrevSequence
 		req.PrevSequence = 0 // a retry waits for no one
 		now := time.Now()
 		if err != nil {
@@ -533,13 +528,6 @@ func (p *Producer) sendBatch(b *batch) {
 			if !cutShort || status.Code(err) != codes.DeadlineExceeded || lastErr == nil {
 				lastErr = err
 			}
-		} else if len(resp.Results) == 0 && len(req.GetFrame()) > 0 {
-			// An ingestion node older than frames: nothing was stored.
-			// Send the same records as messages, at once.
-			p.noFrames.Store(true)
-			req = p.produceRequest(todo, prev) // nothing admitted it: keep its place
-			attempt--
-			continue
 		} else if len(resp.Results) != len(todo) {
 			resolveErr(todo, fmt.Errorf("catena: protocol error: %d results for %d records", len(resp.Results), len(todo)), now)
 			return
@@ -565,7 +553,10 @@ func (p *Producer) sendBatch(b *batch) {
 			}
 			if len(retry) != len(todo) {
 				todo = retry
-				req = p.produceRequest(todo, 0)
+				req = &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, Records: make([]*catenapb.ProduceRecord, len(todo))}
+				for i, f := range todo {
+					req.Records[i] = &f.pr
+				}
 			}
 		}
 		// Retry with backoff and jitter, within the deadline.
@@ -584,34 +575,6 @@ func (p *Producer) sendBatch(b *batch) {
 			return
 		}
 	}
-}
-
-// produceRequest makes the request for futs: their records as one log
-// frame, which ingestion checks and reads where the records lie instead of
-// decoding a message per record, unless one of them names a partition
-// (only a record message can) or they exceed a frame's limits.
-func (p *Producer) produceRequest(futs []*Future, prev uint64) *catenapb.ProduceRequest {
-	req := &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, PrevSequence: prev}
-	recs := make([]partlog.Record, len(futs))
-	framed := !p.noFrames.Load()
-	for i, f := range futs {
-		if f.pr.Partition != nil {
-			framed = false
-			break
-		}
-		recs[i] = partlog.Record{Key: f.pr.Key, Value: f.pr.Value, TimestampMs: f.pr.TimestampMs, ProducerID: p.id, Sequence: f.pr.Sequence}
-	}
-	if framed {
-		if frame, err := partlog.AppendBatch(nil, 0, 0, recs); err == nil {
-			req.Frame = frame
-			return req
-		}
-	}
-	req.Records = make([]*catenapb.ProduceRecord, len(futs))
-	for i, f := range futs {
-		req.Records[i] = &f.pr
-	}
-	return req
 }
 
 func resolveErr(fs []*Future, err error, at time.Time) {

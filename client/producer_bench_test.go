@@ -7,11 +7,8 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/client"
-	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -24,20 +21,12 @@ type nullIngest struct {
 }
 
 func (n *nullIngest) Produce(_ context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
-	count := len(req.Records)
-	if len(req.Frame) > 0 {
-		h, err := partlog.DecodeHeader(req.Frame)
-		if err != nil {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		}
-		count = int(h.Count)
-	}
 	n.mu.Lock()
 	base := n.next
-	n.next += uint64(count)
+	n.next += uint64(len(req.Records))
 	n.mu.Unlock()
-	res := make([]catenapb.ProduceResult, count)
-	resp := &catenapb.ProduceResponse{Results: make([]*catenapb.ProduceResult, count)}
+	res := make([]catenapb.ProduceResult, len(req.Records))
+	resp := &catenapb.ProduceResponse{Results: make([]*catenapb.ProduceResult, len(req.Records))}
 	for i := range res {
 		res[i].Offset = base + uint64(i)
 		resp.Results[i] = &res[i]

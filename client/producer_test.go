@@ -13,7 +13,6 @@ import (
 
 	"github.com/catena-streams/catena/client"
 	"github.com/catena-streams/catena/client/clienttest"
-	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -406,76 +405,5 @@ func eventually(t *testing.T, cond func() bool) {
 		case <-deadline.C:
 			t.Fatal("condition not reached before the deadline")
 		}
-	}
-}
-
-// TestProducerSendsFrames: a batch goes as one log frame carrying each
-// record's key, value, timestamp, producer id and sequence, unless one of
-// its records names a partition, which only record messages can carry.
-func TestProducerSendsFrames(t *testing.T) {
-	srv, c := setup(t, 4)
-	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: time.Hour})
-	defer p.Close()
-	var fs []*client.Future
-	for i := range 5 {
-		fs = append(fs, p.Send(context.Background(), client.Record{Key: []byte{'k', byte(i)}, Value: []byte(fmt.Sprint(i)), TimestampMs: int64(1000 + i)}))
-	}
-	if err := p.Flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	waitAll(t, fs)
-	fs = append(fs[:0], p.Send(context.Background(), client.Record{Value: []byte("named"), Partition: client.PartitionOf(3)}))
-	if err := p.Flush(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if acks := waitAll(t, fs); acks[0].Partition != 3 {
-		t.Fatalf("named record acknowledged in partition %d, want 3", acks[0].Partition)
-	}
-	reqs := srv.Requests()
-	if len(reqs) != 2 {
-		t.Fatalf("%d requests, want 2", len(reqs))
-	}
-	h, recs, err := partlog.DecodeBatch(reqs[0].GetFrame())
-	if err != nil {
-		t.Fatalf("first request's frame: %v", err)
-	}
-	if h.Epoch != 0 || h.BaseOffset != 0 || len(recs) != 5 {
-		t.Fatalf("frame at epoch %d offset %d with %d records, want 0, 0, 5", h.Epoch, h.BaseOffset, len(recs))
-	}
-	for i, r := range recs {
-		if string(r.Key) != string([]byte{'k', byte(i)}) || string(r.Value) != fmt.Sprint(i) || r.TimestampMs != int64(1000+i) ||
-			r.ProducerID != p.ID() || r.Sequence != uint64(i+1) {
-			t.Fatalf("frame record %d: %+v", i, r)
-		}
-	}
-	if len(reqs[1].GetFrame()) != 0 || len(reqs[1].GetRecords()) != 1 || reqs[1].GetRecords()[0].GetPartition() != 3 {
-		t.Fatalf("a record naming a partition went as %d frame bytes, %d messages", len(reqs[1].GetFrame()), len(reqs[1].GetRecords()))
-	}
-}
-
-// TestProducerFallsBackToMessages: an ingestion node that predates frames
-// answers one with no results (it stored nothing); the producer sends the
-// same records as messages at once, and every later batch as messages.
-func TestProducerFallsBackToMessages(t *testing.T) {
-	srv, c := setup(t, 1)
-	srv.PredateFrames()
-	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: time.Hour})
-	defer p.Close()
-	for round := range 2 {
-		var fs []*client.Future
-		for i := range 3 {
-			fs = append(fs, p.Send(context.Background(), client.Record{Value: []byte(fmt.Sprint(round, i))}))
-		}
-		if err := p.Flush(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		waitAll(t, fs)
-	}
-	reqs := srv.Requests()
-	if len(reqs) != 3 || len(reqs[0].GetFrame()) == 0 || len(reqs[1].GetRecords()) != 3 || len(reqs[2].GetRecords()) != 3 || len(reqs[2].GetFrame()) != 0 {
-		t.Fatalf("requests: %v", reqs)
-	}
-	if got := srv.Records("s", 0); len(got) != 6 {
-		t.Fatalf("%d records stored, want 6", len(got))
 	}
 }

@@ -163,21 +163,20 @@ func PartitionFor(key []byte, partitions uint32) uint32 {
 }
 
 // routeRecords maps each record of a request to its partition: the one it
-// names (named, when not nil, holds a partition or nil per record), else
-// its key's (PartitionFor), else one partition for all of the request's
-// records without key or partition, nextKeyless's pick (called at most
-// once). Sticky, as Kafka's producers do: spread record by record, every
-// request waited for every partition's chain, and each chain got a share of
-// every request instead of whole ones.
-func routeRecords(recs []partlog.Record, named []*uint32, n uint32, nextKeyless func() uint32) []uint32 {
+// names, else its key's (PartitionFor), else one partition for all of the
+// request's records without key or partition, nextKeyless's pick (called
+// at most once). Sticky, as Kafka's producers do: spread record by record,
+// every request waited for every partition's chain, and each chain got a
+// share of every request instead of whole ones.
+func routeRecords(recs []*catenapb.ProduceRecord, n uint32, nextKeyless func() uint32) []uint32 {
 	out := make([]uint32, len(recs))
 	keyless, picked := uint32(0), false
-	for i := range recs {
+	for i, r := range recs {
 		switch {
-		case named != nil && named[i] != nil:
-			out[i] = *named[i]
-		case len(recs[i].Key) > 0:
-			out[i] = PartitionFor(recs[i].Key, n)
+		case r.Partition != nil:
+			out[i] = r.GetPartition()
+		case len(r.GetKey()) > 0:
+			out[i] = PartitionFor(r.GetKey(), n)
 		default:
 			if !picked {
 				keyless, picked = nextKeyless(), true
@@ -186,43 +185,6 @@ func routeRecords(recs []partlog.Record, named []*uint32, n uint32, nextKeyless 
 		}
 	}
 	return out
-}
-
-// produceRecords returns a produce request's records, aliasing it: its
-// frame checked and decoded, or its record messages; and, for messages
-// that name one, each record's partition (nil when none does).
-func produceRecords(req *catenapb.ProduceRequest) ([]partlog.Record, []*uint32, error) {
-	msgs, frame := req.GetRecords(), req.GetFrame()
-	if len(frame) > 0 {
-		if len(msgs) > 0 {
-			return nil, nil, status.Error(codes.InvalidArgument, "produce carries both records and a frame; send one; nothing was stored")
-		}
-		h, recs, err := partlog.DecodeBatch(frame)
-		if err == nil && (h.Epoch != 0 || h.BaseOffset != 0) {
-			err = fmt.Errorf("frame at epoch %d, base offset %d: a producer's frame has both 0", h.Epoch, h.BaseOffset)
-		}
-		if err != nil {
-			return nil, nil, status.Errorf(codes.InvalidArgument, "produce frame is malformed: %v; nothing was stored", err)
-		}
-		for i := range recs {
-			if id := recs[i].ProducerID; id != 0 && id != req.GetProducerId() {
-				return nil, nil, status.Errorf(codes.InvalidArgument, "record %d of the frame names producer %d, the request producer %d; nothing was stored", i, id, req.GetProducerId())
-			}
-		}
-		return recs, nil, nil
-	}
-	recs := make([]partlog.Record, len(msgs))
-	var named []*uint32
-	for i, r := range msgs {
-		recs[i] = partlog.Record{Key: r.GetKey(), Value: r.GetValue(), TimestampMs: r.GetTimestampMs(), Sequence: r.GetSequence()}
-		if r.Partition != nil {
-			if named == nil {
-				named = make([]*uint32, len(msgs))
-			}
-			named[i] = r.Partition
-		}
-	}
-	return recs, named, nil
 }
 
 type group struct {
@@ -236,16 +198,12 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	if err != nil {
 		return nil, err
 	}
-	// Checked before decoding (a frame holds at most 65536 records).
-	if n := len(req.GetRecords()); n > maxProduceRecords {
-		return nil, status.Errorf(codes.InvalidArgument, "produce carries %d records, above the limit of %d per request; nothing was stored", n, maxProduceRecords)
-	}
-	recs, named, err := produceRecords(req)
-	if err != nil {
-		return nil, err
-	}
+	recs := req.GetRecords()
 	if len(recs) == 0 {
 		return &catenapb.ProduceResponse{}, nil
+	}
+	if len(recs) > maxProduceRecords {
+		return nil, status.Errorf(codes.InvalidArgument, "produce carries %d records, above the limit of %d per request; nothing was stored", len(recs), maxProduceRecords)
 	}
 	n := uint32(len(sr.partitions))
 	limit := int(sr.config.GetMaxRecordBytes())
@@ -253,12 +211,12 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 		limit = partlog.MaxRecordBytes
 	}
 	// Validate everything before storing anything.
-	for i := range recs {
-		if sz := len(recs[i].Key) + len(recs[i].Value); sz > limit {
+	for i, r := range recs {
+		if sz := len(r.GetKey()) + len(r.GetValue()); sz > limit {
 			return nil, status.Errorf(codes.InvalidArgument, "record %d is %d bytes (key plus value), above stream %q's limit of %d bytes; nothing was stored", i, sz, req.GetStream(), limit)
 		}
-		if named != nil && named[i] != nil && *named[i] >= n {
-			return nil, status.Errorf(codes.InvalidArgument, "record %d names partition %d, but stream %q has %d partitions; nothing was stored", i, *named[i], req.GetStream(), n)
+		if r.Partition != nil && r.GetPartition() >= n {
+			return nil, status.Errorf(codes.InvalidArgument, "record %d names partition %d, but stream %q has %d partitions; nothing was stored", i, r.GetPartition(), req.GetStream(), n)
 		}
 	}
 	producer := req.GetProducerId()
@@ -275,14 +233,14 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 			seqs[i] = base + uint64(i) + 1
 		}
 	} else {
-		for i := range recs {
-			seqs[i] = recs[i].Sequence
+		for i, r := range recs {
+			seqs[i] = r.GetSequence()
 		}
 	}
 	now := time.Now().UnixMilli()
 
 	groups := map[uint32]*group{}
-	partitionOf := routeRecords(recs, named, n, func() uint32 { return uint32(s.rr.Add(1) % uint64(n)) })
+	partitionOf := routeRecords(recs, n, func() uint32 { return uint32(s.rr.Add(1) % uint64(n)) })
 	var order []*group
 	for i, p := range partitionOf {
 		g := groups[p]
@@ -315,12 +273,12 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 			c := &chunk{recs: make([]partlog.Record, len(idx)), deadline: deadline, done: make(chan struct{})}
 			for k, i := range idx {
 				r := recs[i]
-				if r.TimestampMs == 0 {
-					r.TimestampMs = now
+				ts := r.GetTimestampMs()
+				if ts == 0 {
+					ts = now
 				}
-				r.ProducerID, r.Sequence = producer, seqs[i]
-				c.recs[k] = r
-				c.bytes += len(r.Key) + len(r.Value)
+				c.recs[k] = partlog.Record{Key: r.GetKey(), Value: r.GetValue(), TimestampMs: ts, ProducerID: producer, Sequence: seqs[i]}
+				c.bytes += len(r.GetKey()) + len(r.GetValue())
 			}
 			a.enqueue(c)
 			queued = append(queued, c)
@@ -383,11 +341,11 @@ type appenderKey struct {
 }
 
 // splitChunks splits a partition's records into appends of bounded size.
-func splitChunks(idx []int, recs []partlog.Record) [][]int {
+func splitChunks(idx []int, recs []*catenapb.ProduceRecord) [][]int {
 	var out [][]int
 	start, size := 0, 0
 	for k, i := range idx {
-		sz := len(recs[i].Key) + len(recs[i].Value) + 64
+		sz := len(recs[i].GetKey()) + len(recs[i].GetValue()) + 64
 		if k > start && (size+sz > maxAppendBytes || k-start >= partlog.MaxBatchRecords) {
 			out = append(out, idx[start:k])
 			start, size = k, 0

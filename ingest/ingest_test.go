@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
-	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -77,10 +73,10 @@ func TestPartitionForIsStableAndSpreads(t *testing.T) {
 }
 
 func TestSplitChunksBoundsAppendSize(t *testing.T) {
-	recs := make([]partlog.Record, 10)
+	recs := make([]*catenapb.ProduceRecord, 10)
 	idx := make([]int, len(recs))
 	for i := range recs {
-		recs[i] = partlog.Record{Value: make([]byte, maxAppendBytes/4)}
+		recs[i] = &catenapb.ProduceRecord{Value: make([]byte, maxAppendBytes/4)}
 		idx[i] = i
 	}
 	chunks := splitChunks(idx, recs)
@@ -88,7 +84,7 @@ func TestSplitChunksBoundsAppendSize(t *testing.T) {
 	for _, c := range chunks {
 		size := 0
 		for _, i := range c {
-			size += len(recs[i].Value)
+			size += len(recs[i].GetValue())
 		}
 		if size > maxAppendBytes {
 			t.Fatalf("chunk of %d bytes exceeds %d", size, maxAppendBytes)
@@ -98,24 +94,8 @@ func TestSplitChunksBoundsAppendSize(t *testing.T) {
 	if !reflect.DeepEqual(seen, idx) {
 		t.Fatalf("chunks %v lose or reorder records", chunks)
 	}
-	if one := splitChunks([]int{0}, []partlog.Record{{Value: make([]byte, 2*maxAppendBytes)}}); len(one) != 1 {
+	if one := splitChunks([]int{0}, []*catenapb.ProduceRecord{{Value: make([]byte, 2*maxAppendBytes)}}); len(one) != 1 {
 		t.Fatalf("an oversized single record must still make one chunk, got %v", one)
-	}
-	// Many small records: no chunk holds more than one frame's records.
-	small := make([]partlog.Record, partlog.MaxBatchRecords+10)
-	idx = make([]int, len(small))
-	for i := range idx {
-		idx[i] = i
-	}
-	total := 0
-	for _, c := range splitChunks(idx, small) {
-		if len(c) > partlog.MaxBatchRecords {
-			t.Fatalf("chunk of %d records, above %d", len(c), partlog.MaxBatchRecords)
-		}
-		total += len(c)
-	}
-	if total != len(small) {
-		t.Fatalf("chunks hold %d records of %d", total, len(small))
 	}
 }
 
@@ -202,28 +182,29 @@ func TestSequencerGivesUpOnALostPredecessor(t *testing.T) {
 // records with neither share one partition, picked once per request (and
 // not at all when there are none), so consecutive requests rotate.
 func TestRouteRecords(t *testing.T) {
-	keyed := func(k string) partlog.Record { return partlog.Record{Key: []byte(k)} }
-	free := partlog.Record{Value: []byte("v")}
-	three := uint32(3)
+	keyed := func(k string) *catenapb.ProduceRecord { return &catenapb.ProduceRecord{Key: []byte(k)} }
+	named := func(p uint32) *catenapb.ProduceRecord {
+		return &catenapb.ProduceRecord{Partition: &p, Key: []byte("ignored")}
+	}
+	free := func() *catenapb.ProduceRecord { return &catenapb.ProduceRecord{Value: []byte("v")} }
 	const n = 4
 	tests := []struct {
 		name  string
-		recs  []partlog.Record
-		named []*uint32
+		recs  []*catenapb.ProduceRecord
 		picks int
 		want  []uint32
 	}{
-		{"keyless share the pick", []partlog.Record{free, free, free}, nil, 1, []uint32{2, 2, 2}},
-		{"keys and names are not sticky", []partlog.Record{keyed("a"), keyed("ignored"), keyed("b")}, []*uint32{nil, &three, nil}, 0,
+		{"keyless share the pick", []*catenapb.ProduceRecord{free(), free(), free()}, 1, []uint32{2, 2, 2}},
+		{"keys and names are not sticky", []*catenapb.ProduceRecord{keyed("a"), named(3), keyed("b")}, 0,
 			[]uint32{PartitionFor([]byte("a"), n), 3, PartitionFor([]byte("b"), n)}},
-		{"mixed", []partlog.Record{free, keyed("a"), free, free}, []*uint32{nil, nil, &three, nil}, 1,
-			[]uint32{2, PartitionFor([]byte("a"), n), 3, 2}},
-		{"empty key is no key", []partlog.Record{keyed(""), free}, nil, 1, []uint32{2, 2}},
+		{"mixed", []*catenapb.ProduceRecord{free(), keyed("a"), named(0), free()}, 1,
+			[]uint32{2, PartitionFor([]byte("a"), n), 0, 2}},
+		{"empty key is no key", []*catenapb.ProduceRecord{keyed(""), free()}, 1, []uint32{2, 2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			picks := 0
-			got := routeRecords(tc.recs, tc.named, n, func() uint32 { picks++; return 2 })
+			got := routeRecords(tc.recs, n, func() uint32 { picks++; return 2 })
 			if !slices.Equal(got, tc.want) || picks != tc.picks {
 				t.Fatalf("got %v with %d picks, want %v with %d", got, picks, tc.want, tc.picks)
 			}
@@ -233,63 +214,10 @@ func TestRouteRecords(t *testing.T) {
 	var rr atomic.Uint64
 	seen := map[uint32]int{}
 	for range 8 {
-		got := routeRecords([]partlog.Record{free, free}, nil, n, func() uint32 { return uint32(rr.Add(1) % n) })
+		got := routeRecords([]*catenapb.ProduceRecord{free(), free()}, n, func() uint32 { return uint32(rr.Add(1) % n) })
 		seen[got[0]]++
 	}
 	if len(seen) != n {
 		t.Fatalf("8 keyless requests reached partitions %v, want all %d twice", seen, n)
-	}
-}
-
-// TestProduceRecords: a request's records come from its messages (with
-// the partitions they name) or from its frame, checked; a frame that is
-// malformed, placed, of another producer, or sent with messages is refused.
-func TestProduceRecords(t *testing.T) {
-	two := uint32(2)
-	msgs := &catenapb.ProduceRequest{ProducerId: 7, Records: []*catenapb.ProduceRecord{
-		{Key: []byte("a"), Value: []byte("1"), Sequence: 1},
-		{Value: []byte("2"), Sequence: 2, TimestampMs: 99, Partition: &two},
-	}}
-	recs, named, err := produceRecords(msgs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(recs) != 2 || string(recs[0].Key) != "a" || recs[1].Sequence != 2 || recs[1].TimestampMs != 99 || named[0] != nil || *named[1] != 2 {
-		t.Fatalf("messages: %+v, named %v", recs, named)
-	}
-	if _, named, _ := produceRecords(&catenapb.ProduceRequest{Records: msgs.Records[:1]}); named != nil {
-		t.Fatal("named partitions for messages that name none")
-	}
-
-	frameOf := func(epoch, base uint64, rs ...partlog.Record) []byte {
-		f, err := partlog.AppendBatch(nil, epoch, base, rs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
-	good := frameOf(0, 0, partlog.Record{Key: []byte("a"), Value: []byte("1"), Sequence: 1, ProducerID: 7}, partlog.Record{Value: []byte("2"), Sequence: 2})
-	recs, named, err = produceRecords(&catenapb.ProduceRequest{ProducerId: 7, Frame: good})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(recs) != 2 || string(recs[0].Key) != "a" || string(recs[1].Value) != "2" || recs[1].Sequence != 2 || named != nil {
-		t.Fatalf("frame: %+v, named %v", recs, named)
-	}
-	corrupt := frameOf(0, 0, partlog.Record{Value: []byte("x")})
-	corrupt[len(corrupt)-1] ^= 1
-	for name, req := range map[string]*catenapb.ProduceRequest{
-		"bad checksum":        {ProducerId: 7, Frame: corrupt},
-		"placed at an offset": {ProducerId: 7, Frame: frameOf(0, 5, partlog.Record{Value: []byte("x")})},
-		"another producer":    {ProducerId: 7, Frame: frameOf(0, 0, partlog.Record{Value: []byte("x"), ProducerID: 8})},
-		"producer without id": {Frame: frameOf(0, 0, partlog.Record{Value: []byte("x"), ProducerID: 8})},
-		"frame and messages":  {ProducerId: 7, Frame: good, Records: msgs.Records},
-		"not a frame at all":  {ProducerId: 7, Frame: []byte("records")},
-	} {
-		t.Run(name, func(t *testing.T) {
-			if _, _, err := produceRecords(req); status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() == "" {
-				t.Fatalf("got %v, want InvalidArgument with a reason", err)
-			}
-		})
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -45,15 +44,6 @@ type Server struct {
 	seqAttempts map[dedupKey]int
 	produceGate chan struct{}
 	subBreak    chan struct{}
-	noFrames    bool // answers as an ingestion node that predates frames
-}
-
-// PredateFrames makes the server answer as an ingestion node older than
-// frames: it sees a frame's records as none and answers with no results.
-func (s *Server) PredateFrames() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.noFrames = true
 }
 
 type dedupKey struct{ producer, seq uint64 }
@@ -209,45 +199,8 @@ func (s *Server) lookup(name string, partition uint32) (*stream, error) {
 	return st, nil
 }
 
-// framedRecords returns req with its frame's records, if it has one, as
-// record messages too (Requests shows both), checked as ingestion checks
-// them.
-func framedRecords(req *catenapb.ProduceRequest) (*catenapb.ProduceRequest, error) {
-	if len(req.GetFrame()) == 0 {
-		return req, nil
-	}
-	if len(req.GetRecords()) > 0 {
-		return nil, status.Error(codes.InvalidArgument, "produce carries both records and a frame")
-	}
-	h, recs, err := partlog.DecodeBatch(req.GetFrame())
-	if err != nil || h.Epoch != 0 || h.BaseOffset != 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "produce frame is malformed (epoch %d, base offset %d): %v", h.Epoch, h.BaseOffset, err)
-	}
-	out := proto.Clone(req).(*catenapb.ProduceRequest)
-	for _, r := range recs {
-		if r.ProducerID != 0 && r.ProducerID != req.GetProducerId() {
-			return nil, status.Errorf(codes.InvalidArgument, "a frame record names producer %d, the request %d", r.ProducerID, req.GetProducerId())
-		}
-		out.Records = append(out.Records, &catenapb.ProduceRecord{Key: r.Key, Value: r.Value, TimestampMs: r.TimestampMs, Sequence: r.Sequence})
-	}
-	return out, nil
-}
-
 // Produce implements catenapb.IngestServer.
 func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
-	s.mu.Lock()
-	old := s.noFrames
-	s.mu.Unlock()
-	if old && len(req.GetRecords()) == 0 {
-		s.mu.Lock()
-		s.requests = append(s.requests, proto.Clone(req).(*catenapb.ProduceRequest))
-		s.mu.Unlock()
-		return &catenapb.ProduceResponse{}, nil
-	}
-	req, err := framedRecords(req)
-	if err != nil {
-		return nil, err
-	}
 	s.mu.Lock()
 	gate := s.produceGate
 	s.requests = append(s.requests, proto.Clone(req).(*catenapb.ProduceRequest))

@@ -1016,14 +1016,7 @@ type ProduceRequest struct {
 	// retries). Ingestion admits a request only after its predecessor, so a
 	// producer's records keep their order with several requests in flight,
 	// however gRPC delivers them.
-	PrevSequence uint64 `protobuf:"varint,4,opt,name=prev_sequence,json=prevSequence,proto3" json:"prev_sequence,omitempty"`
-	// The records as one log frame (docs/storage-format.md §3) at epoch 0
-	// and base offset 0, its CRC valid; either this or records. Each
-	// record's producer id is 0 or producer_id, its sequence is the
-	// record's, a zero timestamp lets ingestion stamp it; records are routed
-	// by key (none names a partition). Ingestion checks it and reads the
-	// records where they lie, without a message to decode per record.
-	Frame         []byte `protobuf:"bytes,5,opt,name=frame,proto3" json:"frame,omitempty"`
+	PrevSequence  uint64 `protobuf:"varint,4,opt,name=prev_sequence,json=prevSequence,proto3" json:"prev_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1084,13 +1077,6 @@ func (x *ProduceRequest) GetPrevSequence() uint64 {
 		return x.PrevSequence
 	}
 	return 0
-}
-
-func (x *ProduceRequest) GetFrame() []byte {
-	if x != nil {
-		return x.Frame
-	}
-	return nil
 }
 
 type ProduceResult struct {
@@ -3626,14 +3612,13 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\bsequence\x18\x04 \x01(\x04R\bsequence\x12!\n" +
 	"\tpartition\x18\x05 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
 	"\n" +
-	"_partition\"\xb8\x01\n" +
+	"_partition\"\xa2\x01\n" +
 	"\x0eProduceRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
 	"producerId\x122\n" +
 	"\arecords\x18\x03 \x03(\v2\x18.catena.v1.ProduceRecordR\arecords\x12#\n" +
-	"\rprev_sequence\x18\x04 \x01(\x04R\fprevSequence\x12\x14\n" +
-	"\x05frame\x18\x05 \x01(\fR\x05frame\"\xa7\x01\n" +
+	"\rprev_sequence\x18\x04 \x01(\x04R\fprevSequence\"\xa7\x01\n" +
 	"\rProduceResult\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1c\n" +
