@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -96,6 +97,22 @@ func TestSplitChunksBoundsAppendSize(t *testing.T) {
 	}
 	if one := splitChunks([]int{0}, []*catenapb.ProduceRecord{{Value: make([]byte, 2*maxAppendBytes)}}); len(one) != 1 {
 		t.Fatalf("an oversized single record must still make one chunk, got %v", one)
+	}
+	// Many small records: no chunk holds more than one frame's records.
+	small := make([]*catenapb.ProduceRecord, partlog.MaxBatchRecords+10)
+	idx = make([]int, len(small))
+	for i := range idx {
+		small[i], idx[i] = &catenapb.ProduceRecord{}, i
+	}
+	total := 0
+	for _, c := range splitChunks(idx, small) {
+		if len(c) > partlog.MaxBatchRecords {
+			t.Fatalf("chunk of %d records, above %d", len(c), partlog.MaxBatchRecords)
+		}
+		total += len(c)
+	}
+	if total != len(small) {
+		t.Fatalf("chunks hold %d records of %d", total, len(small))
 	}
 }
 
