@@ -423,6 +423,7 @@ func (p *partition) requestRecords(req *catenapb.AppendRequest) ([]partlog.Recor
 			err = fmt.Errorf("frame at epoch %d, base offset %d: a sender's frame has both 0", h.Epoch, h.BaseOffset)
 		}
 		if err != nil {
+			clear(in[:cap(in)]) // a frame that failed to decode may have filled some past len
 			return in, nil, status.Errorf(codes.InvalidArgument, "append frame for partition %s/%d is malformed: %v; nothing was stored", p.stream, p.index, err)
 		}
 		return in, frame, nil
