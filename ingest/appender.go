@@ -51,8 +51,16 @@ func (c *chunk) fail(err error) {
 type sent struct {
 	id     uint64
 	chunks []*chunk
-	count  int
 	req    *catenapb.AppendRequest
+}
+
+// count is the number of records s carries.
+func (s *sent) count() int {
+	n := 0
+	for _, c := range s.chunks {
+		n += len(c.recs)
+	}
+	return n
 }
 
 // build (re)makes s's request from its chunks: their records as one log
@@ -64,22 +72,16 @@ func (a *appender) build(s *sent) error {
 	size := partlog.FrameHeaderSize
 	for _, c := range s.chunks {
 		all = append(all, c.recs...)
-		size += c.bytes + len(c.recs)*maxRecordOverhead
+		size += c.bytes + len(c.recs)*partlog.MaxRecordOverhead
 	}
 	defer func() { clear(all); a.scratch = all[:0] }() // keep the slice, not the records' bytes
 	frame, err := partlog.AppendBatch(a.buffer(size), 0, 0, all)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "partition %s/%d: records cannot be sent as one batch: %v", a.stream, a.partition, err)
 	}
-	s.count = len(all)
 	s.req = &catenapb.AppendRequest{Stream: a.stream, Partition: a.partition, RequestId: s.id, Frame: frame}
 	return nil
 }
-
-// maxRecordOverhead bounds a record's encoding beyond its key and value:
-// six varints, of at most 3 + 10 + 10 + 10 + 3 + 3 bytes for a batch of at
-// most 65536 records of at most 1 MiB.
-const maxRecordOverhead = 39
 
 // buffer returns an empty buffer of at least size bytes, a recycled one if
 // there is one that large: a partition under load sends frames of similar
@@ -223,6 +225,7 @@ func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent 
 		}
 		if len(keep) != len(s.chunks) {
 			s.chunks = keep
+			a.recycle(s.req.GetFrame()) // unanswered, and about to be replaced
 			if err := a.build(s); err != nil {
 				s.fail(err)
 				continue
@@ -415,8 +418,8 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 				for _, c := range s.chunks {
 					c.fail(err)
 				}
-			} else if len(resp.GetOffsets()) != s.count || len(resp.GetDuplicate()) != s.count {
-				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), s.count)
+			} else if n := s.count(); len(resp.GetOffsets()) != n || len(resp.GetDuplicate()) != n {
+				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), n)
 			} else {
 				offs := resp.GetOffsets()
 				a.acknowledged(max(resp.GetCommitted(), offs[len(offs)-1]+1))

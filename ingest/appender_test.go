@@ -26,8 +26,8 @@ func TestBuildSendsChunksAsOneFrame(t *testing.T) {
 	if err := a.build(s); err != nil {
 		t.Fatal(err)
 	}
-	if s.count != 5 || s.req.GetRequestId() != 7 || s.req.GetPartition() != 2 || len(s.req.GetRecords()) != 0 {
-		t.Fatalf("request %v for %d records", s.req, s.count)
+	if s.count() != 5 || s.req.GetRequestId() != 7 || s.req.GetPartition() != 2 || len(s.req.GetRecords()) != 0 {
+		t.Fatalf("request %v for %d records", s.req, s.count())
 	}
 	h, recs, err := partlog.DecodeBatch(s.req.GetFrame())
 	if err != nil {

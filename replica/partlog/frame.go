@@ -21,6 +21,12 @@ const (
 	// for clients that use signed offsets.
 	MaxOffset = math.MaxInt64
 
+	// MaxRecordOverhead bounds a record's encoding beyond its key and value
+	// in a batch of at most MaxBatchRecords: six varints of at most
+	// 3 + 10 + 10 + 10 + 3 + 3 bytes (§3.3). FrameHeaderSize plus, per
+	// record, its key, value and this is room enough for the frame.
+	MaxRecordOverhead = 39
+
 	// minRecordBytes is the smallest encoded record: six one-byte varints and
 	// empty key and value. 6·count ≤ body length is checked before allocating.
 	minRecordBytes = 6

@@ -371,7 +371,7 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 			// call's alone (gRPC decoded it into fresh memory).
 			frame, err = sent, partlog.Reframe(sent, epoch, base)
 		} else {
-			frame, err = partlog.AppendBatch(make([]byte, 0, frameSizeHint(fresh)), epoch, base, fresh)
+			frame, err = partlog.AppendBatch(nil, epoch, base, fresh) // sized exactly, one allocation
 		}
 		if err != nil {
 			// Every limit was checked before the offsets were assigned, so
@@ -439,16 +439,6 @@ func (p *partition) requestRecords(req *catenapb.AppendRequest) ([]partlog.Recor
 		in = append(in, partlog.Record{TimestampMs: ts, ProducerID: r.GetProducerId(), Sequence: r.GetSequence(), Key: r.GetKey(), Value: r.GetValue()})
 	}
 	return in, nil, nil
-}
-
-// frameSizeHint estimates the encoded size of a batch (header plus a
-// generous per-record overhead), so encoding rarely grows the buffer.
-func frameSizeHint(recs []partlog.Record) int {
-	n := partlog.FrameHeaderSize
-	for i := range recs {
-		n += len(recs[i].Key) + len(recs[i].Value) + 48
-	}
-	return n
 }
 
 // waitCommitted waits, holding p.mu on entry and on a nil return, until
