@@ -120,7 +120,7 @@ bench: build ## Run catenactl bench against a fresh catena dev (prints records/s
 
 .PHONY: bench-compare
 bench-compare: build ## Run the same produce workloads against Catena and a 3-node NATS JetStream (built from the module proxy), alternating; print the table (COMPARE_RECORDS, COMPARE_ROUNDS).
-	cd test/bench && $(GO) run ./compare -catena $(CURDIR)/$(BIN)/catena -nats-server "$$($(CURDIR)/hack/nats-server.sh | tail -1)" \
+	cd test/bench && $(GO) run ./compare -catena $(CURDIR)/$(BIN)/catena -nats-server "$$($(CURDIR)/hack/nats-peer.sh server | tail -1)" -nats "$$($(CURDIR)/hack/nats-peer.sh cli | tail -1)" \
 	  -records $${COMPARE_RECORDS:-200000} -rounds $${COMPARE_ROUNDS:-2} -out $(CURDIR)/$(BIN)/bench-compare.md
 
 .PHONY: bench-catchup

@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,7 +39,9 @@ import (
 func main() {
 	var (
 		catenaBin = flag.String("catena", "bin/catena", "catena binary")
-		natsBin   = flag.String("nats-server", "", "nats-server binary (hack/nats-server.sh)")
+		natsBin   = flag.String("nats-server", "", "nats-server binary (hack/nats-peer.sh server)")
+		natsCLI   = flag.String("nats", "", "NATS's command-line tool, for the peer's own benchmark (hack/nats-peer.sh cli)")
+		ctlBin    = flag.String("catenactl", "", "catenactl binary, for Catena's own benchmark (default: next to -catena)")
 		records   = flag.Int("records", 200000, "records per full-speed run")
 		rounds    = flag.Int("rounds", 2, "runs of each workload on each system, alternating")
 		out       = flag.String("out", "", "also write the table (markdown) to this file")
@@ -46,14 +49,18 @@ func main() {
 		only      = flag.String("only", "", "run only the workloads whose name matches this regular expression, and the failover rows only if it matches \"failover\" (for profiling one workload)")
 	)
 	flag.Parse()
-	if *natsBin == "" {
-		fail(errors.New("-nats-server is required (hack/nats-server.sh prints it)"))
+	if *natsBin == "" || *natsCLI == "" {
+		fail(errors.New("-nats-server and -nats are required (hack/nats-peer.sh server|cli prints them)"))
+	}
+	if *ctlBin == "" {
+		*ctlBin = filepath.Join(filepath.Dir(*catenaBin), "catenactl")
 	}
 	match, err := regexp.Compile(*only)
 	if err != nil {
 		fail(fmt.Errorf("-only: %w", err))
 	}
-	if err := run(*catenaBin, *natsBin, *records, *rounds, *out, match, *only != "", *keep); err != nil {
+	bins := binaries{catena: *catenaBin, catenactl: *ctlBin, natsServer: *natsBin, nats: *natsCLI}
+	if err := run(bins, *records, *rounds, *out, match, *only != "", *keep); err != nil {
 		fail(err)
 	}
 }
@@ -108,7 +115,10 @@ func (r result) pct(q float64) time.Duration {
 	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
-func run(catenaBin, natsBin string, records, rounds int, out string, only *regexp.Regexp, partial, keep bool) error {
+// binaries are the programs a run starts.
+type binaries struct{ catena, catenactl, natsServer, nats string }
+
+func run(bins binaries, records, rounds int, out string, only *regexp.Regexp, partial, keep bool) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "catena-compare-")
 	if err != nil {
@@ -126,13 +136,13 @@ func run(catenaBin, natsBin string, records, rounds int, out string, only *regex
 		}
 	}()
 
-	peer, ps, err := startNATS(ctx, natsBin, filepath.Join(dir, "nats"))
+	peer, ps, err := startNATS(ctx, bins.natsServer, filepath.Join(dir, "nats"))
 	procs = append(procs, ps...)
 	if err != nil {
 		return err
 	}
 	defer peer.Close()
-	cat, p, err := startCatena(ctx, catenaBin, filepath.Join(dir, "catena"))
+	cat, p, err := startCatena(ctx, bins.catena, filepath.Join(dir, "catena"))
 	if p != nil {
 		procs = append(procs, p)
 	}
@@ -184,6 +194,14 @@ func run(catenaBin, natsBin string, records, rounds int, out string, only *regex
 	}
 
 	table := render(workloads, systems, results, rounds)
+	if only.MatchString(ownToolsName) {
+		tools := []ownTool{cat.ownTool(bins.catenactl), peer.ownTool(bins.nats)}
+		rs, err := runOwnTools(ctx, tools, records, rounds)
+		if err != nil {
+			return err
+		}
+		table += renderOwnTools(tools, rs)
+	}
 	if partial && !only.MatchString("failover") {
 		fmt.Print(table)
 		return nil
@@ -214,6 +232,11 @@ func median(rs []result, f func(result) float64) float64 {
 	for i, r := range rs {
 		vs[i] = f(r)
 	}
+	return medianOf(vs)
+}
+
+func medianOf(vs []float64) float64 {
+	vs = slices.Clone(vs)
 	slices.Sort(vs)
 	if len(vs) == 0 {
 		return 0
@@ -226,6 +249,9 @@ func median(rs []result, f func(result) float64) float64 {
 
 func render(ws []workload, ss []system, res map[string]map[string][]result, rounds int) string {
 	var b strings.Builder
+	if !slices.ContainsFunc(ws, func(w workload) bool { return len(res[w.Name][ss[0].Name()]) > 0 }) {
+		return "" // none run (-only)
+	}
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "\nCatena vs %s, %s, %d rounds each (medians), %s\n\n", ss[1].Name(), time.Now().UTC().Format("2006-01-02"), rounds, host)
 	fmt.Fprintf(&b, "| workload | system | records/s | MiB/s | ack p50 | p99 | p999 |\n|---|---|---|---|---|---|---|\n")
@@ -251,6 +277,112 @@ func render(ws []workload, ss []system, res map[string]map[string][]result, roun
 	}
 	b.WriteString("\nRatios: records/s Catena/peer (above 1: Catena faster); latencies Catena/peer (below 1: Catena lower).\n")
 	return b.String()
+}
+
+// ---------------------------------------------------------------- own tools
+
+// ownToolsName names the rows where each system is driven by its own
+// benchmark tool (for -only).
+const ownToolsName = "own tools"
+
+// ownTool is a system's own benchmark program, run the way its users would
+// for a headline figure. The shared driver above is what the ratios are
+// about; these rows show that it does not hold the peer below its best.
+type ownTool struct {
+	System, Cmd string
+	run         func(ctx context.Context, n int) (float64, error) // records/s
+}
+
+func runOwnTools(ctx context.Context, tools []ownTool, n, rounds int) ([][]float64, error) {
+	rs := make([][]float64, len(tools))
+	for r := range rounds {
+		for i, t := range tools {
+			v, err := t.run(ctx, n)
+			if err != nil {
+				return nil, fmt.Errorf("%s's own benchmark (%s): %w", t.System, t.Cmd, err)
+			}
+			rs[i] = append(rs[i], v)
+			fmt.Fprintf(os.Stderr, "round %d %-8s %-40s %9.0f rec/s\n", r+1, t.System, ownToolsName, v)
+		}
+	}
+	return rs, nil
+}
+
+func renderOwnTools(tools []ownTool, rs [][]float64) string {
+	var b strings.Builder
+	b.WriteString("\nEach system's own benchmark tool, 1 KiB records, 4 producers, full speed (the peer's command is the one\n" +
+		"its recipe measured its best with)\n\n| system | command | records/s (median) | MiB/s | every round |\n|---|---|---|---|---|\n")
+	for i, t := range tools {
+		var each []string
+		for _, v := range rs[i] {
+			each = append(each, fmt.Sprintf("%.0f", v))
+		}
+		fmt.Fprintf(&b, "| %s | `%s` | %.0f | %.1f | %s |\n", t.System, t.Cmd, medianOf(rs[i]), medianOf(rs[i])*1024/(1<<20), strings.Join(each, ", "))
+	}
+	fmt.Fprintf(&b, "| **ratio** | | **%.2fx** | | |\n", medianOf(rs[0])/medianOf(rs[1]))
+	return b.String()
+}
+
+// ownTool is `catenactl bench`, keyless like the peer's single subject.
+func (s *catenaSystem) ownTool(bin string) ownTool {
+	const cmd = "catenactl bench --record-size 1024 --producers 4 --keys 0"
+	return ownTool{System: s.Name(), Cmd: cmd, run: func(ctx context.Context, n int) (float64, error) {
+		out, err := runTool(ctx, bin, "--server", s.ingest, "bench", "--stream", "bench", "--record-size", "1024",
+			"--producers", "4", "--keys", "0", "--records", strconv.Itoa(n))
+		if err != nil {
+			return 0, err
+		}
+		var res struct {
+			RecordsPerSec float64 `json:"records_per_sec"`
+			Errors        int     `json:"errors"`
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+			return 0, fmt.Errorf("reading its result %q: %w", lines[len(lines)-1], err)
+		}
+		if res.Errors > 0 {
+			return 0, fmt.Errorf("%d records failed", res.Errors)
+		}
+		return res.RecordsPerSec, nil
+	}}
+}
+
+// natsBenchRate is the total rate in `nats bench` output: "... aggregated
+// stats: 23,806 msgs/sec ~ 23 MiB/sec".
+var natsBenchRate = regexp.MustCompile(`aggregated stats: ([0-9,]+) msgs/sec`)
+
+// ownTool is `nats bench` as ../shared/recipes/nats-peer ran it for the
+// peer's best figure: asynchronous publishes in batches of 2000, 4 clients,
+// to the stream leader.
+func (s *natsSystem) ownTool(bin string) ownTool {
+	const cmd = "nats bench js pub async --clients 4 --size 1KB --batch 2000"
+	return ownTool{System: s.Name(), Cmd: cmd, run: func(ctx context.Context, n int) (float64, error) {
+		out, err := runTool(ctx, bin, "--server", s.url, "bench", "js", "pub", "async", "bench.own", "--stream", "BENCH",
+			"--clients", "4", "--size", "1KB", "--batch", "2000", "--no-progress", "--msgs", strconv.Itoa(n))
+		if err != nil {
+			return 0, err
+		}
+		m := natsBenchRate.FindSubmatch(out)
+		if m == nil {
+			return 0, fmt.Errorf("no aggregated rate in its output:\n%s", out)
+		}
+		return strconv.ParseFloat(strings.ReplaceAll(string(m[1]), ",", ""), 64)
+	}}
+}
+
+// runTool runs a benchmark program to its end and returns its standard
+// output (its standard error goes into the error when it fails).
+func runTool(ctx context.Context, bin string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
 }
 
 // ---------------------------------------------------------------- failover
@@ -427,8 +559,9 @@ func (s *catenaSystem) failover(ctx context.Context, role string) (failoverResul
 // ---------------------------------------------------------------- Catena
 
 type catenaSystem struct {
-	c   *catena.Client
-	dir string
+	c      *catena.Client
+	dir    string
+	ingest string // the ingestion node's address
 }
 
 func (s *catenaSystem) Name() string { return "Catena" }
@@ -462,7 +595,7 @@ func startCatena(ctx context.Context, bin, dir string) (*catenaSystem, *exec.Cmd
 	if err != nil {
 		return nil, cmd, err
 	}
-	return &catenaSystem{c: c, dir: dir}, cmd, nil
+	return &catenaSystem{c: c, dir: dir, ingest: state.Ingest}, cmd, nil
 }
 
 func (s *catenaSystem) Run(ctx context.Context, w workload) (result, error) {
