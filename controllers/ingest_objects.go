@@ -14,7 +14,8 @@ import (
 )
 
 // Ports and names of an ingestion pod. `catena ingest` serves producers and
-// consumers over gRPC on ingestPort, and its Service exposes the same port.
+// consumers over gRPC on ingestPort, and its Service exposes the same port;
+// Prometheus metrics on metricsPort, as replicas do.
 const (
 	ingestPort      int32 = 7070
 	ingestPortName        = "grpc"
@@ -88,8 +89,12 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 			// A change of the pool's size changes the args and so rolls
 			// the ingestion pods onto the new membership.
 			"--replicas=" + strings.Join(replicaAddrs(pool), ","),
+			fmt.Sprintf("--metrics-listen=0.0.0.0:%d", metricsPort),
 		},
-		Ports:           []corev1.ContainerPort{{Name: ingestPortName, ContainerPort: ingestPort, Protocol: corev1.ProtocolTCP}},
+		Ports: []corev1.ContainerPort{
+			{Name: ingestPortName, ContainerPort: ingestPort, Protocol: corev1.ProtocolTCP},
+			{Name: metricsPortName, ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP},
+		},
 		Resources:       resources,
 		ReadinessProbe:  tcpProbe(ingestPortName),
 		LivenessProbe:   tcpProbe(ingestPortName),

@@ -98,12 +98,13 @@ func TestDesiredIngestion(t *testing.T) {
 			if c.Image != image {
 				t.Errorf("image = %q, want %q", c.Image, image)
 			}
-			wantArgs := []string{"ingest", "--listen=0.0.0.0:7070", "--replicas=" + tt.wantAddrs}
+			wantArgs := []string{"ingest", "--listen=0.0.0.0:7070", "--replicas=" + tt.wantAddrs, "--metrics-listen=0.0.0.0:9090"}
 			if diff := cmp.Diff(wantArgs, c.Args); diff != "" {
 				t.Errorf("args mismatch (-want +got):\n%s", diff)
 			}
-			if len(c.Ports) != 1 || c.Ports[0].Name != "grpc" || c.Ports[0].ContainerPort != 7070 {
-				t.Errorf("ports = %+v, want grpc 7070", c.Ports)
+			wantPorts := []corev1.ContainerPort{{Name: "grpc", ContainerPort: 7070, Protocol: corev1.ProtocolTCP}, {Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolTCP}}
+			if diff := cmp.Diff(wantPorts, c.Ports); diff != "" {
+				t.Errorf("ports mismatch (-want +got):\n%s", diff)
 			}
 			for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
 				if p == nil || p.TCPSocket == nil || p.TCPSocket.Port != intstr.FromString("grpc") {

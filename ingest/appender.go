@@ -35,6 +35,7 @@ const (
 type chunk struct {
 	recs     []partlog.Record // aliasing the produce request
 	bytes    int
+	queued   time.Time // when its produce request arrived
 	deadline time.Time
 	offsets  []uint64
 	dups     []bool
@@ -52,6 +53,7 @@ type sent struct {
 	id     uint64
 	chunks []*chunk
 	req    *catenapb.AppendRequest
+	at     time.Time // last sent to a head
 }
 
 // count is the number of records s carries.
@@ -135,6 +137,7 @@ type appender struct {
 	srv       *Server
 	stream    string
 	partition uint32
+	metrics   appenderMetrics
 
 	mu     sync.Mutex
 	queue  []*chunk
@@ -162,7 +165,7 @@ func (a *appender) acknowledged(c uint64) {
 }
 
 func newAppender(srv *Server, stream string, partition uint32) *appender {
-	a := &appender{srv: srv, stream: stream, partition: partition, wake: make(chan struct{}, 1)}
+	a := &appender{srv: srv, stream: stream, partition: partition, metrics: srv.metrics.forPartition(stream, partition), wake: make(chan struct{}, 1)}
 	go a.run()
 	return a
 }
@@ -348,6 +351,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 	}()
 	send := func(s *sent) error {
 		s.req.Epoch = pr.epoch
+		s.at = time.Now()
 		if err := stream.Send(s.req); err != nil {
 			return fmt.Errorf("failed to send to head %s: %w", head.GetId(), err)
 		}
@@ -371,6 +375,9 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			inflight = append(inflight, s)
 			if err := send(s); err != nil {
 				return inflight, err
+			}
+			for _, c := range s.chunks {
+				a.metrics.waitSeconds.Observe(s.at.Sub(c.queued).Seconds())
 			}
 		}
 		var wake <-chan struct{}
@@ -421,6 +428,9 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			} else if n := s.count(); len(resp.GetOffsets()) != n || len(resp.GetDuplicate()) != n {
 				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), n)
 			} else {
+				a.metrics.appendSeconds.Observe(time.Since(s.at).Seconds())
+				a.metrics.appends.Inc()
+				a.metrics.records.Add(float64(n))
 				offs := resp.GetOffsets()
 				a.acknowledged(max(resp.GetCommitted(), offs[len(offs)-1]+1))
 				k := 0

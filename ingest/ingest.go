@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -68,19 +69,22 @@ type Options struct {
 	RefreshInterval time.Duration
 	TLS             *tls.Config
 	Logger          logr.Logger
+	// Registerer receives the ingestion metrics (nil: not exported).
+	Registerer prometheus.Registerer
 }
 
 // Server implements catenapb.IngestServer.
 type Server struct {
 	catenapb.UnimplementedIngestServer
 
-	logger logr.Logger
-	pool   *transport.Pool
-	disc   *discovery
-	seq    *sequencer
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	logger  logr.Logger
+	metrics *metrics
+	pool    *transport.Pool
+	disc    *discovery
+	seq     *sequencer
+	ctx     context.Context
+	cancel  context.CancelFunc
+	done    chan struct{}
 
 	appendersMu sync.Mutex
 	appenders   map[appenderKey]*appender
@@ -108,6 +112,7 @@ func New(opts Options) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		logger:      opts.Logger,
+		metrics:     newMetrics(opts.Registerer),
 		pool:        transport.NewPool(opts.TLS),
 		ctx:         ctx,
 		cancel:      cancel,
@@ -194,6 +199,7 @@ type group struct {
 
 // Produce stores records and answers once each is committed.
 func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
+	start := time.Now()
 	sr, err := s.stream(ctx, req.GetStream())
 	if err != nil {
 		return nil, err
@@ -270,7 +276,7 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	for _, g := range order {
 		a := s.appenderFor(req.GetStream(), g.partition)
 		for _, idx := range splitChunks(g.idx, recs) {
-			c := &chunk{recs: make([]partlog.Record, len(idx)), deadline: deadline, done: make(chan struct{})}
+			c := &chunk{recs: make([]partlog.Record, len(idx)), queued: start, deadline: deadline, done: make(chan struct{})}
 			for k, i := range idx {
 				r := recs[i]
 				ts := r.GetTimestampMs()
@@ -289,6 +295,7 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 
 	results := make([]*catenapb.ProduceResult, len(recs))
 	resultBuf := make([]catenapb.ProduceResult, len(recs))
+	failed := false
 	for ci, c := range queued {
 		select {
 		case <-c.done:
@@ -306,6 +313,10 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 			}
 			results[i] = res
 		}
+		failed = failed || c.err != nil
+	}
+	if !failed {
+		s.metrics.produceSeconds.WithLabelValues(req.GetStream()).Observe(time.Since(start).Seconds())
 	}
 	return &catenapb.ProduceResponse{Results: results}, nil
 }

@@ -54,6 +54,7 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 			defer cancel()
 			reg := newRegistry()
 			spec.ServeMetrics = func(addr string) error { return serveMetrics(ctx, addr, reg, spec.Logger) }
+			spec.Registerer = reg
 			out := cmd.OutOrStdout()
 			return devcluster.Run(ctx, spec, func(st devcluster.State) {
 				fmt.Fprintf(out, "Catena dev cluster is ready (state in %s/%s)\n", spec.DataDir, devcluster.StateFile)

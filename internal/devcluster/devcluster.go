@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -63,6 +64,8 @@ type Spec struct {
 	// ServeMetrics, when set, is called with the address chosen for this
 	// process's own metrics and profiles (ingestion).
 	ServeMetrics func(addr string) error
+	// Registerer receives this process's ingestion metrics (nil: none).
+	Registerer prometheus.Registerer
 
 	procs int // GOMAXPROCS of each process, see cpuShare
 }
@@ -193,7 +196,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		}
 	}
 
-	ing, err := ingest.New(ingest.Options{Replicas: addrs(children), Logger: log.WithValues("role", "ingest")})
+	ing, err := ingest.New(ingest.Options{Replicas: addrs(children), Logger: log.WithValues("role", "ingest"), Registerer: spec.Registerer})
 	if err != nil {
 		return err
 	}

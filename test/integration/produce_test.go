@@ -1,10 +1,14 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -133,6 +137,56 @@ func TestProduceConsumeExactlyOnceInOrder(t *testing.T) {
 			t.Errorf("partition %d: chain of %d members, want 3: %v", p, len(v.reports), v)
 		}
 	}
+
+	// Ingestion's metrics account for every record once, and time every
+	// append and produce request (docs/operator.md).
+	m := scrapeMetrics(t, d.state.Metrics)
+	if got := m["catena_ingest_append_records_total"]; got != producers*perProducer {
+		t.Errorf("catena_ingest_append_records_total = %v, want the %d records acknowledged", got, producers*perProducer)
+	}
+	appends := m["catena_ingest_appends_total"]
+	if appends == 0 || m["catena_ingest_append_seconds_count"] != appends {
+		t.Errorf("catena_ingest_append_seconds_count = %v, want one per answered append (%v)", m["catena_ingest_append_seconds_count"], appends)
+	}
+	if m["catena_ingest_append_wait_seconds_count"] < appends {
+		t.Errorf("catena_ingest_append_wait_seconds_count = %v, want at least one per append (%v)", m["catena_ingest_append_wait_seconds_count"], appends)
+	}
+	if m["catena_ingest_produce_seconds_count"] == 0 || m["catena_ingest_produce_seconds_sum"] <= 0 {
+		t.Errorf("catena_ingest_produce_seconds: count %v, sum %v; want the produce requests timed", m["catena_ingest_produce_seconds_count"], m["catena_ingest_produce_seconds_sum"])
+	}
+}
+
+// scrapeMetrics reads a process's Prometheus text exposition and sums each
+// series name over its labels.
+func scrapeMetrics(t testing.TB, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	sums := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		sp := strings.LastIndexByte(line, ' ')
+		name := line[:sp]
+		if i := strings.IndexByte(name, '{'); i >= 0 {
+			name = name[:i]
+		}
+		v, err := strconv.ParseFloat(line[sp+1:], 64)
+		if err != nil {
+			t.Fatalf("scrape %s: line %q: %v", addr, line, err)
+		}
+		sums[name] += v
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	return sums
 }
 
 // logBatches shows, for diagnosis, where a producer's first records landed:

@@ -1,0 +1,72 @@
+package ingest
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are one ingestion process's Prometheus collectors. Together with
+// the replicas' commit and fsync histograms they split a producer's latency
+// into its parts: waiting in ingestion for the partition's append in flight
+// to be answered, the head's round trip (every member's write and fsync),
+// and the rest of the produce call.
+type metrics struct {
+	produceSeconds *prometheus.HistogramVec
+	waitSeconds    *prometheus.HistogramVec
+	appendSeconds  *prometheus.HistogramVec
+	appends        *prometheus.CounterVec
+	records        *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	labels := []string{"stream", "partition"}
+	// 50µs .. ~3.3s, as the replicas' histograms, so that they line up.
+	buckets := prometheus.ExponentialBuckets(50e-6, 2, 17)
+	m := &metrics{
+		produceSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "catena", Subsystem: "ingest", Name: "produce_seconds",
+			Help:    "Time from a produce request's arrival to its answer, for requests whose every record was committed.",
+			Buckets: buckets,
+		}, []string{"stream"}),
+		waitSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "catena", Subsystem: "ingest", Name: "append_wait_seconds",
+			Help:    "Time records waited in ingestion before the append carrying them was sent to the partition's head.",
+			Buckets: buckets,
+		}, labels),
+		appendSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "catena", Subsystem: "ingest", Name: "append_seconds",
+			Help:    "Time from sending an append to the partition's head to its answer (committed on every member).",
+			Buckets: buckets,
+		}, labels),
+		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "ingest", Name: "appends_total",
+			Help: "Appends answered by the partition's head.",
+		}, labels),
+		records: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "ingest", Name: "append_records_total",
+			Help: "Records in appends answered by the partition's head (over appends_total: records per append).",
+		}, labels),
+	}
+	if reg != nil {
+		reg.MustRegister(m.produceSeconds, m.waitSeconds, m.appendSeconds, m.appends, m.records)
+	}
+	return m
+}
+
+// appenderMetrics are one partition's children, resolved once so that the
+// append path does no label lookups.
+type appenderMetrics struct {
+	waitSeconds, appendSeconds prometheus.Observer
+	appends, records           prometheus.Counter
+}
+
+func (m *metrics) forPartition(stream string, partition uint32) appenderMetrics {
+	lv := []string{stream, strconv.FormatUint(uint64(partition), 10)}
+	return appenderMetrics{
+		waitSeconds:   m.waitSeconds.WithLabelValues(lv...),
+		appendSeconds: m.appendSeconds.WithLabelValues(lv...),
+		appends:       m.appends.WithLabelValues(lv...),
+		records:       m.records.WithLabelValues(lv...),
+	}
+}
