@@ -24,7 +24,8 @@ type Record struct {
 	TimestampMs int64
 	// Partition, when non-nil, bypasses key routing (see PartitionOf).
 	// Records with neither key nor partition go to one partition per
-	// Produce request, the next request's to the next partition.
+	// Produce request: the same one for about 256 KiB of such records, then
+	// the next.
 	Partition *uint32
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"reflect"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,33 +207,50 @@ func TestRouteRecords(t *testing.T) {
 	tests := []struct {
 		name  string
 		recs  []*catenapb.ProduceRecord
-		picks int
+		picks int // 0 or 1
+		bytes int // the keyless records' value bytes, when picked
 		want  []uint32
 	}{
-		{"keyless share the pick", []*catenapb.ProduceRecord{free(), free(), free()}, 1, []uint32{2, 2, 2}},
-		{"keys and names are not sticky", []*catenapb.ProduceRecord{keyed("a"), named(3), keyed("b")}, 0,
+		{"keyless share the pick", []*catenapb.ProduceRecord{free(), free(), free()}, 1, 3, []uint32{2, 2, 2}},
+		{"keys and names are not sticky", []*catenapb.ProduceRecord{keyed("a"), named(3), keyed("b")}, 0, 0,
 			[]uint32{PartitionFor([]byte("a"), n), 3, PartitionFor([]byte("b"), n)}},
-		{"mixed", []*catenapb.ProduceRecord{free(), keyed("a"), named(0), free()}, 1,
+		{"mixed", []*catenapb.ProduceRecord{free(), keyed("a"), named(0), free()}, 1, 2,
 			[]uint32{2, PartitionFor([]byte("a"), n), 0, 2}},
-		{"empty key is no key", []*catenapb.ProduceRecord{keyed(""), free()}, 1, []uint32{2, 2}},
+		{"empty key is no key", []*catenapb.ProduceRecord{keyed(""), free()}, 1, 1, []uint32{2, 2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			picks := 0
-			got := routeRecords(tc.recs, n, func() uint32 { picks++; return 2 })
-			if !slices.Equal(got, tc.want) || picks != tc.picks {
-				t.Fatalf("got %v with %d picks, want %v with %d", got, picks, tc.want, tc.picks)
+			picks, bytes := 0, 0
+			got := routeRecords(tc.recs, n, func(b int) uint32 { picks++; bytes = b; return 2 })
+			if !slices.Equal(got, tc.want) || picks != tc.picks || bytes != tc.bytes {
+				t.Fatalf("got %v with %d picks for %d bytes, want %v with %d for %d", got, picks, bytes, tc.want, tc.picks, tc.bytes)
 			}
 		})
 	}
-	// Through the server's rotation: consecutive keyless requests spread.
-	var rr atomic.Uint64
-	seen := map[uint32]int{}
-	for range 8 {
-		got := routeRecords([]*catenapb.ProduceRecord{free(), free()}, n, func() uint32 { return uint32(rr.Add(1) % n) })
-		seen[got[0]]++
+}
+
+func TestKeylessPickerSticksThenMovesOn(t *testing.T) {
+	defer func(old int) { stickyBytes = old }(stickyBytes)
+	stickyBytes = 100
+	const n = 3
+	var k keylessPicker
+	// Requests of 40 bytes: three to a partition (the third crosses the
+	// threshold), then the next partition, around the ring.
+	var got []uint32
+	for range 10 {
+		got = append(got, k.pick(n, 40))
 	}
-	if len(seen) != n {
-		t.Fatalf("8 keyless requests reached partitions %v, want all %d twice", seen, n)
+	if want := []uint32{0, 0, 0, 1, 1, 1, 2, 2, 2, 0}; !slices.Equal(got, want) {
+		t.Fatalf("picks %v, want %v", got, want)
+	}
+	// A request larger than the threshold has a partition to itself.
+	k = keylessPicker{}
+	if a, b, c := k.pick(n, 500), k.pick(n, 1), k.pick(n, 1); a != 0 || b != 1 || c != 1 {
+		t.Fatalf("picks %d %d %d, want 0 1 1", a, b, c)
+	}
+	// The partition count of the request bounds the pick.
+	k = keylessPicker{current: 7}
+	if p := k.pick(4, 1); p != 3 {
+		t.Fatalf("pick %d of 4 partitions, want 3", p)
 	}
 }

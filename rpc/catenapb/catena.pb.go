@@ -933,8 +933,8 @@ type ProduceRecord struct {
 	// (gaps allowed). Ignored when producer_id is zero.
 	Sequence uint64 `protobuf:"varint,4,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// Explicit partition; when absent the key's hash chooses, and records
-	// with neither key nor partition all go to one partition per request
-	// (the next request's to the next partition).
+	// with neither key nor partition all go to one partition per request:
+	// the same one for about 256 KiB of such records, then the next.
 	Partition     *uint32 `protobuf:"varint,5,opt,name=partition,proto3,oneof" json:"partition,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
