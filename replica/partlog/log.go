@@ -212,8 +212,40 @@ func (l *Log) Sync() error {
 		return l.fail(ErrFailed, "fsync %s: %w", s.path, err)
 	}
 	l.advanceDurable(end)
-	s.dropCached(size - cachedTailBytes)
+	l.dropCachedBehind(s, size)
 	return nil
+}
+
+// dropCachedBehind drops from the page cache what lies more than
+// cachedTailBytes behind size bytes into segment s (the log's end when
+// Sync read it): in s, and in the segments before it, which rolls left
+// partly cached, back to one that was dropped whole (as every one before
+// it was). Called by Sync, under syncMu, so nothing closes or cuts the
+// segments meanwhile; sealed segments' sizes no longer change.
+func (l *Log) dropCachedBehind(s *segment, size int64) {
+	l.mu.RLock()
+	segs := l.segs
+	l.mu.RUnlock()
+	i := len(segs) - 1
+	for i >= 0 && segs[i] != s {
+		i--
+	}
+	keep := int64(cachedTailBytes)
+	for ; i >= 0; i-- {
+		seg, segSize := segs[i], size
+		if seg != s {
+			segSize = seg.size // sealed: no longer changes
+		}
+		if keep > 0 {
+			seg.dropCached(segSize - keep)
+			keep -= segSize
+			continue
+		}
+		if seg.uncachedTo >= segSize&^4095 {
+			break
+		}
+		seg.dropCached(segSize + 4095) // all of it, its last page too
+	}
 }
 
 // cachedTailBytes is how much of the active segment, behind its end, a
