@@ -169,7 +169,7 @@ func PartitionFor(key []byte, partitions uint32) uint32 {
 // routeRecords maps each record of a request to its partition: the one it
 // names, else its key's (PartitionFor), else one partition for all of the
 // request's records without key or partition: pickKeyless's answer for
-// their total bytes (called at most once). Sticky, as Kafka's producers
+// their size (values plus each record's overhead; called at most once). Sticky, as Kafka's producers
 // are: spread record by record, every request waited for every partition's
 // chain, and each chain got a share of every request instead of whole ones.
 func routeRecords(recs []*catenapb.ProduceRecord, n uint32, pickKeyless func(bytes int) uint32) []uint32 {
@@ -182,7 +182,9 @@ func routeRecords(recs []*catenapb.ProduceRecord, n uint32, pickKeyless func(byt
 		case len(r.GetKey()) > 0:
 			out[i] = PartitionFor(r.GetKey(), n)
 		default:
-			keylessBytes += len(r.GetValue())
+			// As stored, roughly: records with empty values move the
+			// picker on too.
+			keylessBytes += len(r.GetValue()) + partlog.MaxRecordOverhead
 			keyless = true
 		}
 	}
@@ -198,8 +200,8 @@ func routeRecords(recs []*catenapb.ProduceRecord, n uint32, pickKeyless func(byt
 	return out
 }
 
-// stickyBytes is how many bytes of keyless records go to one partition of a
-// stream before the next takes over. Sticking past one request (Kafka's
+// stickyBytes is how many bytes of keyless records (as routeRecords counts
+// them) go to one partition of a stream before the next takes over. Sticking past one request (Kafka's
 // producers stick for a batch) matters at moderate rates: with a new
 // partition per request, all four partitions' chains of the benchmarks were
 // busy at 10-12k records/s of 1 KiB, each with small appends, and the

@@ -203,20 +203,20 @@ func TestRouteRecords(t *testing.T) {
 		return &catenapb.ProduceRecord{Partition: &p, Key: []byte("ignored")}
 	}
 	free := func() *catenapb.ProduceRecord { return &catenapb.ProduceRecord{Value: []byte("v")} }
-	const n = 4
+	const n, o = 4, partlog.MaxRecordOverhead
 	tests := []struct {
 		name  string
 		recs  []*catenapb.ProduceRecord
 		picks int // 0 or 1
-		bytes int // the keyless records' value bytes, when picked
+		bytes int // the keyless records' size, when picked: values plus overheads
 		want  []uint32
 	}{
-		{"keyless share the pick", []*catenapb.ProduceRecord{free(), free(), free()}, 1, 3, []uint32{2, 2, 2}},
+		{"keyless share the pick", []*catenapb.ProduceRecord{free(), free(), free()}, 1, 3 * (1 + o), []uint32{2, 2, 2}},
 		{"keys and names are not sticky", []*catenapb.ProduceRecord{keyed("a"), named(3), keyed("b")}, 0, 0,
 			[]uint32{PartitionFor([]byte("a"), n), 3, PartitionFor([]byte("b"), n)}},
-		{"mixed", []*catenapb.ProduceRecord{free(), keyed("a"), named(0), free()}, 1, 2,
+		{"mixed", []*catenapb.ProduceRecord{free(), keyed("a"), named(0), free()}, 1, 2 * (1 + o),
 			[]uint32{2, PartitionFor([]byte("a"), n), 0, 2}},
-		{"empty key is no key", []*catenapb.ProduceRecord{keyed(""), free()}, 1, 1, []uint32{2, 2}},
+		{"empty key is no key", []*catenapb.ProduceRecord{keyed(""), free()}, 1, o + 1 + o, []uint32{2, 2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
