@@ -667,12 +667,22 @@ func TestSyncDropsCachedPages(t *testing.T) {
 	}
 	defer mustClose(t, l)
 	var frames [][]byte
-	for range 72 { // 72 MiB in 1 MiB frames, synced as it goes
-		frames = append(frames, appendAll(t, l, uniform(1, 1024, 1000, 1))...)
-		if err := l.Sync(); err != nil {
-			t.Fatal(err)
+	write := func(n int) { // n MiB in 1 MiB frames, synced as it goes
+		for range n {
+			frames = append(frames, appendAll(t, l, uniform(1, 1024, 1000, 1))...)
+			if err := l.Sync(); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	write(72)
+	// A truncation far behind the end, and the log written again over it:
+	// those pages are new in the cache, and must be dropped again too.
+	if err := l.Truncate(30 * 1024); err != nil {
+		t.Fatal(err)
+	}
+	frames = frames[:30]
+	write(60)
 
 	var fs unix.Statfs_t
 	if err := unix.Statfs(dir, &fs); err != nil {
