@@ -173,8 +173,9 @@ func PartitionFor(key []byte, partitions uint32) uint32 {
 // are: spread record by record, every request waited for every partition's
 // chain, and each chain got a share of every request instead of whole ones.
 func routeRecords(recs []*catenapb.ProduceRecord, n uint32, pickKeyless func(bytes int) uint32) []uint32 {
+	const keyless = ^uint32(0) // placeholder: Produce refuses partitions >= n
 	out := make([]uint32, len(recs))
-	keylessBytes, keyless := 0, false
+	keylessBytes := 0
 	for i, r := range recs {
 		switch {
 		case r.Partition != nil:
@@ -185,15 +186,15 @@ func routeRecords(recs []*catenapb.ProduceRecord, n uint32, pickKeyless func(byt
 			// As stored, roughly: records with empty values move the
 			// picker on too.
 			keylessBytes += len(r.GetValue()) + partlog.MaxRecordOverhead
-			keyless = true
+			out[i] = keyless
 		}
 	}
-	if !keyless {
+	if keylessBytes == 0 {
 		return out
 	}
 	p := pickKeyless(keylessBytes)
-	for i, r := range recs {
-		if r.Partition == nil && len(r.GetKey()) == 0 {
+	for i := range out {
+		if out[i] == keyless {
 			out[i] = p
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/catena-streams/catena/internal/latency"
 )
 
 // metrics are one ingestion process's Prometheus collectors. Together with
@@ -21,8 +23,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	labels := []string{"stream", "partition"}
-	// 50µs .. ~3.3s, as the replicas' histograms, so that they line up.
-	buckets := prometheus.ExponentialBuckets(50e-6, 2, 17)
+	buckets := latency.Buckets()
 	m := &metrics{
 		produceSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "catena", Subsystem: "ingest", Name: "produce_seconds",

@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/catena-streams/catena/internal/latency"
 )
 
 // metrics are one replica process's Prometheus collectors.
@@ -21,8 +23,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	labels := []string{"stream", "partition"}
-	// 50µs .. ~3.3s: fsyncs and commits on local disks span this.
-	buckets := prometheus.ExponentialBuckets(50e-6, 2, 17)
+	buckets := latency.Buckets()
 	m := &metrics{
 		syncSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "catena", Subsystem: "replica", Name: "append_sync_seconds",

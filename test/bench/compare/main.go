@@ -46,7 +46,7 @@ func main() {
 		rounds    = flag.Int("rounds", 2, "runs of each workload on each system, alternating")
 		out       = flag.String("out", "", "also write the table (markdown) to this file")
 		keep      = flag.Bool("keep", false, "keep the data and logs of both systems (the folder is printed)")
-		only      = flag.String("only", "", "run only the workloads whose name matches this regular expression, and the failover rows only if it matches \"failover\" (for profiling one workload)")
+		only      = flag.String("only", "", "run only the workloads whose name matches this regular expression, the failover rows only if it matches \"failover\", the own-tool rows only if it matches \"own tools\" (for profiling one workload)")
 	)
 	flag.Parse()
 	if *natsBin == "" || *natsCLI == "" {
@@ -198,11 +198,12 @@ func run(bins binaries, records, rounds int, out string, only *regexp.Regexp, pa
 		tools := []ownTool{cat.ownTool(bins.catenactl), peer.ownTool(bins.nats)}
 		// Three times the records of the other rows: each tool starts its
 		// own connections and ramps up, and short runs measured that.
-		rs, err := runOwnTools(ctx, tools, 3*records, rounds)
+		n := 3 * records
+		rs, err := runOwnTools(ctx, tools, n, rounds)
 		if err != nil {
 			return err
 		}
-		table += renderOwnTools(tools, 3*records, rs)
+		table += renderOwnTools(tools, n, rs)
 	}
 	if partial && !only.MatchString("failover") {
 		fmt.Print(table)
