@@ -59,7 +59,7 @@ func WithUserAgent(ua string) Option {
 // concurrent use; create Producers and Subscriptions from it.
 type Client struct {
 	addr   string
-	conn   *grpc.ClientConn
+	conn   *endpointConn
 	ingest catenapb.IngestClient
 }
 
@@ -82,7 +82,8 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("catena: dial %s: %w", addr, err)
 	}
 	conn.Connect()
-	return &Client{addr: addr, conn: conn, ingest: catenapb.NewIngestClient(conn)}, nil
+	ec := &endpointConn{redial: func() (*grpc.ClientConn, error) { return newConn(addr, &cfg) }, cur: conn, dialed: time.Now()}
+	return &Client{addr: addr, conn: ec, ingest: catenapb.NewIngestClient(ec)}, nil
 }
 
 // newConn is the single transport setup of the package: every connection
@@ -111,7 +112,8 @@ func newConn(addr string, cfg *dialConfig) (*grpc.ClientConn, error) {
 // NewFromConn wraps an existing gRPC connection (the caller keeps
 // ownership of its transport setup). Close closes conn.
 func NewFromConn(conn *grpc.ClientConn) *Client {
-	return &Client{addr: conn.Target(), conn: conn, ingest: catenapb.NewIngestClient(conn)}
+	ec := &endpointConn{cur: conn}
+	return &Client{addr: conn.Target(), conn: ec, ingest: catenapb.NewIngestClient(ec)}
 }
 
 // Addr is the endpoint address given to Dial.

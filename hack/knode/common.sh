@@ -28,6 +28,9 @@ DNS_IP=10.96.0.10
 POD_CIDR=10.244.0.0/24
 CLUSTER_CIDR=10.244.0.0/16
 APISERVER_PORT=6443
+# The filter chain that refuses service addresses kube-proxy has not
+# programmed (up.sh says why); a KUBE-* name, so down.sh removes it.
+SERVICE_GUARD_CHAIN=KUBE-KNODE-SVC-GUARD
 
 SOCK=$STATE/containerd/containerd.sock
 KUBECONFIG_FILE=$STATE/admin.kubeconfig

@@ -56,6 +56,21 @@ echo 1 >/proc/sys/net/ipv4/ip_forward
 modprobe br_netfilter 2>/dev/null || true
 [ ! -f /proc/sys/net/bridge/bridge-nf-call-iptables ] || echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
 
+# A ClusterIP that kube-proxy has not programmed yet (a Service created a
+# moment ago, while kube-proxy is busy with a namespace being deleted) is
+# routed out of the node like any other address. Here the default route
+# leads to an egress proxy that accepts every TCP connection and answers
+# HTTP/2 with 404, so a gRPC client saw a healthy connection answering
+# Unimplemented, and kept it. In a real cluster such packets go nowhere.
+# Refuse them instead: kube-proxy's DNAT runs before the filter table, so
+# only addresses it does not know reach this rule. down.sh removes the
+# chain with the other KUBE-* chains.
+iptables -N "$SERVICE_GUARD_CHAIN" 2>/dev/null || iptables -F "$SERVICE_GUARD_CHAIN"
+iptables -A "$SERVICE_GUARD_CHAIN" -d "$SERVICE_CIDR" -j REJECT --reject-with icmp-port-unreachable
+for hook in FORWARD OUTPUT; do
+  iptables -C "$hook" -j "$SERVICE_GUARD_CHAIN" 2>/dev/null || iptables -I "$hook" 1 -j "$SERVICE_GUARD_CHAIN"
+done
+
 # containerd 1.6 (Debian 12). restrict_oom_score_adj is required where the
 # process lacks CAP_SYS_RESOURCE (VMs and containers): without it every
 # sandbox fails with "can't get final child's PID from pipe: EOF".
