@@ -8,9 +8,16 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/replica/server"
 	"github.com/catena-streams/catena/rpc/transport"
 )
+
+// replicaFS, when set, is the file system replicas keep their logs on
+// instead of the real one. Only a binary built with the powerloss tag sets
+// it (powerloss.go), so a production build cannot lose synced-looking data
+// on purpose.
+var replicaFS func() partlog.FS
 
 func newReplicaCommand() *cobra.Command {
 	var (
@@ -34,8 +41,13 @@ func newReplicaCommand() *cobra.Command {
 			if catchUpRate < 0 {
 				return fmt.Errorf("--catch-up-rate must be 0 (no cap) or a positive number of MiB/s, got %d", catchUpRate)
 			}
-			srv, err := server.New(server.Options{ID: id, DataDir: dataDir, TLS: tlsConfig, Logger: logger, Registerer: reg,
-				CatchUpBytesPerSecond: int64(catchUpRate) << 20})
+			opts := server.Options{ID: id, DataDir: dataDir, TLS: tlsConfig, Logger: logger, Registerer: reg,
+				CatchUpBytesPerSecond: int64(catchUpRate) << 20}
+			if replicaFS != nil {
+				opts.FS = replicaFS()
+				logger.Info("Keeping unsynced writes in memory only: killing this process loses them as a power cut would (a powerloss test build)")
+			}
+			srv, err := server.New(opts)
 			if err != nil {
 				return err
 			}

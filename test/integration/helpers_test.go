@@ -74,11 +74,17 @@ type proc struct {
 
 func startProc(t testing.TB, name, logPath string, args ...string) *proc {
 	t.Helper()
+	return startProcOf(t, catenaBin, name, logPath, args...)
+}
+
+// startProcOf is startProc with another catena executable.
+func startProcOf(t testing.TB, bin, name, logPath string, args ...string) *proc {
+	t.Helper()
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(catenaBin, args...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Safety net only: a test binary that dies must not leave servers behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -192,6 +198,13 @@ var devStarts sync.Map // dataDir -> *int (start count, for log names)
 // SIGKILL) and makes sure every replica PID it reported is gone.
 func startDev(t testing.TB, dataDir string, args ...string) *devCluster {
 	t.Helper()
+	return startDevOf(t, catenaBin, dataDir, args...)
+}
+
+// startDevOf is startDev with another catena executable (its replicas are
+// started from the same one).
+func startDevOf(t testing.TB, bin, dataDir string, args ...string) *devCluster {
+	t.Helper()
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +214,7 @@ func startDev(t testing.TB, dataDir string, args ...string) *devCluster {
 	outPath := filepath.Join(dataDir, fmt.Sprintf("dev-%d.out", *n))
 	full := append([]string{"dev", "--data-dir", dataDir, "--listen", "127.0.0.1:0"}, args...)
 	d := &devCluster{t: t, dataDir: dataDir, outPath: outPath}
-	d.proc = startProc(t, "catena dev", outPath, full...)
+	d.proc = startProcOf(t, bin, "catena dev", outPath, full...)
 	t.Cleanup(d.stop)
 	t.Cleanup(func() {
 		if t.Failed() {

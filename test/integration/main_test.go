@@ -8,8 +8,11 @@ import (
 	"testing"
 )
 
-// catenaBin is the catena executable built once by TestMain.
-var catenaBin string
+// catenaBin is the catena executable built once by TestMain, and
+// catenaPowerLossBin the same built with the powerloss tag: its replicas
+// keep unsynced writes in memory, so a SIGKILL loses them as a power cut
+// would (replica/partlog/lazyfs).
+var catenaBin, catenaPowerLossBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -23,11 +26,14 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	catenaBin = filepath.Join(dir, "catena")
-	cmd := exec.Command("go", "build", "-o", catenaBin, "github.com/catena-streams/catena/cmd/catena")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "integration: building catena failed:", err)
-		return 1
+	catenaPowerLossBin = filepath.Join(dir, "catena-powerloss")
+	for bin, tags := range map[string]string{catenaBin: "", catenaPowerLossBin: "powerloss"} {
+		cmd := exec.Command("go", "build", "-tags", tags, "-o", bin, "github.com/catena-streams/catena/cmd/catena")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintf(os.Stderr, "integration: building %s failed: %v\n", bin, err)
+			return 1
+		}
 	}
 	return m.Run()
 }
