@@ -122,12 +122,14 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 	a.stop()
 	m.failed["a"] = true
 	b = startNode(t, "b", b.addr, b.dir)
+	// The head is gone and b was restarted: c alone is left of the chain
+	// (epoch 2), and b returns behind it (epoch 3).
 	m.repair(ctx)
-	if ch := chains[0]; ch.Epoch != 2 || fmt.Sprint(ch.Members) != "[b c]" {
+	if ch := chains[0]; ch.Epoch != 3 || fmt.Sprint(ch.Members) != "[c b]" {
 		t.Fatalf("after the head failed: %+v", chains[0])
 	}
 	for i := range 4 {
-		if err := appendAt(b, 2, 3, uint64(i*2+1), 2, 5*time.Second); err != nil {
+		if err := appendAt(c, 3, 3, uint64(i*2+1), 2, 5*time.Second); err != nil {
 			t.Fatalf("append at the new head: %v", err)
 		}
 	}
@@ -139,17 +141,17 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 		t.Fatalf("returning head: end %d last epoch %d", st.GetLogEnd(), st.GetLastLogEpoch())
 	}
 	m.repair(ctx)
-	if ch := chains[0]; ch.Epoch != 3 || fmt.Sprint(ch.Members) != "[b c a]" {
+	if ch := chains[0]; ch.Epoch != 4 || fmt.Sprint(ch.Members) != "[c b a]" {
 		t.Fatalf("after the return: %+v", chains[0])
 	}
-	if err := appendAt(b, 3, 3, 9, 2, 5*time.Second); err != nil {
+	if err := appendAt(c, 4, 3, 9, 2, 5*time.Second); err != nil {
 		t.Fatalf("append after the rejoin: %v", err)
 	}
 	waitFor(t, func() error {
-		sb := partStatus(t, rc(b))
-		for _, n := range []*replicaNode{b, c, a} {
+		sb := partStatus(t, rc(c))
+		for _, n := range []*replicaNode{c, b, a} {
 			st := partStatus(t, rc(n))
-			if st.GetEpoch() != 3 || st.GetLogEnd() != 20 || st.GetCommitted() != 20 || st.GetChecksum() != sb.GetChecksum() {
+			if st.GetEpoch() != 4 || st.GetLogEnd() != 20 || st.GetCommitted() != 20 || st.GetChecksum() != sb.GetChecksum() {
 				return fmt.Errorf("%s: epoch %d end %d committed %d sum %08x; head sum %08x", n.id, st.GetEpoch(), st.GetLogEnd(), st.GetCommitted(), st.GetChecksum(), sb.GetChecksum())
 			}
 		}
@@ -166,7 +168,7 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 		}
 	}
 	m.repair(ctx) // converged: nothing more
-	if ch := chains[0]; ch.Epoch != 3 {
+	if ch := chains[0]; ch.Epoch != 4 {
 		t.Fatalf("repair of a converged chain moved it: %+v", ch)
 	}
 }

@@ -291,6 +291,7 @@ func replicaOf(in Input, id string, cur chainplan.Chain) chainplan.Replica {
 		return r
 	}
 	r.Epoch, r.LogEnd, r.DurableEnd, r.Committed, r.LastLogEpoch = ps.GetEpoch(), ps.GetLogEnd(), ps.GetDurable(), ps.GetCommitted(), ps.GetLastLogEpoch()
+	r.Restarted = ps.GetRestored()
 	switch {
 	case ps.GetError() != "":
 		r.Log = chainplan.LogCorrupt

@@ -15,6 +15,18 @@
 //     its predecessor's, and only removal keeps that true without repair.
 //     A member whose log is corrupt counts as failed (its data must never
 //     be copied to a peer).
+//   - A member that reopened its log from its volume and has installed no
+//     epoch since (Restarted: a crash, a restart, a power cut) has left the
+//     chain, whatever its health: what it had not synced may be gone, and a
+//     successor may hold more than it does, so neither its length nor its
+//     place says what it agrees with. It is removed like a failed member
+//     and returns at the tail after the epoch-end exchange. When no member
+//     survives but restarted ones (a coordinated power cut, the whole pool
+//     restarted), the restarted full copy holding the most (the highest
+//     last log epoch, then the longest durable log, then the earliest in the
+//     chain) becomes the chain alone under a new epoch, and the others
+//     return behind it: every acknowledged record is durable on every
+//     member, so it holds them all.
 //   - A member in doubt (Unknown: paused, partitioned, not yet past failure
 //     detection) is neither removed nor replaced: the caller decides when
 //     it has failed. While a member is in doubt nothing is added either.
@@ -132,6 +144,9 @@ type Replica struct {
 	LogEnd, DurableEnd, Committed uint64
 	// LastLogEpoch is the epoch of the last batch in its log (0: empty).
 	LastLogEpoch uint64
+	// Restarted: the replica reopened this partition from its volume and
+	// has installed no epoch since (it takes and passes on no write).
+	Restarted bool
 	// Agreement, for a replica outside the chain, is the offset below which
 	// its log agrees with the chain (from the epoch-end exchange); nil when
 	// not known yet.
@@ -219,6 +234,7 @@ func (a Action) String() string {
 const (
 	ReasonNoChange       = "chain is healthy"
 	ReasonRemoveFailed   = "removed failed members"
+	ReasonAllRestarted   = "every member restarted; the one holding the most is the chain, the others return at the tail"
 	ReasonNoSurvivors    = "every member failed; chain kept until one returns"
 	ReasonNoFullCopy     = "only members still catching up survive; chain kept until a full copy returns"
 	ReasonConfirm        = "members have not confirmed the current epoch"
@@ -301,25 +317,32 @@ func Next(in Input) (Plan, error) {
 		return Plan{Members: members, Epoch: next, Changed: true, Reason: reason, WritesAllowed: writes(members), Actions: actions}
 	}
 
-	// 1. Remove failed (or corrupt) members, keeping order.
+	// 1. Remove failed (or corrupt) and restarted members, keeping order.
 	var survivors []string
+	var restarted []Replica
 	for _, m := range cur.Members {
 		r := report(m)
-		if r.Health == Failed || (r.Health == Alive && r.Log == LogCorrupt) {
+		switch {
+		case r.Health == Failed || (r.Health == Alive && r.Log == LogCorrupt):
+			continue
+		case r.Health == Alive && r.Restarted:
+			restarted = append(restarted, r)
 			continue
 		}
 		survivors = append(survivors, m)
 	}
 	if len(survivors) < len(cur.Members) {
-		if len(survivors) == 0 {
-			p := keep(ReasonNoSurvivors)
-			p.WritesAllowed = false
-			return p, nil
-		}
 		// Survivors are full copies first, then catching-up members (they
 		// joined at the tail). The head must be a full copy.
-		if !full(survivors[0]) {
-			p := keep(ReasonNoFullCopy)
+		if len(survivors) == 0 || !full(survivors[0]) {
+			if best, ok := mostHeld(restarted, full); ok {
+				return change([]string{best}, ReasonAllRestarted), nil
+			}
+			reason := ReasonNoFullCopy
+			if len(survivors) == 0 {
+				reason = ReasonNoSurvivors
+			}
+			p := keep(reason)
 			p.WritesAllowed = false
 			return p, nil
 		}
@@ -405,6 +428,28 @@ func Next(in Input) (Plan, error) {
 }
 
 func empty(r Replica) bool { return r.Log == LogEmpty || r.LogEnd == 0 }
+
+// mostHeld picks, among reports in chain order, the full copy whose log
+// holds the most: the highest last log epoch (Kafka's rule: a later epoch's
+// records supersede an earlier one's at the same offsets), then the longest
+// durable log, then the earliest in the chain.
+func mostHeld(reports []Replica, full func(string) bool) (string, bool) {
+	var best *Replica
+	for i := range reports {
+		r := &reports[i]
+		if !full(r.ID) {
+			continue
+		}
+		if best == nil || r.LastLogEpoch > best.LastLogEpoch ||
+			(r.LastLogEpoch == best.LastLogEpoch && r.DurableEnd > best.DurableEnd) {
+			best = r
+		}
+	}
+	if best == nil {
+		return "", false
+	}
+	return best.ID, true
+}
 
 func validate(in Input) error {
 	if in.Chain.Epoch == 0 || len(in.Chain.Members) == 0 {

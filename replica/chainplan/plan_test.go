@@ -34,6 +34,14 @@ func corrupt(id string, epoch uint64) Replica {
 	return r
 }
 
+// restarted reopened its log from its volume at epoch and installed none
+// since: it reports committed 0 (it has not heard of a commit yet).
+func restarted(id string, epoch, end uint64) Replica {
+	r := alive(id, epoch, end)
+	r.Restarted, r.Committed = true, 0
+	return r
+}
+
 func emptyVol(id string) Replica {
 	return Replica{ID: id, Health: Alive, Log: LogEmpty}
 }
@@ -216,6 +224,30 @@ func TestNext(t *testing.T) {
 			Plan{Members: []string{"a", "b", "c"}, Epoch: 5, Reason: ReasonNoChange, WritesAllowed: true}},
 		{"failure and a returning member at once: removal first", in(chain(6, "b", "c"), 3, 1, alive("b", 6, 120), failed("c", 6, 120), returning("a", 5, 100, u64(100))),
 			Plan{Members: []string{"b"}, Epoch: 7, Changed: true, Reason: ReasonRemoveFailed, WritesAllowed: true}},
+		// Restarts (crashes, power cuts): a member back from its volume at
+		// the epoch it was in has left the chain.
+		{"middle restarted: removed, returns at the tail later", in(c5, 3, 1, with(abc(5), restarted("b", 5, 100))...),
+			Plan{Members: []string{"a", "c"}, Epoch: 6, Changed: true, Reason: ReasonRemoveFailed, WritesAllowed: true}},
+		{"head restarted short of its successor: removed", in(c5, 3, 1, with(abc(5), restarted("a", 5, 95))...),
+			Plan{Members: []string{"b", "c"}, Epoch: 6, Changed: true, Reason: ReasonRemoveFailed, WritesAllowed: true}},
+		{"every member restarted: the longest log is the chain", in(c5, 3, 1, restarted("a", 5, 100), restarted("b", 5, 100), restarted("c", 5, 104)),
+			Plan{Members: []string{"c"}, Epoch: 6, Changed: true, Reason: ReasonAllRestarted, WritesAllowed: true}},
+		{"every member restarted: a later last epoch beats a longer log", in(c5, 3, 1, restarted("a", 5, 100),
+			Replica{ID: "b", Health: Alive, Restarted: true, Epoch: 5, LogEnd: 102, DurableEnd: 102, LastLogEpoch: 5},
+			Replica{ID: "c", Health: Alive, Restarted: true, Epoch: 5, LogEnd: 110, DurableEnd: 110, LastLogEpoch: 4}),
+			Plan{Members: []string{"b"}, Epoch: 6, Changed: true, Reason: ReasonAllRestarted, WritesAllowed: true}},
+		{"every member restarted alike: the earliest in the chain", in(c5, 3, 1, restarted("a", 5, 100), restarted("b", 5, 100), restarted("c", 5, 100)),
+			Plan{Members: []string{"a"}, Epoch: 6, Changed: true, Reason: ReasonAllRestarted, WritesAllowed: true}},
+		{"every member restarted, min length 2: one is the chain, writes refused until another returns", in(c5, 3, 2, restarted("a", 5, 100), restarted("b", 5, 100), restarted("c", 5, 100)),
+			Plan{Members: []string{"a"}, Epoch: 6, Changed: true, Reason: ReasonAllRestarted, WritesAllowed: false}},
+		{"restarted and failed members only: the restarted one is the chain", in(c5, 3, 1, failed("a", 5, 100), restarted("b", 5, 100), failed("c", 5, 100)),
+			Plan{Members: []string{"b"}, Epoch: 6, Changed: true, Reason: ReasonAllRestarted, WritesAllowed: true}},
+		{"a restarted member short of what was committed is never the chain", in(c5, 3, 1, failed("a", 5, 100), restarted("b", 5, 80),
+			Replica{ID: "c", Health: Failed, Epoch: 5, LogEnd: 100, DurableEnd: 100, Committed: 100, LastLogEpoch: 5}),
+			Plan{Members: []string{"a", "b", "c"}, Epoch: 5, Reason: ReasonNoSurvivors, WritesAllowed: false}},
+		{"restarted member outside the chain returns like any other", in(chain(6, "a", "c"), 3, 1, alive("a", 6, 120), alive("c", 6, 120), restarted("b", 5, 100)),
+			Plan{Members: []string{"a", "c"}, Epoch: 6, Reason: ReasonFindDivergence, WritesAllowed: true,
+				Actions: []Action{{Kind: ActionFindDivergence, Member: "b", From: "a", Epoch: 5}}}},
 		{"joiner caught up: counted as full", in(chain(7, "b", "c", "a"), 3, 3, alive("b", 7, 120), alive("c", 7, 120), alive("a", 7, 120)),
 			Plan{Members: []string{"b", "c", "a"}, Epoch: 7, Reason: ReasonNoChange, WritesAllowed: true}},
 	}

@@ -98,7 +98,6 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 		p.mu.Unlock()
 		return fmt.Errorf("cannot link to successor %s at its log end %d: %w", succID, succEnd, err)
 	}
-	p.verifyLink = false
 	p.linkDownSince = time.Time{}
 	p.apply(eff)
 	p.mu.Unlock()
@@ -267,6 +266,8 @@ func (s *Server) Replicate(stream catenapb.Replica_ReplicateServer) error {
 func (p *partition) checkLink(epoch uint64, from string) error {
 	st := p.core.Status()
 	switch {
+	case p.restored:
+		return p.restoredError()
 	case epoch < st.Epoch:
 		return status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s: link of stale epoch %d refused, replica is at epoch %d", p.stream, p.index, p.srv.id, epoch, st.Epoch)
 	case epoch > st.Epoch:

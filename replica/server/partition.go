@@ -62,11 +62,14 @@ type partition struct {
 	recent       []recentFrame
 	recentBytes  int
 	hasSuccessor bool // under the current epoch; set with the link
-	// verifyLink holds appends at a head reopened after a restart until its
-	// link shows the successor holds no more than it does: with pipelined
-	// forwarding a machine crash can cost this member writes its successor
-	// kept, and new records must not reuse those offsets.
-	verifyLink bool
+	// restored is set while the partition runs on the membership it
+	// reopened from its volume, with neighbours, and no epoch installed
+	// since. A crash or a power cut can have cost it writes that a neighbour
+	// kept, or cost a neighbour writes it kept (members sync in parallel),
+	// and at the same epoch equal lengths do not mean equal records. So it
+	// takes no write, forwards nothing and accepts no link until the chain's
+	// master, having compared the members' logs, installs a new epoch.
+	restored bool
 	// holdsMu serialises changes of holds (each persisted before it is
 	// published) with retention, which must see every hold stored before
 	// it trims. Taken before mu, never while holding it.
@@ -319,8 +322,8 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 		}
 		return nil, 0, 0, st.Err()
 	}
-	if p.verifyLink {
-		return nil, 0, 0, status.Errorf(codes.Unavailable, "partition %s/%d on %s restarted and is checking its log against its successor's before taking writes", p.stream, p.index, p.srv.id)
+	if p.restored {
+		return nil, 0, 0, p.restoredError()
 	}
 
 	resp = &catenapb.AppendResponse{RequestId: req.GetRequestId(), Offsets: make([]uint64, n), Duplicate: make([]bool, n)}
@@ -512,4 +515,9 @@ func coreStatus(err error, p *partition) error {
 		code = codes.Aborted
 	}
 	return status.Errorf(code, "partition %s/%d on replica %s: %v", p.stream, p.index, p.srv.id, err)
+}
+
+// restoredError is the refusal of a write or link while restored.
+func (p *partition) restoredError() error {
+	return status.Errorf(codes.Unavailable, "partition %s/%d on %s was reopened from its volume at epoch %d and takes no writes or links until its chain's master installs a new epoch", p.stream, p.index, p.srv.id, p.core.Status().Epoch)
 }

@@ -247,10 +247,11 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		p.meta = meta
 		p.apply(eff)
 		p.m.epoch.Set(float64(meta.Epoch))
-		// Before the link starts: the link clears it once its handshake
-		// shows the successor is not ahead, and must not be overtaken.
-		p.verifyLink = p.core.Status().Successor != ""
-		p.startLink()
+		// A sole member has no neighbour to disagree with: what it lost
+		// was never acknowledged nor served, so it resumes at once.
+		if p.restored = len(meta.Members) > 1; !p.restored {
+			p.startLink()
+		}
 	}
 	p.m.logEnd.Set(float64(l.NextOffset()))
 	p.wg.Add(1)
@@ -458,8 +459,8 @@ func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) 
 	p.meta = meta
 	// Forwarding and acknowledgement marks belong to the old neighbours.
 	// A new epoch is a decision of the chain's master, which repairs logs
-	// before it installs one; no restart check is pending after it.
-	p.fwdEnd, p.ackUp, p.verifyLink = 0, 0, false
+	// before it installs one; a restored partition waits for nothing else.
+	p.fwdEnd, p.ackUp, p.restored = 0, 0, false
 	p.apply(eff)
 	p.broadcast()
 	p.m.epoch.Set(float64(meta.Epoch))
@@ -492,6 +493,7 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 		ps.Durable = st.DurableEnd
 		ps.Committed = max(st.Committed, p.committed)
 		ps.CommittedNotice = st.Noticed
+		ps.Restored = p.restored
 		ps.SuccessorAck = st.SuccessorAck
 		if st.Successor != "" && !p.linkDownSince.IsZero() {
 			ps.SuccessorDownMs = uint64(time.Since(p.linkDownSince).Milliseconds())

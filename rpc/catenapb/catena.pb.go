@@ -2640,8 +2640,16 @@ type PartitionStatus struct {
 	// records (a joiner catching up at the tail): the one comparison that
 	// needs no other member's report, taken at another instant.
 	CommittedNotice uint64 `protobuf:"varint,19,opt,name=committed_notice,json=committedNotice,proto3" json:"committed_notice,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The replica reopened this partition from its volume (a restart, a
+	// crash, a power cut) and has not installed an epoch since. What it had
+	// not synced may be gone, possibly less on its successor than on it, so
+	// it takes and passes on no write until the chain's master installs a
+	// new epoch: the master removes it and takes it back at the tail after
+	// comparing logs by epoch, or, when every member restarted, makes the
+	// one holding the most the chain.
+	Restored      bool `protobuf:"varint,20,opt,name=restored,proto3" json:"restored,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
@@ -2805,6 +2813,13 @@ func (x *PartitionStatus) GetCommittedNotice() uint64 {
 		return x.CommittedNotice
 	}
 	return 0
+}
+
+func (x *PartitionStatus) GetRestored() bool {
+	if x != nil {
+		return x.Restored
+	}
+	return false
 }
 
 type StatusRequest struct {
@@ -3727,7 +3742,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
-	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xaa\x05\n" +
+	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xc6\x05\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -3749,7 +3764,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x11successor_down_ms\x18\x10 \x01(\x04R\x0fsuccessorDownMs\x12-\n" +
 	"\x05holds\x18\x11 \x03(\v2\x17.catena.v1.ConsumerHoldR\x05holds\x128\n" +
 	"\fforced_trims\x18\x12 \x03(\v2\x15.catena.v1.ForcedTrimR\vforcedTrims\x12)\n" +
-	"\x10committed_notice\x18\x13 \x01(\x04R\x0fcommittedNotice\"X\n" +
+	"\x10committed_notice\x18\x13 \x01(\x04R\x0fcommittedNotice\x12\x1a\n" +
+	"\brestored\x18\x14 \x01(\bR\brestored\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +

@@ -378,7 +378,18 @@ func testCorruptSegments(t *testing.T) {
 	} else if eb, err := os.ReadFile(ev[0]); err != nil || !bytes.Equal(eb, garbage) {
 		t.Errorf("torn-tail evidence %s does not hold the cut bytes (%v)", ev[0], err)
 	}
-	// Once its predecessor's commit notice arrives, it serves its log again.
+	// Reopened from its volume, it waits for its master's new epoch before
+	// it takes part in the chain again; the test is the master here, and
+	// installs the chain without the corrupt member. Once its predecessor's
+	// commit notice arrives, it serves its log again.
+	if st, err := partStatus(ctxT(t, 5*time.Second), rcs[torn], stream, 0); err != nil || !st.GetRestored() {
+		t.Fatalf("the member with the torn tail does not report it was reopened from its volume: %v %v", st, err)
+	}
+	for _, id := range []string{"rb", "ra"} {
+		if _, err := rcs[id].Configure(ctxT(t, 10*time.Second), &catenapb.ConfigureRequest{Stream: stream, Partition: 0, Epoch: 2, Members: members[:2], Config: cfg}); err != nil {
+			t.Fatalf("configure epoch 2 on %s: %v", id, err)
+		}
+	}
 	eventually(t, 20*time.Second, func() error {
 		resp, err := rcs[torn].Read(ctxT(t, 5*time.Second), &catenapb.FetchRequest{Stream: stream, Partition: 0, Offset: 0, MaxBytes: 1 << 20})
 		if err != nil {

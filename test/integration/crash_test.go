@@ -98,7 +98,7 @@ func crashAllAndRestart(t *testing.T, bin string, crash func(*devCluster)) {
 
 	// Restart on the same data directory.
 	d2 := startDevOf(t, bin, dataDir)
-	waitConverged(t, d2.seeds(), stream, partitions, 60*time.Second)
+	waitWhole(t, d2.seeds(), stream, partitions, 3, 60*time.Second)
 	got, ends := readAll(t, d2.client, stream, partitions)
 	// Unacked records may have been stored (their acks were lost), but
 	// never twice, and nothing that was not sent.

@@ -479,6 +479,14 @@ func (v chainView) converged() error {
 // log, offset for offset). It returns the views.
 func waitConverged(t testing.TB, seeds []string, stream string, partitions int, timeout time.Duration) []chainView {
 	t.Helper()
+	return waitWhole(t, seeds, stream, partitions, 0, timeout)
+}
+
+// waitWhole is waitConverged for chains of exactly length members (0: any
+// length): after a crash of every member, chains are rebuilt one member at
+// a time, and a chain of one is converged long before it is whole again.
+func waitWhole(t testing.TB, seeds []string, stream string, partitions, length int, timeout time.Duration) []chainView {
+	t.Helper()
 	cv := newClusterView(t)
 	views := make([]chainView, partitions)
 	for p := range partitions {
@@ -489,6 +497,9 @@ func waitConverged(t testing.TB, seeds []string, stream string, partitions int, 
 			}
 			if err := v.converged(); err != nil {
 				return err
+			}
+			if length > 0 && len(v.members) != length {
+				return fmt.Errorf("chain of %d members, want %d: %v", len(v.members), length, v)
 			}
 			views[p] = v
 			return nil
