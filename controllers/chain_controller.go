@@ -204,6 +204,7 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		Replication: int(chain.Spec.ReplicationFactor), MinLength: minLen,
 		Addrs: addrs, Failed: failed, Reports: reports, Answered: answered,
 		Chain: chainRecord(chain), Agreements: r.agreementsOf(key),
+		LinkTimeoutMs: uint64(r.failureTimeout().Milliseconds()),
 	})
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("failed to plan chain %s: %w", chain.Name, err)

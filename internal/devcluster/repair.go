@@ -45,6 +45,8 @@ type repairInput struct {
 	Chains map[uint32]chainplan.Chain
 	// Agreements found by earlier EpochEnd exchanges.
 	Agreements map[agreeKey]chainmaster.Agreement
+	// LinkTimeoutMs: see chainmaster.Input (the failure timeout; 0: off).
+	LinkTimeoutMs uint64
 }
 
 // planRepairs returns, for every partition whose chain needs work, the plan
@@ -82,6 +84,7 @@ func planRepairs(in repairInput) ([]*chainmaster.Repair, error) {
 		r, err := chainmaster.Plan(chainmaster.Input{
 			Stream: in.Stream, Partition: p, Config: cfg, Replication: in.Replication, MinLength: in.MinLength,
 			Addrs: in.Addrs, Failed: in.Failed, Reports: reports, Answered: answered, Chain: chain, Agreements: agreements,
+			LinkTimeoutMs: in.LinkTimeoutMs,
 		})
 		if err != nil {
 			return nil, err
@@ -204,6 +207,7 @@ func (m *master) repairStream(ctx context.Context, s *masterStream, answered, fa
 	repairs, err := planRepairs(repairInput{
 		Stream: s.name, Partitions: s.partitions, Replication: m.replication, MinLength: max(m.minLength, 1),
 		Addrs: m.addrs, Failed: failed, Reports: m.reports, Answered: answered, Chains: s.chains, Agreements: s.agreements,
+		LinkTimeoutMs: m.linkTimeoutMs(),
 	})
 	if err != nil {
 		m.log.Error(err, "Cannot plan chain repair", "stream", s.name)
@@ -288,4 +292,13 @@ func (m *master) execute(ctx context.Context, s *masterStream, pr *chainmaster.R
 		s.agreements[agreeKey{pr.Partition, id}] = a
 	}
 	return err
+}
+
+// linkTimeoutMs is how long a predecessor's report of a silent link makes
+// its successor cut off: the failure timeout, as for a silent replica.
+func (m *master) linkTimeoutMs() uint64 {
+	if m.health == nil {
+		return 0
+	}
+	return uint64(m.health.timeout.Milliseconds())
 }

@@ -55,6 +55,10 @@ type Input struct {
 	// CatchUpInChain turns copying outside the chain off: joiners enter at
 	// once and the chain's commits wait for their whole copy.
 	CatchUpInChain bool
+	// LinkTimeoutMs: a member whose predecessor reports its link down or
+	// stalled this long is cut off and removed (0: links are not judged).
+	// The master's failure timeout.
+	LinkTimeoutMs uint64
 }
 
 // DefaultJoinLag is how far behind the committed offset a joining replica
@@ -142,7 +146,7 @@ func Plan(in Input) (*Repair, error) {
 		reps = append(reps, replicaOf(in, id, cur))
 	}
 	plan, err := chainplan.Next(chainplan.Input{Chain: cur, Replicas: reps, ReplicationFactor: in.Replication, MinLength: in.MinLength,
-		CopyOutside: !in.CatchUpInChain, JoinLag: cmp.Or(in.JoinLag, DefaultJoinLag)})
+		CopyOutside: !in.CatchUpInChain, JoinLag: cmp.Or(in.JoinLag, DefaultJoinLag), LinkTimeoutMs: in.LinkTimeoutMs})
 	if err != nil {
 		return nil, fmt.Errorf("partition %s/%d: %w", in.Stream, in.Partition, err)
 	}
@@ -292,6 +296,7 @@ func replicaOf(in Input, id string, cur chainplan.Chain) chainplan.Replica {
 	}
 	r.Epoch, r.LogEnd, r.DurableEnd, r.Committed, r.LastLogEpoch = ps.GetEpoch(), ps.GetLogEnd(), ps.GetDurable(), ps.GetCommitted(), ps.GetLastLogEpoch()
 	r.Restarted = ps.GetRestored()
+	r.SuccessorSilentMs = max(ps.GetSuccessorDownMs(), ps.GetSuccessorStalledMs())
 	switch {
 	case ps.GetError() != "":
 		r.Log = chainplan.LogCorrupt

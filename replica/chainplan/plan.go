@@ -27,6 +27,17 @@
 //     chain) becomes the chain alone under a new epoch, and the others
 //     return behind it: every acknowledged record is durable on every
 //     member, so it holds them all.
+//   - A link that its sending end (alive, at the chain's epoch) reports
+//     silent for LinkTimeoutMs or longer (down, or carrying records that are
+//     not acknowledged) cuts the chain: nothing commits through it. One of
+//     its two ends is removed like a failed member. When the successor does
+//     not answer the master either (in doubt), it is the dark one and is
+//     removed, without waiting for the master's own failure timeout. When
+//     the successor answers the master, the link itself is cut, and the
+//     predecessor is removed: it returns at the tail, where it sends to
+//     no one, behind the old tail, over other links. (Removing the
+//     successor instead would bring it back at the tail, right behind the
+//     predecessor whenever that was the new tail, over the same cut link.)
 //   - A member in doubt (Unknown: paused, partitioned, not yet past failure
 //     detection) is neither removed nor replaced: the caller decides when
 //     it has failed. While a member is in doubt nothing is added either.
@@ -147,6 +158,9 @@ type Replica struct {
 	// Restarted: the replica reopened this partition from its volume and
 	// has installed no epoch since (it takes and passes on no write).
 	Restarted bool
+	// SuccessorSilentMs is how long the replica's link to its successor has
+	// been down or stalled (0: fine, or no successor).
+	SuccessorSilentMs uint64
 	// Agreement, for a replica outside the chain, is the offset below which
 	// its log agrees with the chain (from the epoch-end exchange); nil when
 	// not known yet.
@@ -169,6 +183,9 @@ type Input struct {
 	// the tail, and commits wait for the whole copy.
 	CopyOutside bool
 	JoinLag     uint64
+	// LinkTimeoutMs: a successor whose predecessor reports the link silent
+	// this long is cut off (0: links are not judged).
+	LinkTimeoutMs uint64
 }
 
 // ActionKind says what the master must do to one replica.
@@ -234,6 +251,7 @@ func (a Action) String() string {
 const (
 	ReasonNoChange       = "chain is healthy"
 	ReasonRemoveFailed   = "removed failed members"
+	ReasonRemoveCutOff   = "removed a member at an end of a link that carries nothing"
 	ReasonAllRestarted   = "every member restarted; the one holding the most is the chain, the others return at the tail"
 	ReasonNoSurvivors    = "every member failed; chain kept until one returns"
 	ReasonNoFullCopy     = "only members still catching up survive; chain kept until a full copy returns"
@@ -317,16 +335,33 @@ func Next(in Input) (Plan, error) {
 		return Plan{Members: members, Epoch: next, Changed: true, Reason: reason, WritesAllowed: writes(members), Actions: actions}
 	}
 
-	// 1. Remove failed (or corrupt) and restarted members, keeping order.
+	// 1. Remove failed (or corrupt), cut-off and restarted members,
+	// keeping order.
+	cutOff := map[string]bool{}
+	for i, m := range cur.Members[:len(cur.Members)-1] {
+		if r := report(m); r.Health == Alive && !r.Restarted && r.Epoch == cur.Epoch &&
+			in.LinkTimeoutMs > 0 && r.SuccessorSilentMs >= in.LinkTimeoutMs {
+			if succ := cur.Members[i+1]; report(succ).Health == Alive {
+				cutOff[m] = true
+			} else {
+				cutOff[succ] = true
+			}
+		}
+	}
 	var survivors []string
 	var restarted []Replica
+	onlyCut := true
 	for _, m := range cur.Members {
 		r := report(m)
 		switch {
 		case r.Health == Failed || (r.Health == Alive && r.Log == LogCorrupt):
+			onlyCut = false
+			continue
+		case cutOff[m]:
 			continue
 		case r.Health == Alive && r.Restarted:
 			restarted = append(restarted, r)
+			onlyCut = false
 			continue
 		}
 		survivors = append(survivors, m)
@@ -345,6 +380,9 @@ func Next(in Input) (Plan, error) {
 			p := keep(reason)
 			p.WritesAllowed = false
 			return p, nil
+		}
+		if onlyCut {
+			return change(survivors, ReasonRemoveCutOff), nil
 		}
 		return change(survivors, ReasonRemoveFailed), nil
 	}

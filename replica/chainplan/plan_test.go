@@ -42,6 +42,19 @@ func restarted(id string, epoch, end uint64) Replica {
 	return r
 }
 
+// silentLink is r reporting its link to its successor down or stalled
+// for ms.
+func silentLink(r Replica, ms uint64) Replica {
+	r.SuccessorSilentMs = ms
+	return r
+}
+
+// linkTimeout judges links after ms.
+func linkTimeout(in Input, ms uint64) Input {
+	in.LinkTimeoutMs = ms
+	return in
+}
+
 func emptyVol(id string) Replica {
 	return Replica{ID: id, Health: Alive, Log: LogEmpty}
 }
@@ -248,6 +261,30 @@ func TestNext(t *testing.T) {
 		{"restarted member outside the chain returns like any other", in(chain(6, "a", "c"), 3, 1, alive("a", 6, 120), alive("c", 6, 120), restarted("b", 5, 100)),
 			Plan{Members: []string{"a", "c"}, Epoch: 6, Reason: ReasonFindDivergence, WritesAllowed: true,
 				Actions: []Action{{Kind: ActionFindDivergence, Member: "b", From: "a", Epoch: 5}}}},
+		// Links (SCENARIOS.md 23): a predecessor's report of a silent link
+		// removes the successor when it is dark, the predecessor when the
+		// successor answers the master (the link is cut).
+		{"head cannot reach a middle that answers the master: head removed", linkTimeout(in(c5, 3, 1, with(abc(5), silentLink(alive("a", 5, 100), 2000))...), 2000),
+			Plan{Members: []string{"b", "c"}, Epoch: 6, Changed: true, Reason: ReasonRemoveCutOff, WritesAllowed: true}},
+		{"middle cannot reach a tail that answers the master: middle removed", linkTimeout(in(c5, 3, 1, with(abc(5), silentLink(alive("b", 5, 100), 2500))...), 2000),
+			Plan{Members: []string{"a", "c"}, Epoch: 6, Changed: true, Reason: ReasonRemoveCutOff, WritesAllowed: true}},
+		{"head cannot reach a middle in doubt: the dark middle removed", linkTimeout(in(c5, 3, 1, silentLink(alive("a", 5, 100), 2000), unknown("b", 5, 100), alive("c", 5, 100)), 2000),
+			Plan{Members: []string{"a", "c"}, Epoch: 6, Changed: true, Reason: ReasonRemoveCutOff, WritesAllowed: true}},
+		{"middle cannot reach a tail in doubt: the dark tail removed", linkTimeout(in(c5, 3, 1, alive("a", 5, 100), silentLink(alive("b", 5, 100), 2000), unknown("c", 5, 100)), 2000),
+			Plan{Members: []string{"a", "b"}, Epoch: 6, Changed: true, Reason: ReasonRemoveCutOff, WritesAllowed: true}},
+		{"link silent less than the timeout: no change", linkTimeout(in(c5, 3, 1, with(abc(5), silentLink(alive("a", 5, 100), 1999))...), 2000),
+			Plan{Members: []string{"a", "b", "c"}, Epoch: 5, Reason: ReasonNoChange, WritesAllowed: true}},
+		{"links not judged without a timeout", in(c5, 3, 1, with(abc(5), silentLink(alive("a", 5, 100), 60000))...),
+			Plan{Members: []string{"a", "b", "c"}, Epoch: 5, Reason: ReasonNoChange, WritesAllowed: true}},
+		{"a report from an older epoch is no evidence", linkTimeout(in(c5, 3, 1, with(abc(5), silentLink(alive("a", 4, 100), 9000))...), 2000),
+			Plan{Members: []string{"a", "b", "c"}, Epoch: 5, Reason: ReasonConfirm, WritesAllowed: true,
+				Actions: []Action{{Kind: ActionConfigure, Member: "a"}}}},
+		{"a reporter in doubt is no evidence", linkTimeout(in(c5, 3, 1, with(abc(5), silentLink(unknown("a", 5, 100), 9000))...), 2000),
+			Plan{Members: []string{"a", "b", "c"}, Epoch: 5, Reason: ReasonNoChange, WritesAllowed: true}},
+		{"a cut link and a failed member at once: both removed", linkTimeout(in(chain(5, "a", "b", "c", "d"), 4, 1, silentLink(alive("a", 5, 100), 3000), alive("b", 5, 100), alive("c", 5, 100), failed("d", 5, 100)), 2000),
+			Plan{Members: []string{"b", "c"}, Epoch: 6, Changed: true, Reason: ReasonRemoveFailed, WritesAllowed: true}},
+		{"the tail's own report names no successor", linkTimeout(in(c5, 3, 1, with(abc(5), silentLink(alive("c", 5, 100), 9000))...), 2000),
+			Plan{Members: []string{"a", "b", "c"}, Epoch: 5, Reason: ReasonNoChange, WritesAllowed: true}},
 		{"joiner caught up: counted as full", in(chain(7, "b", "c", "a"), 3, 3, alive("b", 7, 120), alive("c", 7, 120), alive("a", 7, 120)),
 			Plan{Members: []string{"b", "c", "a"}, Epoch: 7, Reason: ReasonNoChange, WritesAllowed: true}},
 	}

@@ -37,6 +37,7 @@ func (p *partition) runLink(ctx context.Context, epoch uint64, succID, succAddr 
 			if p.linkDownSince.IsZero() {
 				p.linkDownSince = time.Now()
 			}
+			p.linkErr, p.stalledSince = err, time.Time{}
 		}
 		p.mu.Unlock()
 		if ctx.Err() != nil {
@@ -98,7 +99,7 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 		p.mu.Unlock()
 		return fmt.Errorf("cannot link to successor %s at its log end %d: %w", succID, succEnd, err)
 	}
-	p.linkDownSince = time.Time{}
+	p.linkDownSince, p.linkErr = time.Time{}, nil
 	p.apply(eff)
 	p.mu.Unlock()
 	p.logger.Info("Replication link up", "successor", succID, "epoch", epoch, "successorLogEnd", succEnd)
@@ -114,9 +115,15 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 				return
 			}
 			p.mu.Lock()
+			before := p.core.Status().SuccessorAck
 			eff, err := p.core.Acked(ack.GetEpoch(), succID, ack.GetAck())
 			if err == nil {
 				p.apply(eff)
+				if acked := p.core.Status().SuccessorAck; acked >= p.fwdEnd {
+					p.stalledSince = time.Time{}
+				} else if acked > before {
+					p.stalledSince = time.Now()
+				}
 			}
 			p.mu.Unlock()
 			if err != nil {

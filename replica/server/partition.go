@@ -55,6 +55,11 @@ type partition struct {
 	// went down (or was started and is not up yet); zero while it is up or
 	// there is no successor. Status reports it to the master.
 	linkDownSince time.Time
+	// linkErr is why the link last failed (nil while it is up).
+	linkErr error
+	// stalledSince is when the successor last acknowledged, while records
+	// forwarded to it are unacknowledged (zero: none outstanding).
+	stalledSince time.Time
 	// recent holds frames appended here and not yet sent to the successor,
 	// so the link forwards them from memory rather than reading them back
 	// from the log; it falls back to the log (catch-up, a reset link) when
@@ -147,6 +152,9 @@ func (p *partition) apply(eff chain.Effects) {
 		if r.End > p.fwdEnd {
 			p.fwdEnd = r.End
 			changed = true
+			if p.stalledSince.IsZero() {
+				p.stalledSince = time.Now()
+			}
 		}
 	}
 	if eff.AckUpstream != nil && *eff.AckUpstream > p.ackUp {

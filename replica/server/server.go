@@ -319,7 +319,7 @@ func (p *partition) startLink() {
 	st := p.core.Status()
 	p.hasSuccessor = st.Successor != ""
 	p.recent, p.recentBytes = nil, 0
-	p.linkDownSince = time.Time{}
+	p.linkDownSince, p.linkErr, p.stalledSince = time.Time{}, nil, time.Time{}
 	if st.Successor == "" {
 		return
 	}
@@ -497,6 +497,12 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 		ps.SuccessorAck = st.SuccessorAck
 		if st.Successor != "" && !p.linkDownSince.IsZero() {
 			ps.SuccessorDownMs = uint64(time.Since(p.linkDownSince).Milliseconds())
+		}
+		if st.Successor != "" && !p.stalledSince.IsZero() {
+			ps.SuccessorStalledMs = uint64(time.Since(p.stalledSince).Milliseconds())
+		}
+		if p.linkErr != nil {
+			ps.SuccessorError = p.linkErr.Error()
 		}
 	}
 	return ps

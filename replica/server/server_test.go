@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1104,17 +1105,114 @@ func TestStatusReportsHowLongTheSuccessorLinkIsDown(t *testing.T) {
 	}
 	stopNode(b) // the successor dies: the head's link breaks
 	eventually(t, 5*time.Second, func() error {
-		if st := status0(t, a); st.GetSuccessorDownMs() < 200 {
-			return fmt.Errorf("link down for %d ms", st.GetSuccessorDownMs())
+		if st := status0(t, a); st.GetSuccessorDownMs() < 200 || st.GetSuccessorError() == "" {
+			return fmt.Errorf("link down for %d ms, reason %q", st.GetSuccessorDownMs(), st.GetSuccessorError())
 		}
 		return nil
 	})
 	// A new epoch without the dead successor: nothing is reported down.
 	configure(t, 2, a)
-	if st := status0(t, a); st.GetSuccessorDownMs() != 0 {
+	if st := status0(t, a); st.GetSuccessorDownMs() != 0 || st.GetSuccessorError() != "" || st.GetSuccessorStalledMs() != 0 {
 		t.Fatalf("sole member reports a successor down: %v", st)
 	}
 }
+
+// A successor that stops acknowledging while the link stays open (paused,
+// or its packets dropped) shows as a stalled link, not a down one.
+func TestStatusReportsAStalledSuccessor(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	px := startFreezableProxy(t, b.addr)
+	req := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Config: testConfig,
+		Members: []*catenapb.Member{{Id: "a", Addr: a.addr}, {Id: "b", Addr: px.addr}}}
+	ctx := context.Background()
+	for _, n := range []*node{b, a} {
+		if _, err := client(t, n.addr).Configure(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	if st := status0(t, a); st.GetSuccessorStalledMs() != 0 || st.GetSuccessorDownMs() != 0 {
+		t.Fatalf("every forwarded record is acknowledged, yet the link reports trouble: %v", st)
+	}
+	px.freeze()
+	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := client(t, a.addr).Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 3, 2)}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("append through a frozen link: %v, want DeadlineExceeded", err)
+	}
+	eventually(t, 5*time.Second, func() error {
+		st := status0(t, a)
+		if st.GetSuccessorStalledMs() < 200 || st.GetSuccessorDownMs() != 0 {
+			return fmt.Errorf("stalled %d ms, down %d ms; want a stall of 200 ms or more on a link that is up", st.GetSuccessorStalledMs(), st.GetSuccessorDownMs())
+		}
+		return nil
+	})
+}
+
+// freezableProxy forwards TCP connections to a backend until frozen; then
+// it keeps them open and passes nothing, as a link whose packets vanish.
+type freezableProxy struct {
+	addr   string
+	frozen atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func startFreezableProxy(t *testing.T, backend string) *freezableProxy {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	px := &freezableProxy{addr: lis.Addr().String()}
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if err != nil {
+				return
+			}
+			for px.frozen.Load() {
+				time.Sleep(10 * time.Millisecond) // the fault: bytes held, nothing closed
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			in, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", backend)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			px.mu.Lock()
+			px.conns = append(px.conns, in, out)
+			px.mu.Unlock()
+			go pipe(out, in)
+			go pipe(in, out)
+		}
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		px.frozen.Store(false)
+		px.mu.Lock()
+		defer px.mu.Unlock()
+		for _, c := range px.conns {
+			c.Close()
+		}
+	})
+	return px
+}
+
+func (px *freezableProxy) freeze() { px.frozen.Store(true) }
 
 // senderFrame encodes records as ingestion does: one frame at epoch 0,
 // offset 0.

@@ -2647,9 +2647,19 @@ type PartitionStatus struct {
 	// new epoch: the master removes it and takes it back at the tail after
 	// comparing logs by epoch, or, when every member restarted, makes the
 	// one holding the most the chain.
-	Restored      bool `protobuf:"varint,20,opt,name=restored,proto3" json:"restored,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Restored bool `protobuf:"varint,20,opt,name=restored,proto3" json:"restored,omitempty"`
+	// How long this member has had records forwarded to its successor that
+	// the successor has not acknowledged, without its acknowledgement moving,
+	// in milliseconds (0: nothing outstanding, or it moves). A link that is up
+	// but carries nothing (packets dropped on an open connection, a
+	// successor that stopped) shows here, not in successor_down_ms.
+	SuccessorStalledMs uint64 `protobuf:"varint,21,opt,name=successor_stalled_ms,json=successorStalledMs,proto3" json:"successor_stalled_ms,omitempty"`
+	// Why the link to the successor last failed (empty while it is up): a
+	// refused epoch, a successor ahead of this member (it must be cut back),
+	// a successor that lost acknowledged records, or a network error.
+	SuccessorError string `protobuf:"bytes,22,opt,name=successor_error,json=successorError,proto3" json:"successor_error,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
@@ -2820,6 +2830,20 @@ func (x *PartitionStatus) GetRestored() bool {
 		return x.Restored
 	}
 	return false
+}
+
+func (x *PartitionStatus) GetSuccessorStalledMs() uint64 {
+	if x != nil {
+		return x.SuccessorStalledMs
+	}
+	return 0
+}
+
+func (x *PartitionStatus) GetSuccessorError() string {
+	if x != nil {
+		return x.SuccessorError
+	}
+	return ""
 }
 
 type StatusRequest struct {
@@ -3742,7 +3766,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
-	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xc6\x05\n" +
+	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xa1\x06\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -3765,7 +3789,9 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05holds\x18\x11 \x03(\v2\x17.catena.v1.ConsumerHoldR\x05holds\x128\n" +
 	"\fforced_trims\x18\x12 \x03(\v2\x15.catena.v1.ForcedTrimR\vforcedTrims\x12)\n" +
 	"\x10committed_notice\x18\x13 \x01(\x04R\x0fcommittedNotice\x12\x1a\n" +
-	"\brestored\x18\x14 \x01(\bR\brestored\"X\n" +
+	"\brestored\x18\x14 \x01(\bR\brestored\x120\n" +
+	"\x14successor_stalled_ms\x18\x15 \x01(\x04R\x12successorStalledMs\x12'\n" +
+	"\x0fsuccessor_error\x18\x16 \x01(\tR\x0esuccessorError\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
