@@ -23,19 +23,26 @@ import (
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
-// Fault kinds the campaign injects. Every kind that ends a process is
-// followed by catena dev restarting it on its data directory (empty for
-// replace-empty); a paused process is resumed and rejoins.
+// Fault kinds the campaign injects. The replicas run the powerloss build
+// (replica/partlog/lazyfs), so every SIGKILL is a power cut of that
+// member: what it had not fsynced is gone. Every kind that ends a process
+// is followed by catena dev restarting it on its data directory (empty for
+// replace-empty); a paused process is resumed and rejoins; a cut link
+// heals.
 const (
-	faultKillHead     = "kill-head"     // SIGKILL the head of a partition's chain
-	faultKillMiddle   = "kill-middle"   // SIGKILL its middle
-	faultKillTail     = "kill-tail"     // SIGKILL its tail
-	faultRestart      = "restart"       // SIGTERM a member: it stops cleanly and restarts on its volume
-	faultPause        = "pause"         // SIGSTOP a member past the failure timeout, then SIGCONT
-	faultReplaceEmpty = "replace-empty" // a member's volume is lost: it returns empty
+	faultKillHead     = "kill-head"      // power cut of the head of a partition's chain
+	faultKillMiddle   = "kill-middle"    // of its middle
+	faultKillTail     = "kill-tail"      // of its tail
+	faultPowerLossTwo = "power-loss-two" // of two members of a chain at once
+	faultPowerLossAll = "power-loss-all" // of every member of a chain at once (coordinated)
+	faultRestart      = "restart"        // SIGTERM a member: it stops cleanly and restarts on its volume
+	faultPause        = "pause"          // SIGSTOP a member past the failure timeout, then SIGCONT
+	faultReplaceEmpty = "replace-empty"  // a member's volume is lost: it returns empty
+	faultCutLink      = "cut-link"       // a member cannot send to its successor past the failure timeout (one direction), then the link heals
 )
 
-var faultKinds = []string{faultKillHead, faultKillMiddle, faultKillTail, faultRestart, faultPause, faultReplaceEmpty}
+var faultKinds = []string{faultKillHead, faultKillMiddle, faultKillTail, faultPowerLossTwo, faultPowerLossAll,
+	faultRestart, faultPause, faultReplaceEmpty, faultCutLink}
 
 const (
 	campaignPartitions  = 4
@@ -80,11 +87,12 @@ func TestFaultCampaign(t *testing.T) {
 	t.Logf("fault campaign: seed %d (replay with CATENA_FAULT_SEED=%d), fault phase %s", seed, seed, duration)
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 
+	cutter := newLinkCutter(t)
 	dataDir := t.TempDir()
-	d := startDev(t, dataDir, "--failure-timeout", campaignFailTimeout.String(),
+	d := startDevOf(t, catenaPowerLossBin, dataDir, "--failure-timeout", campaignFailTimeout.String(),
 		"--partitions", strconv.Itoa(campaignPartitions), "--replication", strconv.Itoa(campaignReplication))
 	stream := d.state.Stream
-	c := &campaign{t: t, d: d, dataDir: dataDir, stream: stream, seeds: d.seeds()}
+	c := &campaign{t: t, d: d, dataDir: dataDir, stream: stream, seeds: d.seeds(), cutter: cutter}
 
 	// ---- producers
 	sendCtx, stopSending := context.WithCancel(context.Background())
@@ -148,6 +156,7 @@ type campaign struct {
 	d       *devCluster
 	dataDir string
 	stream  string
+	cutter  *linkCutter
 
 	acks atomic.Int64
 	// lastAck is, per partition, the latest completion time (UnixNano) of
@@ -356,11 +365,24 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 		victim = ids[len(ids)/2]
 	case faultKillTail:
 		victim = ids[len(ids)-1]
+	case faultCutLink:
+		victim = ids[pick%(len(ids)-1)] // the sending end: it has a successor
 	default:
 		victim = ids[pick%len(ids)]
 	}
+	victims := []string{victim}
+	switch kind {
+	case faultPowerLossTwo:
+		victims = append(victims, ids[(slices.Index(ids, victim)+1)%len(ids)])
+	case faultPowerLossAll:
+		victims = slices.Clone(ids)
+	}
 	r := c.replica(victim)
-	f := injected{n: n, kind: kind, partition: p, replica: victim}
+	before := map[string]int{}
+	for _, id := range victims {
+		before[id] = c.replica(id).PID
+	}
+	f := injected{n: n, kind: kind, partition: p, replica: strings.Join(victims, "+")}
 	acksBefore := c.acks.Load()
 	signal := func(sig syscall.Signal) {
 		c.t.Helper()
@@ -372,6 +394,27 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 	case faultKillHead, faultKillMiddle, faultKillTail:
 		f.at = time.Now()
 		signal(syscall.SIGKILL)
+	case faultPowerLossTwo, faultPowerLossAll:
+		f.at = time.Now()
+		for _, id := range victims {
+			if err := syscall.Kill(before[id], syscall.SIGKILL); err != nil {
+				c.t.Fatalf("fault #%d %s: SIGKILL %s (pid %d): %v", n, kind, id, before[id], err)
+			}
+		}
+	case faultCutLink:
+		succ := ids[slices.Index(ids, victim)+1]
+		f.replica = victim + "->" + succ
+		f.at = time.Now()
+		c.cutter.cut(r.PID, c.replica(succ).Addr)
+		defer c.cutter.heal() // a failing test must not leave it cut
+		c.waitAcks(acksBefore+200, 30*time.Second, fmt.Sprintf("while %s could not send to %s (fault #%d)", victim, succ, n))
+		// Held past the failure timeout (a timer: the cut's length is the
+		// fault itself).
+		if rest := time.Until(f.at.Add(pauseFor)); rest > 0 {
+			<-time.After(rest)
+		}
+		c.cutter.heal()
+		f.resumed = time.Now()
 	case faultRestart:
 		f.at = time.Now()
 		signal(syscall.SIGTERM)
@@ -413,15 +456,17 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 	c.mu.Lock()
 	c.faults = append(c.faults, f)
 	c.mu.Unlock()
-	if kind != faultPause {
+	if kind != faultPause && kind != faultCutLink {
 		// A new process on the same address.
-		if err := poll(60*time.Second, func() error {
-			if nr := c.replica(victim); nr.PID == r.PID || nr.PID == 0 {
-				return fmt.Errorf("%s (pid %d) not restarted yet", victim, r.PID)
+		for _, id := range victims {
+			if err := poll(60*time.Second, func() error {
+				if nr := c.replica(id); nr.PID == before[id] || nr.PID == 0 {
+					return fmt.Errorf("%s (pid %d) not restarted yet", id, before[id])
+				}
+				return nil
+			}); err != nil {
+				c.t.Fatalf("fault #%d %s: %v", n, kind, err)
 			}
-			return nil
-		}); err != nil {
-			c.t.Fatalf("fault #%d %s: %v", n, kind, err)
 		}
 	}
 	c.waitAcks(c.acks.Load()+200, 60*time.Second, fmt.Sprintf("after fault #%d %s of %s", n, kind, victim))
@@ -601,9 +646,24 @@ func percentile(ds []time.Duration, q float64) time.Duration {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
+// faultClass groups kinds for the write-unavailability figures: a member
+// crashed (its power cut, a restart, its volume lost), several members'
+// power cut at once, a member paused, a link cut.
+func faultClass(kind string) string {
+	switch kind {
+	case faultPowerLossTwo, faultPowerLossAll:
+		return "power loss of several"
+	case faultPause:
+		return "pauses"
+	case faultCutLink:
+		return "cut links"
+	}
+	return "single crashes"
+}
+
 func (c *campaign) summary(verdict string) {
 	byKind := map[string]int{}
-	var kills, pauses []time.Duration
+	gaps := map[string][]time.Duration{}
 	var lines []string
 	for i, f := range c.faults {
 		byKind[f.kind]++
@@ -615,11 +675,7 @@ func (c *campaign) summary(verdict string) {
 		if !ok {
 			continue
 		}
-		if f.kind == faultPause {
-			pauses = append(pauses, gap)
-		} else {
-			kills = append(kills, gap)
-		}
+		gaps[faultClass(f.kind)] = append(gaps[faultClass(f.kind)], gap)
 		lines = append(lines, fmt.Sprintf("#%d %s p%d %s: %s (from %+dms)", f.n, f.kind, f.partition, f.replica, gap.Round(time.Millisecond), start.Sub(f.at).Milliseconds()))
 	}
 	var kinds []string
@@ -627,11 +683,14 @@ func (c *campaign) summary(verdict string) {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, byKind[k]))
 	}
 	c.t.Logf("write unavailability per fault: %s", strings.Join(lines, "; "))
-	msg := fmt.Sprintf("fault campaign: %d faults (%s), %d records acked, committed polled %d times; "+
-		"write unavailability after kills p50 %s p99 %s (n=%d), after pauses p50 %s p99 %s (n=%d); verdict %s",
-		len(c.faults), strings.Join(kinds, " "), c.ackedCount, c.watchPolls,
-		percentile(kills, 0.5).Round(time.Millisecond), percentile(kills, 0.99).Round(time.Millisecond), len(kills),
-		percentile(pauses, 0.5).Round(time.Millisecond), percentile(pauses, 0.99).Round(time.Millisecond), len(pauses), verdict)
+	var classes []string
+	for _, class := range []string{"single crashes", "power loss of several", "pauses", "cut links"} {
+		ds := gaps[class]
+		classes = append(classes, fmt.Sprintf("after %s p50 %s p99 %s (n=%d)", class,
+			percentile(ds, 0.5).Round(time.Millisecond), percentile(ds, 0.99).Round(time.Millisecond), len(ds)))
+	}
+	msg := fmt.Sprintf("fault campaign: %d faults (%s), %d records acked, committed polled %d times; write unavailability %s; verdict %s",
+		len(c.faults), strings.Join(kinds, " "), c.ackedCount, c.watchPolls, strings.Join(classes, ", "), verdict)
 	if testing.Verbose() {
 		// The master's side of the story, to read next to the faults.
 		out, _ := os.ReadFile(c.d.outPath)
