@@ -191,10 +191,7 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("failed to create partition directory %s: %w", dir, err)
 	}
-	meta, err := readMeta(dir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, err
-	}
+	meta, metaErr := readMeta(dir)
 	if meta != nil {
 		cfg = meta.config
 	}
@@ -209,6 +206,14 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		stop:    make(chan struct{}),
 		changed: make(chan struct{}),
 		dedup:   newDedupTable(),
+	}
+	if metaErr != nil && !errors.Is(metaErr, os.ErrNotExist) {
+		// Like a corrupt log, it costs this partition only: without its
+		// membership the copy cannot take part, and the master replaces it.
+		p.failed = fmt.Errorf("%w: %v", partlog.ErrCorrupt, metaErr)
+		p.logger.Error(metaErr, "Chain metadata is unreadable; refusing to serve the partition")
+		s.partitions[partKey{stream, index}] = p
+		return p, nil
 	}
 	lopts := logOptions(dir, cfg)
 	lopts.FS = s.fs

@@ -562,7 +562,7 @@ func TestMetricsAreExported(t *testing.T) {
 func TestRestartedHeadHoldsWritesWhileItsSuccessorHoldsMore(t *testing.T) {
 	// With pipelined forwarding a machine crash can cost the head writes
 	// its successor kept. A reopened head must not assign those offsets
-	// again: it refuses writes until its link shows it is not behind.
+	// again: it refuses writes until its master installs a new epoch.
 	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
 	configure(t, 1, a, b)
 	ctx := context.Background()
@@ -575,19 +575,7 @@ func TestRestartedHeadHoldsWritesWhileItsSuccessorHoldsMore(t *testing.T) {
 	dataDir := a.srv.dataDir
 	a.g.Stop()
 	a.srv.Close()
-	// Lose the head's last batch the way a power cut loses unsynced data.
-	segs, err := filepath.Glob(filepath.Join(dataDir, "streams", "s", "00000", "*.seg"))
-	if err != nil || len(segs) == 0 {
-		t.Fatalf("no segment found: %v", err)
-	}
-	last := segs[len(segs)-1]
-	fi, err := os.Stat(last)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(last, fi.Size()-5); err != nil {
-		t.Fatal(err)
-	}
+	cutLastBatch(t, a)
 	srv, err := New(Options{ID: "a", DataDir: dataDir, Logger: logr.Discard(), Fatal: func(error) {}})
 	if err != nil {
 		t.Fatal(err)
@@ -1431,5 +1419,43 @@ func TestRestartedMembersWaitForANewEpoch(t *testing.T) {
 	}
 	if _, err := client(t, c.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: records(2, 1, 2)}); err != nil {
 		t.Fatalf("append at epoch 2: %v", err)
+	}
+}
+
+// A corrupt chain.json (SCENARIOS.md 28) costs its partition, not the
+// replica process: the others open and serve, and the partition refuses
+// to serve and says why, as a corrupt log does, so that the master
+// replaces that copy.
+func TestCorruptChainMetaCostsOnlyItsPartition(t *testing.T) {
+	a := startNode(t, "a", nil)
+	ctx := context.Background()
+	for _, stream := range []string{"s", "t"} {
+		req := &catenapb.ConfigureRequest{Stream: stream, Partition: 0, Epoch: 1, Members: members(a), Config: testConfig}
+		if _, err := client(t, a.addr).Configure(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: stream, Epoch: 1, Records: records(1, 1, 2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopNode(a)
+	meta := filepath.Join(a.srv.dataDir, "streams", "s", "00000", "chain.json")
+	if err := os.WriteFile(meta, []byte(`{"epoch": 1, "members": [`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a = reopen(t, a)
+	if st := status0(t, a); !strings.Contains(st.GetError(), "chain.json") {
+		t.Fatalf("partition with a corrupt chain.json reports error %q, want one naming chain.json", st.GetError())
+	}
+	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}); status.Code(err) == codes.OK {
+		t.Fatal("the partition with a corrupt chain.json took a write")
+	}
+	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "t", Epoch: 1, Records: records(2, 1, 1)}); err != nil {
+		t.Fatalf("the other partition does not serve: %v", err)
+	}
+	// The master replaces the copy: it is dropped, and the replica can
+	// hold the partition again, empty.
+	if _, err := client(t, a.addr).Drop(ctx, &catenapb.DropRequest{Stream: "s", Partition: 0, Epoch: 1}); err != nil {
+		t.Fatalf("drop of the corrupt copy: %v", err)
 	}
 }

@@ -39,10 +39,11 @@ const (
 	faultPause        = "pause"          // SIGSTOP a member past the failure timeout, then SIGCONT
 	faultReplaceEmpty = "replace-empty"  // a member's volume is lost: it returns empty
 	faultCutLink      = "cut-link"       // a member cannot send to its successor past the failure timeout (one direction), then the link heals
+	faultIsolate      = "isolate"        // every link to and from a member is cut (master and ingestion too) past the failure timeout, then heals
 )
 
 var faultKinds = []string{faultKillHead, faultKillMiddle, faultKillTail, faultPowerLossTwo, faultPowerLossAll,
-	faultRestart, faultPause, faultReplaceEmpty, faultCutLink}
+	faultRestart, faultPause, faultReplaceEmpty, faultCutLink, faultIsolate}
 
 const (
 	campaignPartitions  = 4
@@ -415,6 +416,24 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 		}
 		c.cutter.heal()
 		f.resumed = time.Now()
+	case faultIsolate:
+		f.at = time.Now()
+		defer c.cutter.heal()
+		c.cutter.cut(c.d.proc.pid(), r.Addr) // the master and ingestion
+		for _, o := range c.d.state.Replicas {
+			if o.ID == victim {
+				continue
+			}
+			other := c.replica(o.ID)
+			c.cutter.cut(other.PID, r.Addr)
+			c.cutter.cut(r.PID, other.Addr)
+		}
+		c.waitAcks(acksBefore+200, 30*time.Second, fmt.Sprintf("while %s was cut off from everyone (fault #%d)", victim, n))
+		if rest := time.Until(f.at.Add(pauseFor)); rest > 0 {
+			<-time.After(rest)
+		}
+		c.cutter.heal()
+		f.resumed = time.Now()
 	case faultRestart:
 		f.at = time.Now()
 		signal(syscall.SIGTERM)
@@ -456,7 +475,7 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 	c.mu.Lock()
 	c.faults = append(c.faults, f)
 	c.mu.Unlock()
-	if kind != faultPause && kind != faultCutLink {
+	if kind != faultPause && kind != faultCutLink && kind != faultIsolate {
 		// A new process on the same address.
 		for _, id := range victims {
 			if err := poll(60*time.Second, func() error {
@@ -655,8 +674,8 @@ func faultClass(kind string) string {
 		return "power loss of several"
 	case faultPause:
 		return "pauses"
-	case faultCutLink:
-		return "cut links"
+	case faultCutLink, faultIsolate:
+		return "network faults"
 	}
 	return "single crashes"
 }
@@ -684,7 +703,7 @@ func (c *campaign) summary(verdict string) {
 	}
 	c.t.Logf("write unavailability per fault: %s", strings.Join(lines, "; "))
 	var classes []string
-	for _, class := range []string{"single crashes", "power loss of several", "pauses", "cut links"} {
+	for _, class := range []string{"single crashes", "power loss of several", "pauses", "network faults"} {
 		ds := gaps[class]
 		classes = append(classes, fmt.Sprintf("after %s p50 %s p99 %s (n=%d)", class,
 			percentile(ds, 0.5).Round(time.Millisecond), percentile(ds, 0.99).Round(time.Millisecond), len(ds)))
