@@ -105,10 +105,11 @@
 //     handshake): the successor's log end tells the predecessor where to
 //     resume. Duplicate frames after a relink are ignored by the successor.
 //   - On ErrFutureEpoch, fetch the newer configuration; on ErrBehind,
-//     ErrAckBeyondEnd or ErrSuccessorRegressed, report the successor to the
-//     operator (it needs repair: truncation or a full copy) rather than
-//     retry, unless this replica is a middle that lost unsynced records in
-//     a crash and is catching up from its predecessor (see below).
+//     ErrAckBeyondEnd or ErrSuccessorRegressed, report the link's failure
+//     to the master (the server's Status: successor_error, and how long the
+//     link has been down); the master removes an end of a link that stays
+//     down for its failure timeout, and the removed member is repaired
+//     (truncation or a full copy) before it returns.
 //   - Truncation (chain repair, only outside the chain) is not an event
 //     of the core: the driver cuts the log, builds a new core with New over
 //     the shorter log, reinstalls the configuration it holds, and never
@@ -116,14 +117,13 @@
 //   - Crash recovery. New counts the recovered log durable, which is true,
 //     but a machine crash (not a process crash: written data survives that
 //     in the page cache) loses what was written and not yet synced, and
-//     under pipelining the successor may hold those records. A recovered
-//     middle refills them from its predecessor (its link to its successor
-//     fails with ErrBehind until it has caught up). A recovered head must
-//     not propose under its old epoch before knowing its successor's log
-//     end: it would assign offsets the successor already holds with other
-//     records. The operator must give it a new epoch (and repair the
-//     successor's divergent suffix) or the driver must not serve appends
-//     until a handshake shows the successor is not ahead.
+//     under pipelining the successor may hold those records, or hold fewer
+//     than this member does: after a coordinated power cut, equal lengths
+//     at one epoch do not mean equal records. So a recovered member with
+//     neighbours takes no part under its old epoch at all: the driver
+//     refuses appends and links and forwards nothing (the server's
+//     `restored`) until the master, having compared the members' logs by
+//     epoch, installs a new one.
 //
 // The successor's log end at link time is deliberately not treated as an
 // acknowledgement: it says what the successor holds, not that it is durable

@@ -341,10 +341,14 @@ func Next(in Input) (Plan, error) {
 	for i, m := range cur.Members[:len(cur.Members)-1] {
 		if r := report(m); r.Health == Alive && !r.Restarted && r.Epoch == cur.Epoch &&
 			in.LinkTimeoutMs > 0 && r.SuccessorSilentMs >= in.LinkTimeoutMs {
-			if succ := cur.Members[i+1]; report(succ).Health == Alive {
+			switch succ := report(cur.Members[i+1]); {
+			case succ.Health == Alive && succ.Restarted:
+				// It refuses links until it is back at a new epoch; it is
+				// removed below for that, and the link is not to blame.
+			case succ.Health == Alive:
 				cutOff[m] = true
-			} else {
-				cutOff[succ] = true
+			default:
+				cutOff[succ.ID] = true
 			}
 		}
 	}

@@ -272,6 +272,8 @@ func TestNext(t *testing.T) {
 			Plan{Members: []string{"a", "c"}, Epoch: 6, Changed: true, Reason: ReasonRemoveCutOff, WritesAllowed: true}},
 		{"middle cannot reach a tail in doubt: the dark tail removed", linkTimeout(in(c5, 3, 1, alive("a", 5, 100), silentLink(alive("b", 5, 100), 2000), unknown("c", 5, 100)), 2000),
 			Plan{Members: []string{"a", "b"}, Epoch: 6, Changed: true, Reason: ReasonRemoveCutOff, WritesAllowed: true}},
+		{"a restarted successor refuses the link: it is removed, not its predecessor", linkTimeout(in(c5, 3, 1, silentLink(alive("a", 5, 100), 3000), restarted("b", 5, 100), alive("c", 5, 100)), 2000),
+			Plan{Members: []string{"a", "c"}, Epoch: 6, Changed: true, Reason: ReasonRemoveFailed, WritesAllowed: true}},
 		{"link silent less than the timeout: no change", linkTimeout(in(c5, 3, 1, with(abc(5), silentLink(alive("a", 5, 100), 1999))...), 2000),
 			Plan{Members: []string{"a", "b", "c"}, Epoch: 5, Reason: ReasonNoChange, WritesAllowed: true}},
 		{"links not judged without a timeout", in(c5, 3, 1, with(abc(5), silentLink(alive("a", 5, 100), 60000))...),
