@@ -13,10 +13,18 @@ import (
 // submissions it holds. After a restart the table is rebuilt from the tail of
 // the log (dedupRebuildRecords).
 const (
-	// dedupWindowPerProducer is how many recent sequences per producer and
-	// partition are remembered at least (up to twice as many are). Producers keep a handful of requests in
-	// flight, so a retry always falls well inside it.
-	dedupWindowPerProducer = 4096
+	// dedupWindowSequences is how many of a producer's most recent
+	// sequences per partition are remembered at least (up to twice as
+	// many are): twice the largest append, so that a retry of any request
+	// a producer can have had in flight finds every record it stored.
+	dedupWindowSequences = 2 * partlog.MaxBatchRecords
+	// dedupWindowRuns bounds the memory of one producer's window (up to
+	// twice as many runs are kept). A run is a stretch of consecutive
+	// sequences at consecutive offsets, so a request is one run, or a few
+	// when the head split it; only a producer whose every record lands
+	// between other producers' needs a run per record, and its window then
+	// covers this many sequences.
+	dedupWindowRuns = 4096
 	// dedupMaxProducers bounds the table per partition; the producer seen
 	// least recently is forgotten first.
 	dedupMaxProducers = 10000
@@ -24,24 +32,51 @@ const (
 	dedupRebuildRecords = 1 << 20
 )
 
-// producerWindow holds a producer's recent sequences in one partition,
-// sorted by sequence. Producers send increasing sequences, so an add is
-// nearly always an append; the slice is compacted once it holds twice the
-// window, which keeps adds amortised O(1) and lookups a binary search.
+// producerWindow holds a producer's recent sequences in one partition as
+// runs sorted by sequence. Producers send increasing sequences, so an add
+// nearly always extends the last run or starts a new one; the runs are
+// compacted once they exceed twice the window, which keeps adds amortised
+// O(1) and lookups a binary search.
 type producerWindow struct {
-	entries  []seqEntry
+	runs     []seqRun
 	minSeq   uint64 // sequences below this were evicted (or never seen)
 	lastSeen uint64 // log offset of the last record, for producer eviction
 }
 
-type seqEntry struct {
-	seq, offset uint64
+// seqRun: sequences seq .. seq+n-1 are stored at offsets offset ..
+// offset+n-1.
+type seqRun struct {
+	seq, offset, n uint64
 }
 
-// find returns the index of seq in w.entries, or where it would go.
+func (r seqRun) end() uint64 { return r.seq + r.n }
+
+// find returns the index of the run holding seq, or of the first run
+// after it.
 func (w *producerWindow) find(seq uint64) (int, bool) {
-	i := sort.Search(len(w.entries), func(i int) bool { return w.entries[i].seq >= seq })
-	return i, i < len(w.entries) && w.entries[i].seq == seq
+	i := sort.Search(len(w.runs), func(i int) bool { return w.runs[i].end() > seq })
+	return i, i < len(w.runs) && w.runs[i].seq <= seq
+}
+
+// trim keeps at least dedupWindowSequences sequences and dedupWindowRuns
+// runs once either is exceeded twice over.
+func (w *producerWindow) trim() {
+	if n := len(w.runs); n > 2*dedupWindowRuns {
+		w.minSeq = max(w.minSeq, w.runs[n-dedupWindowRuns].seq)
+	}
+	if last := w.runs[len(w.runs)-1].end(); last-w.runs[0].seq > 2*dedupWindowSequences {
+		w.minSeq = max(w.minSeq, last-dedupWindowSequences)
+	}
+	if w.minSeq <= w.runs[0].seq {
+		return
+	}
+	i, in := w.find(w.minSeq)
+	if in {
+		r := &w.runs[i]
+		cut := w.minSeq - r.seq
+		r.seq, r.offset, r.n = r.seq+cut, r.offset+cut, r.n-cut
+	}
+	w.runs = append(w.runs[:0], w.runs[i:]...)
 }
 
 type dedupTable struct {
@@ -68,12 +103,13 @@ func (t *dedupTable) lookup(producer, seq uint64) (offset uint64, found, tooOld,
 	}
 	i, ok := w.find(seq)
 	if ok {
-		return w.entries[i].offset, true, false, false
+		r := w.runs[i]
+		return r.offset + (seq - r.seq), true, false, false
 	}
 	if seq < w.minSeq {
 		return 0, false, true, false
 	}
-	return 0, false, false, i < len(w.entries)
+	return 0, false, false, i < len(w.runs)
 }
 
 // add records that (producer, seq) is stored at offset.
@@ -86,24 +122,24 @@ func (t *dedupTable) add(producer, seq, offset uint64) {
 		if len(t.producers) >= dedupMaxProducers {
 			t.evictOldest()
 		}
-		w = &producerWindow{entries: make([]seqEntry, 0, 64)}
+		w = &producerWindow{runs: make([]seqRun, 0, 8)}
 		t.producers[producer] = w
 	}
 	w.lastSeen = offset
-	if n := len(w.entries); n == 0 || seq > w.entries[n-1].seq {
-		w.entries = append(w.entries, seqEntry{seq, offset})
-	} else {
+	n := len(w.runs)
+	switch {
+	case n > 0 && seq == w.runs[n-1].end() && offset == w.runs[n-1].offset+w.runs[n-1].n:
+		w.runs[n-1].n++
+	case n == 0 || seq >= w.runs[n-1].end():
+		w.runs = append(w.runs, seqRun{seq: seq, offset: offset, n: 1})
+	default:
 		i, ok := w.find(seq)
 		if ok {
-			return
+			return // stored already: the first offset stands
 		}
-		w.entries = slices.Insert(w.entries, i, seqEntry{seq, offset})
+		w.runs = slices.Insert(w.runs, i, seqRun{seq: seq, offset: offset, n: 1})
 	}
-	if n := len(w.entries); n > 2*dedupWindowPerProducer {
-		drop := n - dedupWindowPerProducer
-		w.minSeq = max(w.minSeq, w.entries[drop-1].seq+1)
-		w.entries = append(w.entries[:0], w.entries[drop:]...)
-	}
+	w.trim()
 }
 
 // addBatch records every idempotent record of a decoded batch.
@@ -116,8 +152,13 @@ func (t *dedupTable) addBatch(recs []partlog.Record) {
 // truncate forgets entries at offsets >= end (after a log truncation).
 func (t *dedupTable) truncate(end uint64) {
 	for id, w := range t.producers {
-		w.entries = slices.DeleteFunc(w.entries, func(e seqEntry) bool { return e.offset >= end })
-		if len(w.entries) == 0 && w.minSeq == 0 {
+		w.runs = slices.DeleteFunc(w.runs, func(r seqRun) bool { return r.offset >= end })
+		for i := range w.runs {
+			if r := &w.runs[i]; r.offset+r.n > end {
+				r.n = end - r.offset
+			}
+		}
+		if len(w.runs) == 0 && w.minSeq == 0 {
 			delete(t.producers, id)
 		}
 	}

@@ -78,17 +78,19 @@ func TestDedupTable(t *testing.T) {
 	}
 }
 
-func TestDedupWindowEvictsOldestAndRefusesThem(t *testing.T) {
+// A producer whose every record lands between other producers' records
+// needs a run per record: its window is bounded by runs.
+func TestDedupWindowEvictsOldestRunsAndRefusesThem(t *testing.T) {
 	d := newDedupTable()
 	// Up to twice the window is kept; one more compacts down to the window.
-	n := uint64(2*dedupWindowPerProducer + 1)
+	n := uint64(2*dedupWindowRuns + 1)
 	for seq := uint64(1); seq <= n; seq++ {
-		if _, found, _, _ := d.lookup(3, 1); seq <= 2*dedupWindowPerProducer && seq > 1 && !found {
+		if _, found, _, _ := d.lookup(3, 1); seq <= 2*dedupWindowRuns && seq > 1 && !found {
 			t.Fatalf("seq 1 forgotten after only %d adds", seq-1)
 		}
 		d.add(3, seq, seq*2)
 	}
-	evicted := n - dedupWindowPerProducer
+	evicted := n - dedupWindowRuns
 	// The oldest are gone and reported as too old to tell apart.
 	for seq := uint64(1); seq <= evicted; seq++ {
 		if _, found, old, _ := d.lookup(3, seq); found || !old {
@@ -99,6 +101,37 @@ func TestDedupWindowEvictsOldestAndRefusesThem(t *testing.T) {
 		if off, found, _, _ := d.lookup(3, seq); !found || off != seq*2 {
 			t.Fatalf("seq %d: found=%v off=%d, want %d", seq, found, off, seq*2)
 		}
+	}
+}
+
+// Consecutive sequences at consecutive offsets are one run: the window
+// covers twice the largest append, whatever the record count.
+func TestDedupWindowCoversSequencesOfRuns(t *testing.T) {
+	d := newDedupTable()
+	n := uint64(2*dedupWindowSequences + 1)
+	for seq := uint64(1); seq <= n; seq++ {
+		d.add(4, seq, 100+seq)
+	}
+	if w := d.producers[4]; len(w.runs) != 1 {
+		t.Fatalf("%d consecutive records are held as %d runs, want 1", n, len(w.runs))
+	}
+	for _, seq := range []uint64{1, n - dedupWindowSequences} {
+		if _, found, old, _ := d.lookup(4, seq); found || !old {
+			t.Fatalf("seq %d: found=%v tooOld=%v, want evicted and too old", seq, found, old)
+		}
+	}
+	for _, seq := range []uint64{n - dedupWindowSequences + 1, n - partlog.MaxBatchRecords, n} {
+		if off, found, _, _ := d.lookup(4, seq); !found || off != 100+seq {
+			t.Fatalf("seq %d: found=%v off=%d, want %d", seq, found, off, 100+seq)
+		}
+	}
+	// A truncation inside the run cuts it there.
+	d.truncate(100 + n - 10)
+	if _, found, _, _ := d.lookup(4, n-10); found {
+		t.Fatal("a sequence at the cut is still found")
+	}
+	if off, found, _, _ := d.lookup(4, n-11); !found || off != 100+n-11 {
+		t.Fatalf("the sequence before the cut: found=%v off=%d", found, off)
 	}
 }
 

@@ -1459,3 +1459,35 @@ func TestCorruptChainMetaCostsOnlyItsPartition(t *testing.T) {
 		t.Fatalf("drop of the corrupt copy: %v", err)
 	}
 }
+
+// A retry of an append as large as a batch may be (SCENARIOS.md 27) is
+// answered truthfully: every record stored once, acknowledged as a
+// duplicate at its offset. The de-duplication window used to be smaller
+// than one append, and the retry's first record had left it: the retry
+// was refused as "nothing stored" though everything was.
+func TestRetryOfTheLargestAppendIsAnsweredTruthfully(t *testing.T) {
+	a := startNode(t, "a", nil)
+	configure(t, 1, a)
+	ctx := context.Background()
+	req := &catenapb.AppendRequest{Stream: "s", Epoch: 1}
+	for i := range partlog.MaxBatchRecords {
+		req.Records = append(req.Records, &catenapb.AppendRecord{Value: []byte{byte(i)}, ProducerId: 5, Sequence: uint64(i + 1)})
+	}
+	first, err := client(t, a.addr).Append(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := client(t, a.addr).Append(ctx, req)
+	if err != nil {
+		t.Fatalf("retry of a stored append of %d records: %v", len(req.Records), err)
+	}
+	for i := range req.Records {
+		if !again.GetDuplicate()[i] || again.GetOffsets()[i] != first.GetOffsets()[i] {
+			t.Fatalf("record %d: retry answered offset %d duplicate %v, want the original offset %d as a duplicate",
+				i, again.GetOffsets()[i], again.GetDuplicate()[i], first.GetOffsets()[i])
+		}
+	}
+	if st := status0(t, a); st.GetLogEnd() != uint64(len(req.Records)) {
+		t.Fatalf("log end %d after the retry, want %d: stored twice", st.GetLogEnd(), len(req.Records))
+	}
+}
