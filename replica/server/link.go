@@ -101,6 +101,9 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 	}
 	p.linkDownSince, p.linkErr = time.Time{}, nil
 	p.apply(eff)
+	if p.core.Status().SuccessorAck < p.fwdEnd {
+		p.stalledSince = time.Now() // re-sent: the successor owes acknowledgements from now
+	}
 	p.mu.Unlock()
 	p.logger.Info("Replication link up", "successor", succID, "epoch", epoch, "successorLogEnd", succEnd)
 
