@@ -385,6 +385,16 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 	}
 	f := injected{n: n, kind: kind, partition: p, replica: strings.Join(victims, "+")}
 	acksBefore := c.acks.Load()
+	// hold keeps a pause or a cut on: writes must go on without the
+	// victim once it is out of its chains, and the fault lasts past the
+	// failure timeout (a timer: its length is the fault itself).
+	hold := func(what string) {
+		c.t.Helper()
+		c.waitAcks(acksBefore+200, 30*time.Second, fmt.Sprintf("%s (fault #%d)", what, n))
+		if rest := time.Until(f.at.Add(pauseFor)); rest > 0 {
+			<-time.After(rest)
+		}
+	}
 	signal := func(sig syscall.Signal) {
 		c.t.Helper()
 		if err := syscall.Kill(r.PID, sig); err != nil {
@@ -408,12 +418,7 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 		f.at = time.Now()
 		c.cutter.cut(r.PID, c.replica(succ).Addr)
 		defer c.cutter.heal() // a failing test must not leave it cut
-		c.waitAcks(acksBefore+200, 30*time.Second, fmt.Sprintf("while %s could not send to %s (fault #%d)", victim, succ, n))
-		// Held past the failure timeout (a timer: the cut's length is the
-		// fault itself).
-		if rest := time.Until(f.at.Add(pauseFor)); rest > 0 {
-			<-time.After(rest)
-		}
+		hold(fmt.Sprintf("while %s could not send to %s", victim, succ))
 		c.cutter.heal()
 		f.resumed = time.Now()
 	case faultIsolate:
@@ -428,10 +433,7 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 			c.cutter.cut(other.PID, r.Addr)
 			c.cutter.cut(r.PID, other.Addr)
 		}
-		c.waitAcks(acksBefore+200, 30*time.Second, fmt.Sprintf("while %s was cut off from everyone (fault #%d)", victim, n))
-		if rest := time.Until(f.at.Add(pauseFor)); rest > 0 {
-			<-time.After(rest)
-		}
+		hold(fmt.Sprintf("while %s was cut off from everyone", victim))
 		c.cutter.heal()
 		f.resumed = time.Now()
 	case faultRestart:
@@ -459,14 +461,7 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 			}
 		}
 		defer resume() // a failing test must not leave it stopped
-		// Writes must go on without the paused member once it is
-		// declared failed, before it resumes.
-		c.waitAcks(acksBefore+200, 30*time.Second, fmt.Sprintf("while %s was paused (fault #%d)", victim, n))
-		// Held past the failure timeout (a timer: the pause length is
-		// the fault itself).
-		if rest := time.Until(f.at.Add(pauseFor)); rest > 0 {
-			<-time.After(rest)
-		}
+		hold(fmt.Sprintf("while %s was paused", victim))
 		resume()
 		f.resumed = time.Now()
 	}
