@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1142,10 +1141,10 @@ func TestStatusReportsAStalledSuccessor(t *testing.T) {
 // freezableProxy forwards TCP connections to a backend until frozen; then
 // it keeps them open and passes nothing, as a link whose packets vanish.
 type freezableProxy struct {
-	addr   string
-	frozen atomic.Bool
-	mu     sync.Mutex
-	conns  []net.Conn
+	addr  string
+	mu    sync.Mutex
+	gate  chan struct{} // closed while bytes pass; nil before the first freeze
+	conns []net.Conn
 }
 
 func startFreezableProxy(t *testing.T, backend string) *freezableProxy {
@@ -1162,8 +1161,11 @@ func startFreezableProxy(t *testing.T, backend string) *freezableProxy {
 			if err != nil {
 				return
 			}
-			for px.frozen.Load() {
-				time.Sleep(10 * time.Millisecond) // the fault: bytes held, nothing closed
+			px.mu.Lock()
+			gate := px.gate
+			px.mu.Unlock()
+			if gate != nil {
+				<-gate // the fault: bytes held, nothing closed
 			}
 			if _, err := dst.Write(buf[:n]); err != nil {
 				return
@@ -1190,9 +1192,11 @@ func startFreezableProxy(t *testing.T, backend string) *freezableProxy {
 	}()
 	t.Cleanup(func() {
 		lis.Close()
-		px.frozen.Store(false)
 		px.mu.Lock()
 		defer px.mu.Unlock()
+		if px.gate != nil {
+			close(px.gate) // let the held bytes go, so the pipes end
+		}
 		for _, c := range px.conns {
 			c.Close()
 		}
@@ -1200,7 +1204,12 @@ func startFreezableProxy(t *testing.T, backend string) *freezableProxy {
 	return px
 }
 
-func (px *freezableProxy) freeze() { px.frozen.Store(true) }
+// freeze holds every byte from now on; the test's cleanup releases them.
+func (px *freezableProxy) freeze() {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	px.gate = make(chan struct{})
+}
 
 // senderFrame encodes records as ingestion does: one frame at epoch 0,
 // offset 0.
