@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -53,6 +54,14 @@ type partitionKey struct {
 	partition int32
 }
 
+// heldCopy is what a replica reports of a partition copy it holds.
+type heldCopy struct {
+	// restored: reopened from its volume and waiting for a new epoch
+	// (the replica's Status says so); the chain is about to take it out
+	// and back, whatever the chain's status says of it yet.
+	restored bool
+}
+
 // chainsReady decides a replica pod's gate from the chains of its pool and
 // the partitions the replica reports it holds. It is false, with the
 // reasons, while a chain lists the pod in another state than in chain, or
@@ -62,9 +71,17 @@ type partitionKey struct {
 // is in that state for a moment, and a gate that dropped them all at once
 // would let a rolling update replace them together (the StatefulSet
 // controller replaces NotReady pods of an old revision without waiting).
-func chainsReady(pod string, chains []streamsv1alpha1.ReplicationChain, hosted map[partitionKey]bool) (bool, string) {
+// A copy the replica reports restored holds the gate too: a restarted
+// replica is listed in chain until the operator sees it restored, and a
+// gate that opened in that moment let the rolling update take the next
+// pod down just before the chains took this one out.
+func chainsReady(pod string, chains []streamsv1alpha1.ReplicationChain, hosted map[partitionKey]heldCopy) (bool, string) {
 	var waiting []string
 	for _, c := range chains {
+		if c.Spec.Partition != nil && hosted[partitionKey{c.Spec.Stream, *c.Spec.Partition}].restored {
+			waiting = append(waiting, fmt.Sprintf("%s: its copy was reopened from its volume and waits for a new epoch", c.Name))
+			continue
+		}
 		inChain, listed := 0, false
 		for _, m := range c.Status.Members {
 			ok := m.State == streamsv1alpha1.MemberInChain
@@ -79,7 +96,8 @@ func chainsReady(pod string, chains []streamsv1alpha1.ReplicationChain, hosted m
 			}
 		}
 		rf := int(c.Spec.ReplicationFactor)
-		if !listed && inChain < rf && c.Spec.Partition != nil && hosted[partitionKey{c.Spec.Stream, *c.Spec.Partition}] {
+		_, holds := hosted[partitionKey{c.Spec.Stream, ptr.Deref(c.Spec.Partition, -1)}]
+		if !listed && inChain < rf && c.Spec.Partition != nil && holds {
 			waiting = append(waiting, fmt.Sprintf("%s has %d of %d members in chain and not its copy", c.Name, inChain, rf))
 		}
 	}
@@ -121,7 +139,7 @@ type ChainsReadyReconciler struct {
 const gateRecheck = 2 * time.Second
 
 // hostedBy asks a replica which partitions it holds.
-func (r *ChainsReadyReconciler) hostedBy(ctx context.Context, addr string) (map[partitionKey]bool, bool) {
+func (r *ChainsReadyReconciler) hostedBy(ctx context.Context, addr string) (map[partitionKey]heldCopy, bool) {
 	conn, err := r.Conns.Get(addr)
 	if err != nil {
 		return nil, false
@@ -132,9 +150,9 @@ func (r *ChainsReadyReconciler) hostedBy(ctx context.Context, addr string) (map[
 	if err != nil {
 		return nil, false
 	}
-	out := map[partitionKey]bool{}
+	out := map[partitionKey]heldCopy{}
 	for _, p := range resp.GetPartitions() {
-		out[partitionKey{p.GetStream(), int32(p.GetPartition())}] = true
+		out[partitionKey{p.GetStream(), int32(p.GetPartition())}] = heldCopy{restored: p.GetRestored()}
 	}
 	return out, true
 }

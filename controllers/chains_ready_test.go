@@ -31,17 +31,21 @@ func member(name string, state streamsv1alpha1.MemberState, confirmed int64) str
 
 func TestChainsReady(t *testing.T) {
 	in := streamsv1alpha1.MemberInChain
-	holds := func(parts ...int32) map[partitionKey]bool {
-		m := map[partitionKey]bool{}
+	holds := func(parts ...int32) map[partitionKey]heldCopy {
+		m := map[partitionKey]heldCopy{}
 		for _, p := range parts {
-			m[partitionKey{"s", p}] = true
+			m[partitionKey{"s", p}] = heldCopy{}
 		}
+		return m
+	}
+	restoredToo := func(m map[partitionKey]heldCopy, p int32) map[partitionKey]heldCopy {
+		m[partitionKey{"s", p}] = heldCopy{restored: true}
 		return m
 	}
 	for _, tc := range []struct {
 		name   string
 		chains []streamsv1alpha1.ReplicationChain
-		hosted map[partitionKey]bool
+		hosted map[partitionKey]heldCopy
 		ready  bool
 		msg    string
 	}{
@@ -67,6 +71,10 @@ func TestChainsReady(t *testing.T) {
 		{"catching up at the tail", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 6, member("p-1", in, 6), member("p-0", streamsv1alpha1.MemberCatchingUp, 5)),
 		}, holds(0), false, "s-0 lists it CatchingUp"},
+		{"restarted, still listed in chain: its restored copy holds the gate", []streamsv1alpha1.ReplicationChain{
+			chainOf("s-0", 3, member("p-0", in, 3), member("p-1", in, 3)),
+			chainOf("s-1", 5, member("p-1", in, 5), member("p-0", in, 5)),
+		}, restoredToo(holds(0), 1), false, "s-1: its copy was reopened from its volume"},
 		{"in chain, not yet confirmed a new epoch: still in chain", []streamsv1alpha1.ReplicationChain{
 			chainOf("s-0", 7, member("p-0", in, 6), member("p-1", in, 7)),
 		}, holds(0), true, "every chain"},
