@@ -35,7 +35,10 @@
 //     removed, without waiting for the master's own failure timeout. When
 //     the successor answers the master, the link itself is cut, and the
 //     predecessor is removed: it returns at the tail, where it sends to
-//     no one, behind the old tail, over other links. (Removing the
+//     no one, behind the old tail, over other links. Except the head:
+//     a successor made head learns the committed offset a round trip
+//     late, so removing a live head would make the chain's committed
+//     offset go back; the successor is removed instead. (Removing the
 //     successor instead would bring it back at the tail, right behind the
 //     predecessor whenever that was the new tail, over the same cut link.)
 //   - A member in doubt (Unknown: paused, partitioned, not yet past failure
@@ -345,7 +348,7 @@ func Next(in Input) (Plan, error) {
 			case succ.Health == Alive && succ.Restarted:
 				// It refuses links until it is back at a new epoch; it is
 				// removed below for that, and the link is not to blame.
-			case succ.Health == Alive:
+			case succ.Health == Alive && i > 0:
 				cutOff[m] = true
 			default:
 				cutOff[succ.ID] = true
