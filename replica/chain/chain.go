@@ -169,6 +169,13 @@ func (r Role) String() string {
 type Config struct {
 	Epoch   uint64
 	Members []string
+	// Committed is a committed offset learned outside the chain: the
+	// chain master's (the highest its members reported) or this
+	// replica's own from before a restart. It counts as a commit notice
+	// (applied up to the durable end, never moving committed back), so a
+	// member that forgot or never heard what its predecessors knew does
+	// not start lower. Zero says nothing.
+	Committed uint64
 }
 
 // Range is a half-open offset range [Base, End).

@@ -68,7 +68,7 @@ func New(self string, logEnd uint64) *Replica {
 // that becomes sole commits its durable end (Committed). A commit notice
 // heard under an earlier epoch may also take effect (it is capped at the
 // durable end, which may have grown since). A replica not in cfg.Members
-// gets RoleNone.
+// gets RoleNone. cfg.Committed is taken as a commit notice (see Config).
 func (r *Replica) Configure(cfg Config) (Effects, error) {
 	if err := validateConfig(cfg); err != nil {
 		return Effects{}, err
@@ -110,6 +110,7 @@ func (r *Replica) Configure(cfg Config) (Effects, error) {
 	r.inFlight = nil
 	r.successorAck = 0
 	r.ackedUpstream = 0
+	r.noticed = max(r.noticed, cfg.Committed)
 
 	var eff Effects
 	r.advance(&eff)

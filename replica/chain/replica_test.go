@@ -140,6 +140,13 @@ func cfgOp(epoch uint64, members ...string) func(*Replica) (Effects, error) {
 	return func(r *Replica) (Effects, error) { return r.Configure(Config{Epoch: epoch, Members: members}) }
 }
 
+// cfgCommittedOp configures with the committed offset the master knows.
+func cfgCommittedOp(epoch, committed uint64, members ...string) func(*Replica) (Effects, error) {
+	return func(r *Replica) (Effects, error) {
+		return r.Configure(Config{Epoch: epoch, Members: members, Committed: committed})
+	}
+}
+
 func TestNew(t *testing.T) {
 	st := New("a", 7).Status()
 	want := Status{Self: "a", LogEnd: 7, DurableEnd: 7}
@@ -269,6 +276,37 @@ func TestConfigure(t *testing.T) {
 			op:    cfgOp(3, "b", "c"), wantEff: "no effects",
 			check: func(t *testing.T, st Status) {
 				if st.Role != RoleNone || st.Committed != 7 || st.LogEnd != 10 || st.Members[0] != "b" {
+					t.Errorf("%s", fmtStatus(st))
+				}
+			}},
+		// The committed offset the master knows (what a restarted member,
+		// or a new head whose predecessor knew more, may not).
+		{name: "restarted head learns committed from the configuration",
+			setup: fresh("a", 10), op: cfgCommittedOp(3, 7, "a", "b", "c"), wantEff: "committed=7",
+			check: func(t *testing.T, st Status) {
+				if st.Role != RoleHead || st.Committed != 7 || st.Noticed != 7 {
+					t.Errorf("%s", fmtStatus(st))
+				}
+			}},
+		{name: "configuration's committed is capped at the durable end",
+			setup: fresh("c", 5), op: cfgCommittedOp(3, 9, "a", "b", "c"), wantEff: "ack-up=5 committed=5",
+			check: func(t *testing.T, st Status) {
+				if st.Committed != 5 || st.Noticed != 9 {
+					t.Errorf("%s", fmtStatus(st))
+				}
+			}},
+		{name: "a lower committed in the configuration moves nothing back",
+			setup: func(t testing.TB) *builder { return headAt(t).ack("b", 7) },
+			op:    cfgCommittedOp(3, 3, "a", "b", "c"), wantEff: "no effects",
+			check: func(t *testing.T, st Status) {
+				if st.Committed != 7 {
+					t.Errorf("%s", fmtStatus(st))
+				}
+			}},
+		{name: "a replica outside the chain keeps the committed it is told for later",
+			setup: fresh("z", 5), op: cfgCommittedOp(3, 4, "a", "b"), wantEff: "no effects",
+			check: func(t *testing.T, st Status) {
+				if st.Noticed != 4 || st.Committed != 0 {
 					t.Errorf("%s", fmtStatus(st))
 				}
 			}},

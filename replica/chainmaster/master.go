@@ -151,8 +151,14 @@ func Plan(in Input) (*Repair, error) {
 		return nil, fmt.Errorf("partition %s/%d: %w", in.Stream, in.Partition, err)
 	}
 
+	// Committed is committed whatever the epoch or the state of the copy
+	// that reports it: every Configure teaches the most any replica knows.
+	var committed uint64
+	for _, ps := range in.Reports {
+		committed = max(committed, ps.GetCommitted())
+	}
 	configure := func(epoch uint64, members []string) *catenapb.ConfigureRequest {
-		req := &catenapb.ConfigureRequest{Stream: in.Stream, Partition: in.Partition, Epoch: epoch, Config: in.Config}
+		req := &catenapb.ConfigureRequest{Stream: in.Stream, Partition: in.Partition, Epoch: epoch, Config: in.Config, Committed: committed}
 		for _, m := range members {
 			req.Members = append(req.Members, &catenapb.Member{Id: m, Addr: in.Addrs[m]})
 		}

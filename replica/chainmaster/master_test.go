@@ -209,3 +209,34 @@ func TestLatestReport(t *testing.T) {
 		t.Errorf("got %v, want b's (highest epoch, first by id)", got)
 	}
 }
+
+// TestPlanTeachesTheCommittedOffset: every Configure carries the highest
+// committed offset any replica reported (committed is committed whatever
+// the epoch or the state of the copy now), so a new head whose
+// predecessor knew more, or a member restarted with a lagging record of
+// it, does not start lower than the chain.
+func TestPlanTeachesTheCommittedOffset(t *testing.T) {
+	abc := []string{"a", "b", "c"}
+	b, c := rep(1, abc, 9, cfg), rep(1, abc, 9, cfg)
+	b.Committed, c.Committed = 6, 8
+	r, err := Plan(Input{Config: cfg, Addrs: map[string]string{"a": "a:1", "b": "b:1", "c": "c:1"},
+		Answered: map[string]bool{"b": true, "c": true}, Failed: map[string]bool{"a": true}, Replication: 3, MinLength: 2,
+		Chain:   &chainplan.Chain{Epoch: 1, Members: abc},
+		Reports: map[string]*catenapb.PartitionStatus{"b": b, "c": c}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, call := range r.Calls {
+		if call.Kind != CallConfigure {
+			continue
+		}
+		n++
+		if got := call.Configure.GetCommitted(); got != 8 {
+			t.Errorf("configure of %s at epoch %d carries committed %d, want 8", call.Replica, call.Configure.GetEpoch(), got)
+		}
+	}
+	if n != 2 {
+		t.Fatalf("want a Configure of b and c in %s", calls(r))
+	}
+}

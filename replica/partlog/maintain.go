@@ -10,7 +10,7 @@ import (
 // limits; the active segment is never deleted. It is EnforceRetentionHeld
 // with no hold and no hard limits.
 func (l *Log) EnforceRetention() (deletedSegments int, err error) {
-	res, err := l.EnforceRetentionHeld(RetentionHold{HoldOffset: math.MaxUint64})
+	res, err := l.EnforceRetentionHeld(RetentionHold{HoldOffset: math.MaxUint64, KeepFrom: math.MaxUint64})
 	return res.Segments, err
 }
 
@@ -25,6 +25,12 @@ type RetentionHold struct {
 	// (0: no hard limit).
 	HardBytes int64
 	HardTime  time.Duration
+	// KeepFrom is where nothing may be deleted, whatever the limits: a
+	// segment ending above it stays. The replica server passes the
+	// partition's committed offset (what is on every member of the
+	// chain), so a member never deletes what a successor may still need
+	// from it. The zero value deletes nothing; math.MaxUint64 lifts it.
+	KeepFrom uint64
 }
 
 // RetentionResult says what EnforceRetentionHeld deleted.
@@ -76,7 +82,7 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 		expired := l.retTime > 0 && s.maxTs < cutoff
 		held := s.end > h.HoldOffset
 		hard := (h.HardBytes > 0 && total > h.HardBytes) || (h.HardTime > 0 && s.maxTs < hardCutoff)
-		if !hard && (held || (!overBytes && !expired)) {
+		if s.end > h.KeepFrom || (!hard && (held || (!overBytes && !expired))) {
 			break
 		}
 		// Unpublish first: readers hold mu shared across their reads, so once

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -173,24 +174,12 @@ func writeHolds(dir string, h holdState) error {
 // consumer holds.
 func readHolds(dir string) (holdState, error) {
 	path := filepath.Join(dir, holdsFile)
-	f, err := os.Open(path)
+	b, err := readSmallFile(path, maxHoldsFileBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return holdState{Version: holdsFileVersion}, nil
 	}
 	if err != nil {
-		return holdState{}, fmt.Errorf("failed to open %s: %w", path, err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return holdState{}, fmt.Errorf("failed to stat %s: %w", path, err)
-	}
-	if fi.Size() > maxHoldsFileBytes {
-		return holdState{}, fmt.Errorf("%s is %d bytes, above the %d-byte limit", path, fi.Size(), maxHoldsFileBytes)
-	}
-	b := make([]byte, fi.Size())
-	if _, err := f.ReadAt(b, 0); err != nil && fi.Size() > 0 {
-		return holdState{}, fmt.Errorf("failed to read %s: %w", path, err)
+		return holdState{}, err
 	}
 	var h holdState
 	if err := json.Unmarshal(b, &h); err != nil {
@@ -353,7 +342,18 @@ func (p *partition) enforceRetention() {
 	// holdsMu across the trim: a hold stored meanwhile would not be seen.
 	p.holdsMu.Lock()
 	defer p.holdsMu.Unlock()
+	p.mu.Lock()
+	keep := p.committed
+	if st := p.core.Status(); st.Role == chain.RoleNone {
+		// A copy outside the chain commits nothing itself; what it
+		// copied was committed at its source.
+		keep = max(keep, min(st.Noticed, st.DurableEnd))
+	}
+	p.mu.Unlock()
 	res, err := p.log.EnforceRetentionHeld(partlog.RetentionHold{
+		// What is not known to be on every member of the chain stays,
+		// whatever the limits: a successor may still need it from here.
+		KeepFrom:   keep,
 		HoldOffset: p.holds.lowest(),
 		HardBytes:  cfg.GetHardRetentionBytes(),
 		HardTime:   time.Duration(cfg.GetHardRetentionMs()) * time.Millisecond,

@@ -40,15 +40,21 @@ type partition struct {
 	meta      *chainMeta
 	dedup     *dedupTable
 	committed uint64 // mirror of the core's committed offset, for readers
-	fwdEnd    uint64 // what the core has released for forwarding
-	ackUp     uint64 // what the core has released for acknowledging upstream
-	changed   chan struct{}
-	failed    error // non-nil: the partition refuses to serve (corrupt, crash-stopped)
-	linkStop  context.CancelFunc
-	inBuf     []partlog.Record
-	freshBuf  []partlog.Record
-	freshIdx  []int
-	recBuf    []partlog.Record // decoded records of a forwarded frame, reused
+	// committedExact is false while a partition restored after a crash
+	// has only its recorded committed offset, which may lag what it knew
+	// (see committedFile); a new epoch brings the chain's.
+	committedExact bool
+	// persistedCommitted is the offset committedFile holds (holdsMu).
+	persistedCommitted uint64
+	fwdEnd             uint64 // what the core has released for forwarding
+	ackUp              uint64 // what the core has released for acknowledging upstream
+	changed            chan struct{}
+	failed             error // non-nil: the partition refuses to serve (corrupt, crash-stopped)
+	linkStop           context.CancelFunc
+	inBuf              []partlog.Record
+	freshBuf           []partlog.Record
+	freshIdx           []int
+	recBuf             []partlog.Record // decoded records of a forwarded frame, reused
 	// copy is the catch-up copy outside the chain, if one was started.
 	copy *copier
 	// linkDownSince is when the link to the successor of the current epoch
@@ -527,5 +533,5 @@ func coreStatus(err error, p *partition) error {
 
 // restoredError is the refusal of a write or link while restored.
 func (p *partition) restoredError() error {
-	return status.Errorf(codes.Unavailable, "partition %s/%d on %s was reopened from its volume at epoch %d and takes no writes or links until its chain's master installs a new epoch", p.stream, p.index, p.srv.id, p.core.Status().Epoch)
+	return status.Errorf(codes.Unavailable, "partition %s/%d on %s was reopened from its volume at epoch %d; until its chain's master installs a new epoch it takes no writes or links and serves nothing past the committed offset %d it recorded", p.stream, p.index, p.srv.id, p.core.Status().Epoch, p.committed)
 }

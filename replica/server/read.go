@@ -75,6 +75,11 @@ func (p *partition) waitPastCommitted(ctx context.Context, from uint64, wait tim
 	if start := p.log.StartOffset(); from < start {
 		return 0, status.Errorf(codes.OutOfRange, "offset %d of partition %s/%d was removed by retention; the log starts at %d", from, p.stream, p.index, start)
 	}
+	if p.restored && from >= p.committed {
+		// Nothing commits here before a new epoch, and another member may
+		// know more: say so rather than wait or answer less.
+		return 0, p.restoredError()
+	}
 	if wait > 0 && p.committed <= from {
 		timer := time.NewTimer(wait)
 		defer timer.Stop()
@@ -123,6 +128,13 @@ func (p *partition) listOffsets(req *catenapb.ListOffsetsRequest) (*catenapb.Lis
 		return nil, err
 	}
 	committed := p.committed
+	if req.GetSpec() == catenapb.OffsetSpec_OFFSET_SPEC_LATEST && !p.committedExact {
+		// Restarted from a crash: the recorded offset may lag what this
+		// member answered before, and LATEST must not go back.
+		err := p.restoredError()
+		p.mu.Unlock()
+		return nil, err
+	}
 	p.mu.Unlock()
 	switch req.GetSpec() {
 	case catenapb.OffsetSpec_OFFSET_SPEC_EARLIEST:

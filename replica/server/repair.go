@@ -112,7 +112,7 @@ func (s *Server) Truncate(ctx context.Context, req *catenapb.TruncateRequest) (*
 	// reinstall the installed configuration (where this replica has no role).
 	p.core = chain.New(s.id, cut)
 	if p.meta != nil {
-		eff, err := p.core.Configure(chain.Config{Epoch: p.meta.Epoch, Members: p.meta.memberIDs()})
+		eff, err := p.core.Configure(chain.Config{Epoch: p.meta.Epoch, Members: p.meta.memberIDs(), Committed: p.committed})
 		if err != nil {
 			return nil, coreStatus(err, p)
 		}

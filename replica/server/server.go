@@ -131,8 +131,9 @@ func New(opts Options) (*Server, error) {
 		s.Close()
 		return nil, err
 	}
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go s.retentionLoop()
+	go s.committedLoop()
 	return s, nil
 }
 
@@ -244,8 +245,11 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 	// The link goroutine shares p from startLink on.
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var exact bool
+	p.committed, exact = p.loadCommitted(l.NextOffset())
+	p.committedExact = exact || meta == nil || len(meta.Members) <= 1
 	if meta != nil {
-		eff, err := p.core.Configure(chain.Config{Epoch: meta.Epoch, Members: meta.memberIDs()})
+		eff, err := p.core.Configure(chain.Config{Epoch: meta.Epoch, Members: meta.memberIDs(), Committed: p.committed})
 		if err != nil {
 			return nil, fmt.Errorf("failed to reinstall chain of partition %s/%d at epoch %d: %w", stream, index, meta.Epoch, err)
 		}
@@ -456,7 +460,7 @@ func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) 
 	if err := writeMeta(p.dir, meta); err != nil {
 		return nil, status.Errorf(codes.Internal, "%v", err)
 	}
-	eff, err := p.core.Configure(chain.Config{Epoch: meta.Epoch, Members: meta.memberIDs()})
+	eff, err := p.core.Configure(chain.Config{Epoch: meta.Epoch, Members: meta.memberIDs(), Committed: req.GetCommitted()})
 	if err != nil {
 		return nil, coreStatus(err, p)
 	}
@@ -465,7 +469,7 @@ func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) 
 	// Forwarding and acknowledgement marks belong to the old neighbours.
 	// A new epoch is a decision of the chain's master, which repairs logs
 	// before it installs one; a restored partition waits for nothing else.
-	p.fwdEnd, p.ackUp, p.restored = 0, 0, false
+	p.fwdEnd, p.ackUp, p.restored, p.committedExact = 0, 0, false, true
 	p.apply(eff)
 	p.broadcast()
 	p.m.epoch.Set(float64(meta.Epoch))
@@ -631,6 +635,7 @@ func (p *partition) close() {
 	close(p.stop)
 	p.mu.Unlock()
 	p.wg.Wait()
+	p.persistCommitted(true)
 	if p.log != nil {
 		if err := p.log.Close(); err != nil {
 			p.logger.Error(err, "Failed to close partition log")

@@ -805,15 +805,17 @@ func TestTruncateRoundsDownToABatchBoundary(t *testing.T) {
 		}
 	}
 	converged(t, a, b)
-	// Restart b so it forgets its committed offset (it learns it from notices).
+	// Restart b without its committed record, as a tail that crashed
+	// before its first one would be (it learns commits from notices).
 	stopNode(a)
 	stopNode(b)
+	if err := os.Remove(filepath.Join(b.srv.partitionDir("s", 0), committedFile)); err != nil {
+		t.Fatal(err)
+	}
 	b = reopen(t, b)
 	bc := client(t, b.addr)
 	if st := status0(t, b); st.GetCommitted() != 0 {
-		// The premise of this test: the committed offset is not persisted.
-		// If it ever is, this test must change with it.
-		t.Fatalf("reopened tail already knows committed %d", st.GetCommitted())
+		t.Fatalf("reopened tail without its committed record knows committed %d", st.GetCommitted())
 	}
 	other := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 2, Members: []*catenapb.Member{{Id: "z", Addr: "127.0.0.1:1"}}, Config: testConfig}
 	if _, err := bc.Configure(ctx, other); err != nil {
@@ -1498,5 +1500,134 @@ func TestRetryOfTheLargestAppendIsAnsweredTruthfully(t *testing.T) {
 	}
 	if st := status0(t, a); st.GetLogEnd() != uint64(len(req.Records)) {
 		t.Fatalf("log end %d after the retry, want %d: stored twice", st.GetLogEnd(), len(req.Records))
+	}
+}
+
+// A member's committed offset survives a restart: it is where Truncate's
+// guard stands and what its reads serve, so a restarted member that
+// forgot it could be cut below committed records, and LATEST read from it
+// could go back. Until a new epoch it serves what it knew; past that it
+// refuses (another member knows more), rather than wait or answer less.
+func TestCommittedSurvivesARestart(t *testing.T) {
+	a, b, c := startNode(t, "a", nil), startNode(t, "b", nil), startNode(t, "c", nil)
+	configure(t, 1, a, b, c)
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, uint64(i*2+1), 2)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	converged(t, a, b, c)
+	for _, n := range []*node{a, b, c} {
+		stopNode(n)
+	}
+	a, c = reopen(t, a), reopen(t, c)
+	if st := status0(t, c); st.GetCommitted() != 6 || !st.GetRestored() {
+		t.Fatalf("reopened tail: committed %d restored %v, want 6 true", st.GetCommitted(), st.GetRestored())
+	}
+	cc := client(t, c.addr)
+	latest, err := cc.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: "s", Partition: 0, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST})
+	if err != nil || latest.GetOffset() != 6 {
+		t.Fatalf("LATEST of the reopened tail: %v, %v; want 6", latest, err)
+	}
+	if r, err := cc.Read(ctx, &catenapb.FetchRequest{Stream: "s", Partition: 0, Offset: 0, MaxBytes: 1 << 20}); err != nil || len(r.GetRecords()) != 6 {
+		t.Fatalf("read of the reopened tail: %d records, %v; want 6", len(r.GetRecords()), err)
+	}
+	if _, err := cc.Read(ctx, &catenapb.FetchRequest{Stream: "s", Partition: 0, Offset: 6, MaxBytes: 1 << 20, MaxWaitMs: 5000}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("long-poll past what a restored member knows: %v, want Unavailable at once", err)
+	}
+
+	// Out of the chain, a's committed records are still guarded.
+	req := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 2, Members: members(c), Config: testConfig}
+	for _, n := range []*node{c, a} {
+		if _, err := client(t, n.addr).Configure(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := client(t, a.addr).Truncate(ctx, &catenapb.TruncateRequest{Stream: "s", Partition: 0, To: 2}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("truncate of a restarted member below its committed offset: %v, want FailedPrecondition", err)
+	}
+}
+
+// A member that knows less than the chain's master (its committed file
+// lagged a crash, or it is a new head whose predecessor knew more) learns
+// the master's committed offset with a new epoch, up to what it holds.
+func TestConfigureTeachesTheCommittedOffset(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 1, a, b)
+	ctx := context.Background()
+	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	converged(t, a, b)
+	stopNode(b)
+	if err := os.Remove(filepath.Join(b.srv.partitionDir("s", 0), committedFile)); err != nil {
+		t.Fatal(err)
+	}
+	b = reopen(t, b)
+	if st := status0(t, b); st.GetCommitted() != 0 {
+		t.Fatalf("reopened without its committed file: committed %d, want 0", st.GetCommitted())
+	}
+	req := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 2, Members: members(b, a), Config: testConfig, Committed: 9}
+	for _, n := range []*node{a, b} {
+		if _, err := client(t, n.addr).Configure(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := status0(t, b); st.GetCommitted() != 4 {
+		t.Fatalf("new head told committed 9 while holding 4: committed %d, want 4", st.GetCommitted())
+	}
+}
+
+// Retention never deletes what is not yet on every member: a head whose
+// successor is away keeps every uncommitted segment, whatever the limits,
+// so the successor can still be sent them.
+func TestRetentionKeepsWhatIsNotOnEveryMember(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, SegmentBytes: 1 << 20,
+		RetentionBytes: 1 << 20, HardRetentionBytes: 1 << 20}
+	req := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a, b), Config: cfg}
+	ctx := context.Background()
+	for _, n := range []*node{b, a} {
+		if _, err := client(t, n.addr).Configure(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopNode(b)
+	value := bytes.Repeat([]byte("x"), 64<<10)
+	for i := range 48 { // 3 MiB: three segments
+		actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		_, err := client(t, a.addr).Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: 1,
+			Records: []*catenapb.AppendRecord{{Value: value, ProducerId: 1, Sequence: uint64(i + 1)}}})
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("append %d without a successor: %v, want DeadlineExceeded (stored, not committed)", i, err)
+		}
+	}
+	if st := status0(t, a); st.GetLogEnd() != 48 || st.GetCommitted() != 0 {
+		t.Fatalf("head: end %d committed %d, want 48 0", st.GetLogEnd(), st.GetCommitted())
+	}
+	a.srv.enforceRetention()
+	if st := status0(t, a); st.GetLogStart() != 0 {
+		t.Fatalf("retention deleted uncommitted records: the head's log starts at %d", st.GetLogStart())
+	}
+
+	b = reopen(t, b)
+	req.Epoch = 2
+	for _, n := range []*node{b, a} {
+		if _, err := client(t, n.addr).Configure(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, func() error {
+		if st := status0(t, a); st.GetCommitted() != 48 {
+			return fmt.Errorf("head committed %d, want 48", st.GetCommitted())
+		}
+		return nil
+	})
+	// Now on both, it may go.
+	a.srv.enforceRetention()
+	if st := status0(t, a); st.GetLogStart() == 0 {
+		t.Fatalf("retention kept committed records past every limit: the head's log starts at 0")
 	}
 }

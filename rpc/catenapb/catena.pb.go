@@ -2536,8 +2536,13 @@ type ConfigureRequest struct {
 	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
 	Epoch     uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// Head first.
-	Members       []*Member     `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
-	Config        *StreamConfig `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
+	Members []*Member     `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
+	Config  *StreamConfig `protobuf:"bytes,5,opt,name=config,proto3" json:"config,omitempty"`
+	// The highest committed offset the chain's master knows for the
+	// partition (the maximum its members reported). A member learns it up to
+	// its durable end: a restarted member whose own record of it lagged, and
+	// a new head whose old predecessor knew more, start from it.
+	Committed     uint64 `protobuf:"varint,6,opt,name=committed,proto3" json:"committed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2605,6 +2610,13 @@ func (x *ConfigureRequest) GetConfig() *StreamConfig {
 		return x.Config
 	}
 	return nil
+}
+
+func (x *ConfigureRequest) GetCommitted() uint64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
 }
 
 type PartitionStatus struct {
@@ -3760,13 +3772,14 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x02to\x18\x03 \x01(\x04R\x02to\",\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xbc\x01\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\xda\x01\n" +
 	"\x10ConfigureRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
-	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\"\xa1\x06\n" +
+	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\x12\x1c\n" +
+	"\tcommitted\x18\x06 \x01(\x04R\tcommitted\"\xa1\x06\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
