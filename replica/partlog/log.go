@@ -266,6 +266,14 @@ func (l *Log) StartOffset() uint64 {
 	return l.segs[0].base
 }
 
+// StartChecksum is the rolling checksum at StartOffset (the oldest
+// segment's header): what a copy that starts there must start from.
+func (l *Log) StartChecksum() uint32 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.segs[0].rollBase
+}
+
 // DurableOffset is the end of the prefix known to be fsynced.
 func (l *Log) DurableOffset() uint64 { return l.durable.Load() }
 

@@ -753,3 +753,79 @@ func residentPages(t *testing.T, path string) []byte {
 	}
 	return vec
 }
+
+// A copy that ends below its source's log start resets to start there, with
+// the source's rolling checksum, and then holds exactly what the source
+// does; every crash point of the reset leaves a log that opens.
+func TestReset(t *testing.T) {
+	src := openFS(t, faultfs.New(), func(o *partlog.Options) { o.RetentionBytes = 5000 })
+	defer src.Close()
+	frames := appendAll(t, src, uniform(60, 5, 50, 1))
+	if _, err := src.EnforceRetention(); err != nil {
+		t.Fatal(err)
+	}
+	start, sum := src.StartOffset(), src.StartChecksum()
+	if start <= 50 {
+		t.Fatalf("setup: the source starts at %d", start)
+	}
+	kept := frames[start/5:]
+
+	fsys := faultfs.New()
+	l := openFS(t, fsys, nil)
+	appendAll(t, l, uniform(10, 5, 50, 1)) // [0,50), several segments
+	if err := l.Reset(50, 0); !errors.Is(err, partlog.ErrOutOfRange) {
+		t.Fatalf("reset at the log end: %v, want ErrOutOfRange", err)
+	}
+	if err := l.Reset(start, sum); err != nil {
+		t.Fatal(err)
+	}
+	if l.StartOffset() != start || l.NextOffset() != start || l.DurableOffset() != start || l.RollingChecksum() != sum || len(l.Epochs()) != 0 {
+		t.Fatalf("after reset: [%d,%d) durable %d rolling %08x epochs %v", l.StartOffset(), l.NextOffset(), l.DurableOffset(), l.RollingChecksum(), l.Epochs())
+	}
+	for _, f := range kept {
+		if err := l.Append(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l.RollingChecksum() != src.RollingChecksum() {
+		t.Fatalf("rolling checksum %08x, source %08x", l.RollingChecksum(), src.RollingChecksum())
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	fsys.Crash(faultfs.CrashOptions{})
+	l = openFS(t, fsys, nil)
+	if l.StartOffset() != start || l.RollingChecksum() != src.RollingChecksum() {
+		t.Fatalf("reopened: [%d,%d) rolling %08x", l.StartOffset(), l.NextOffset(), l.RollingChecksum())
+	}
+	equalFrames(t, readAll(t, l), kept)
+	mustClose(t, l)
+
+	// A crash at each fsync of a reset.
+	for k := 0; ; k++ {
+		fsys := faultfs.New()
+		l := openFS(t, fsys, nil)
+		appendAll(t, l, uniform(10, 5, 50, 1))
+		if err := l.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		fsys.FailSyncs(k, 1, errors.New("injected"))
+		err := l.Reset(start, sum)
+		fsys.ClearFaults()
+		fsys.Crash(faultfs.CrashOptions{})
+		l, oerr := partlog.Open(options(fsys, nil))
+		if oerr != nil {
+			t.Fatalf("crash at fsync %d of a reset: reopen: %v", k, oerr)
+		}
+		if s := l.StartOffset(); s != 0 && s != start {
+			t.Fatalf("crash at fsync %d of a reset: the log starts at %d", k, s)
+		}
+		if l.StartOffset() == start && l.RollingChecksum() != sum {
+			t.Fatalf("crash at fsync %d of a reset: rolling %08x", k, l.RollingChecksum())
+		}
+		mustClose(t, l)
+		if err == nil {
+			break
+		}
+	}
+}

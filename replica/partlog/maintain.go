@@ -238,3 +238,50 @@ func (l *Log) boundary(s *segment, to uint64) (int64, error) {
 	}
 	return s.size, nil // to == s.end
 }
+
+// Reset replaces the whole log with an empty one starting at base, whose
+// rolling checksum there is rolling: a copy whose log ends below its
+// source's log start (retention there trimmed what it would copy next)
+// starts again where the source's log does. base must be beyond
+// NextOffset (ErrOutOfRange otherwise): nothing held is kept, and a log
+// that reaches base continues as it is.
+//
+// Segments are deleted newest first, each followed by a directory fsync,
+// then the new one is created (§6): a crash leaves the old log's prefix,
+// an empty log at 0, or the new log, each contiguous, and the copy
+// resets again. Readers are held off for the whole of it (mu): the log
+// of a copy outside the chain has none but Status.
+func (l *Log) Reset(base uint64, rolling uint32) error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	if base <= l.next {
+		return fmt.Errorf("%w: reset to start at %d, log holds [%d,%d)", ErrOutOfRange, base, l.segs[0].base, l.next)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.segs) - 1; i >= 0; i-- {
+		d := l.segs[i]
+		d.f.Close()
+		if err := l.fs.Remove(d.path); err != nil {
+			return l.fail(ErrFailed, "reset: remove %s: %w", d.path, err)
+		}
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return l.fail(ErrFailed, "reset: fsync dir %s after removing %s: %w", l.dir, d.path, err)
+		}
+	}
+	s, err := createSegment(l.fs, l.dir, base, rolling)
+	if err != nil {
+		return l.fail(ErrFailed, "reset: %w", err)
+	}
+	l.segs = []*segment{s}
+	l.next = base
+	l.rolling = rolling
+	l.epochs = nil
+	l.durable.Store(base)
+	return nil
+}

@@ -186,10 +186,16 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 		case ctx.Err() != nil:
 			return
 		case status.Code(err) == codes.OutOfRange:
-			// The source no longer holds what comes next here (retention
-			// trimmed it): the master drops this copy and starts afresh.
-			logger.Info("The catch-up source no longer holds the next offset; stopping", "from", from, "reason", err.Error())
-			return
+			// Either the source no longer holds what comes next here
+			// (retention trimmed it: start again where its log starts) or
+			// this copy holds more than the source (their logs diverged:
+			// the master cuts it back or drops it).
+			reset, rerr := p.resetBelowSource(ctx, rc, from)
+			if rerr != nil || !reset {
+				logger.Info("The catch-up source cannot serve the next offset; stopping", "from", from, "reason", err.Error(), "resetError", rerr)
+				return
+			}
+			continue
 		case err != nil:
 			select {
 			case <-time.After(copyRetry):
@@ -229,6 +235,60 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 			}
 		}
 	}
+}
+
+// resetBelowSource starts this copy's log again at the source's log start
+// when it ends below it (retention at the source trimmed past it while it
+// was away, or it starts empty on a trimmed partition). It reports whether
+// it reset.
+func (p *partition) resetBelowSource(ctx context.Context, rc catenapb.ReplicaClient, from uint64) (bool, error) {
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	idx := p.index
+	resp, err := rc.Status(sctx, &catenapb.StatusRequest{Stream: p.stream, Partition: &idx})
+	if err != nil {
+		return false, err
+	}
+	var src *catenapb.PartitionStatus
+	for _, ps := range resp.GetPartitions() {
+		if ps.GetStream() == p.stream && ps.GetPartition() == p.index && ps.GetError() == "" {
+			src = ps
+		}
+	}
+	if src == nil || src.GetLogStart() <= from {
+		return false, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.usable(); err != nil {
+		return false, err
+	}
+	if st := p.core.Status(); st.Role != chain.RoleNone || p.log.NextOffset() != from {
+		return false, nil // joined, or moved, meanwhile
+	}
+	start, sum := src.GetLogStart(), src.GetLogStartChecksum()
+	if err := p.log.Reset(start, sum); err != nil {
+		if errors.Is(err, partlog.ErrFailed) {
+			go p.crashStop(fmt.Errorf("failed to reset partition %s/%d: %w", p.stream, p.index, err))
+		}
+		return false, err
+	}
+	// As after a truncation: the core, de-duplication and forwarding
+	// state describe the old log.
+	p.truncations.Add(1)
+	p.dedup = newDedupTable()
+	p.recent, p.recentBytes = nil, 0
+	p.core = chain.New(p.srv.id, start)
+	if p.meta != nil {
+		eff, err := p.core.Configure(chain.Config{Epoch: p.meta.Epoch, Members: p.meta.memberIDs(), Committed: p.committed})
+		if err != nil {
+			return false, coreStatus(err, p)
+		}
+		p.apply(eff)
+	}
+	p.m.logEnd.Set(float64(start))
+	p.logger.Info("Copy ends below the source's log start; starting the log again there", "from", from, "logStart", start, "logStartChecksum", sum)
+	return true, nil
 }
 
 // appendCopied appends the frames of one ReadFrames answer.

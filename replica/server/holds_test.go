@@ -323,3 +323,46 @@ func TestDropTakesTheHoldsWithIt(t *testing.T) {
 		t.Fatalf("holds %v survived the drop", got)
 	}
 }
+
+// A copy whose log ends below the source's log start (retention trimmed
+// past it while it was away, or it starts empty on a trimmed partition)
+// cannot continue from its end: it resets its log to start where the
+// source's does, with the source's rolling checksum there, and copies
+// from there, so that it ends equal to the source.
+func TestCatchUpBelowTheSourcesLogStartResetsTheCopy(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	a, b := startNode(t, "a", nil), startNodeAt(t, "b", dir, nil)
+	cfg := retentionConfig(0)
+	configureWith(t, cfg, 1, a, b)
+	appendLarge(t, a, 1, 2)
+	converged(t, a, b)
+	// b leaves; a goes on alone and trims past b's end.
+	stopNode(b)
+	configureWith(t, cfg, 2, a)
+	appendLarge(t, a, 2, 12)
+	a.srv.enforceRetention()
+	src := status0(t, a)
+	if src.GetLogStart() <= 2 {
+		t.Fatalf("setup: a's log starts at %d, not past b's end 2", src.GetLogStart())
+	}
+
+	b = startNodeAt(t, "b", dir, nil)
+	chainReq := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 2, Members: members(a), Config: cfg}
+	if _, err := client(t, b.addr).CatchUp(ctx, &catenapb.CatchUpRequest{Chain: chainReq, SourceId: "a", SourceAddr: a.addr}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, func() error {
+		st := status0(t, b)
+		if st.GetLogStart() != src.GetLogStart() || st.GetLogEnd() != src.GetLogEnd() || st.GetChecksum() != src.GetChecksum() {
+			return fmt.Errorf("b holds [%d,%d) checksum %08x; a holds [%d,%d) checksum %08x",
+				st.GetLogStart(), st.GetLogEnd(), st.GetChecksum(), src.GetLogStart(), src.GetLogEnd(), src.GetChecksum())
+		}
+		return nil
+	})
+	// The reset log is b's own: it survives a restart as it is.
+	b = restart(t, b, dir)
+	if st := status0(t, b); st.GetLogStart() != src.GetLogStart() || st.GetChecksum() != src.GetChecksum() || st.GetError() != "" {
+		t.Fatalf("after restart: b holds [%d,%d) checksum %08x error %q", st.GetLogStart(), st.GetLogEnd(), st.GetChecksum(), st.GetError())
+	}
+}

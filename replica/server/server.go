@@ -489,6 +489,7 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 	}
 	if p.log != nil {
 		ps.LogStart = p.log.StartOffset()
+		ps.LogStartChecksum = p.log.StartChecksum()
 		ps.LogEnd = p.log.NextOffset()
 		ps.Checksum = p.log.RollingChecksum()
 		ps.LastLogEpoch = lastLogEpoch(p.log)

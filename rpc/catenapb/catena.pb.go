@@ -2670,8 +2670,11 @@ type PartitionStatus struct {
 	// refused epoch, a successor ahead of this member (it must be cut back),
 	// a successor that lost acknowledged records, or a network error.
 	SuccessorError string `protobuf:"bytes,22,opt,name=successor_error,json=successorError,proto3" json:"successor_error,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The rolling checksum at log_start (the oldest segment's header): a copy
+	// whose log ends below log_start starts again there with it.
+	LogStartChecksum uint32 `protobuf:"varint,23,opt,name=log_start_checksum,json=logStartChecksum,proto3" json:"log_start_checksum,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
@@ -2856,6 +2859,13 @@ func (x *PartitionStatus) GetSuccessorError() string {
 		return x.SuccessorError
 	}
 	return ""
+}
+
+func (x *PartitionStatus) GetLogStartChecksum() uint32 {
+	if x != nil {
+		return x.LogStartChecksum
+	}
+	return 0
 }
 
 type StatusRequest struct {
@@ -3779,7 +3789,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
 	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\x12\x1c\n" +
-	"\tcommitted\x18\x06 \x01(\x04R\tcommitted\"\xa1\x06\n" +
+	"\tcommitted\x18\x06 \x01(\x04R\tcommitted\"\xcf\x06\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -3804,7 +3814,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x10committed_notice\x18\x13 \x01(\x04R\x0fcommittedNotice\x12\x1a\n" +
 	"\brestored\x18\x14 \x01(\bR\brestored\x120\n" +
 	"\x14successor_stalled_ms\x18\x15 \x01(\x04R\x12successorStalledMs\x12'\n" +
-	"\x0fsuccessor_error\x18\x16 \x01(\tR\x0esuccessorError\"X\n" +
+	"\x0fsuccessor_error\x18\x16 \x01(\tR\x0esuccessorError\x12,\n" +
+	"\x12log_start_checksum\x18\x17 \x01(\rR\x10logStartChecksum\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
