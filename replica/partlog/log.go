@@ -26,12 +26,12 @@ import (
 // Append writes a frame past the published size of the active segment, and
 // only then publishes it, so readers only ever see whole frames.
 type Log struct {
-	fs        FS
-	dir       string
-	segBytes  int64
-	interval  int64
-	retBytes  int64
-	retTime   time.Duration
+	fs       FS
+	dir      string
+	interval int64
+	// limits are the segment size and the soft retention limits; they may
+	// change while the log is open (SetLimits).
+	limits    atomic.Pointer[Limits]
 	now       func() time.Time
 	recovered RecoveryInfo // set by Open, then immutable
 
@@ -147,7 +147,7 @@ func (l *Log) Append(frame []byte) error {
 			ErrEpochRegress, h.BaseOffset, h.Epoch, l.epochs[n-1].Epoch)
 	}
 	s := l.active()
-	if !s.empty() && s.size+int64(len(frame)) > l.segBytes {
+	if !s.empty() && s.size+int64(len(frame)) > l.limits.Load().SegmentBytes {
 		if s, err = l.roll(); err != nil {
 			return err
 		}

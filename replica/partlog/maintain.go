@@ -60,7 +60,8 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 		return res, err
 	}
 	res.StartOffset = l.segs[0].base
-	if l.retBytes == 0 && l.retTime == 0 && h.HardBytes == 0 && h.HardTime == 0 {
+	lim := l.limits.Load()
+	if lim.RetentionBytes == 0 && lim.RetentionTime == 0 && h.HardBytes == 0 && h.HardTime == 0 {
 		return res, nil
 	}
 	var total int64
@@ -68,18 +69,18 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 		total += s.size
 	}
 	cutoff, hardCutoff := int64(math.MinInt64), int64(math.MinInt64)
-	if l.retTime > 0 {
-		cutoff = l.now().Add(-l.retTime).UnixMilli()
+	if lim.RetentionTime > 0 {
+		cutoff = l.now().Add(-lim.RetentionTime).UnixMilli()
 	}
 	if h.HardTime > 0 {
 		hardCutoff = l.now().Add(-h.HardTime).UnixMilli()
 	}
 	for len(l.segs) > 1 {
 		s := l.segs[0]
-		overBytes := l.retBytes > 0 && total > l.retBytes
+		overBytes := lim.RetentionBytes > 0 && total > lim.RetentionBytes
 		// maxTs is the newest record of the whole segment (>= its last
 		// batch's MaxTimestamp): never delete a record younger than the limit.
-		expired := l.retTime > 0 && s.maxTs < cutoff
+		expired := lim.RetentionTime > 0 && s.maxTs < cutoff
 		held := s.end > h.HoldOffset
 		hard := (h.HardBytes > 0 && total > h.HardBytes) || (h.HardTime > 0 && s.maxTs < hardCutoff)
 		if s.end > h.KeepFrom || (!hard && (held || (!overBytes && !expired))) {

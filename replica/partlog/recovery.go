@@ -34,27 +34,20 @@ func newLog(o Options) (*Log, error) {
 	switch {
 	case o.Dir == "":
 		return nil, errors.New("partlog: Options.Dir is empty")
-	case o.SegmentBytes < 0 || o.SegmentBytes > MaxSegmentBytes:
-		return nil, fmt.Errorf("partlog: SegmentBytes %d not in [0,%d]", o.SegmentBytes, MaxSegmentBytes)
-	case o.SegmentBytes > 0 && o.SegmentBytes < SegmentHeaderSize+FrameHeaderSize:
-		return nil, fmt.Errorf("partlog: SegmentBytes %d below the minimum %d", o.SegmentBytes, SegmentHeaderSize+FrameHeaderSize)
-	case o.IndexIntervalBytes < 0 || o.RetentionBytes < 0 || o.RetentionTime < 0:
-		return nil, errors.New("partlog: negative IndexIntervalBytes, RetentionBytes or RetentionTime")
+	case o.IndexIntervalBytes < 0:
+		return nil, errors.New("partlog: negative IndexIntervalBytes")
 	}
 	l := &Log{
 		fs:       o.FS,
 		dir:      filepath.Clean(o.Dir),
-		segBytes: o.SegmentBytes,
 		interval: o.IndexIntervalBytes,
-		retBytes: o.RetentionBytes,
-		retTime:  o.RetentionTime,
 		now:      o.Now,
+	}
+	if err := l.SetLimits(Limits{SegmentBytes: o.SegmentBytes, RetentionBytes: o.RetentionBytes, RetentionTime: o.RetentionTime}); err != nil {
+		return nil, err
 	}
 	if l.fs == nil {
 		l.fs = OSFS{}
-	}
-	if l.segBytes == 0 {
-		l.segBytes = DefaultSegmentBytes
 	}
 	if l.interval == 0 {
 		l.interval = DefaultIndexIntervalBytes
@@ -63,6 +56,36 @@ func newLog(o Options) (*Log, error) {
 		l.now = time.Now
 	}
 	return l, nil
+}
+
+// Limits are the settings of an open log that may change while it is
+// open (a Stream's retention or segment size edited live).
+type Limits struct {
+	// SegmentBytes is where the active segment rolls (0: the default); a
+	// change applies from the next roll.
+	SegmentBytes int64
+	// RetentionBytes and RetentionTime are the soft retention limits
+	// (0: unlimited), applied at the next retention round.
+	RetentionBytes int64
+	RetentionTime  time.Duration
+}
+
+// SetLimits replaces the log's limits; invalid ones are refused and change
+// nothing.
+func (l *Log) SetLimits(lim Limits) error {
+	switch {
+	case lim.SegmentBytes < 0 || lim.SegmentBytes > MaxSegmentBytes:
+		return fmt.Errorf("partlog: SegmentBytes %d not in [0,%d]", lim.SegmentBytes, MaxSegmentBytes)
+	case lim.SegmentBytes > 0 && lim.SegmentBytes < SegmentHeaderSize+FrameHeaderSize:
+		return fmt.Errorf("partlog: SegmentBytes %d below the minimum %d", lim.SegmentBytes, SegmentHeaderSize+FrameHeaderSize)
+	case lim.RetentionBytes < 0 || lim.RetentionTime < 0:
+		return errors.New("partlog: negative RetentionBytes or RetentionTime")
+	}
+	if lim.SegmentBytes == 0 {
+		lim.SegmentBytes = DefaultSegmentBytes
+	}
+	l.limits.Store(&lim)
+	return nil
 }
 
 func corruptAt(path string, pos int64, format string, args ...any) error {

@@ -32,8 +32,11 @@ type partition struct {
 	m      *partitionMetrics
 
 	syncReq chan struct{} // capacity 1: "something was appended"
-	stop    chan struct{} // closed when the partition shuts down
-	wg      sync.WaitGroup
+	// syncEvery carries a new fsync interval to the sync loop (0: fsync
+	// per group commit); capacity 1, the latest value wins.
+	syncEvery chan time.Duration
+	stop      chan struct{} // closed when the partition shuts down
+	wg        sync.WaitGroup
 
 	mu        sync.Mutex
 	core      *chain.Replica
@@ -177,6 +180,30 @@ func (p *partition) apply(eff chain.Effects) {
 	}
 }
 
+// applyConfig applies the settings of a (possibly changed) stream config
+// that an open partition uses beyond its chain membership: durability and
+// the log's segment size and retention. Callers hold p.mu.
+func (p *partition) applyConfig(cfg *catenapb.StreamConfig) error {
+	if p.log == nil {
+		return nil
+	}
+	opts := logOptions(p.dir, cfg)
+	if err := p.log.SetLimits(partlog.Limits{SegmentBytes: opts.SegmentBytes, RetentionBytes: opts.RetentionBytes, RetentionTime: opts.RetentionTime}); err != nil {
+		return err
+	}
+	for {
+		select {
+		case p.syncEvery <- syncInterval(cfg):
+			return nil
+		default:
+			select { // replace a value the loop has not taken yet
+			case <-p.syncEvery:
+			default:
+			}
+		}
+	}
+}
+
 func (p *partition) requestSync() {
 	select {
 	case p.syncReq <- struct{}{}:
@@ -187,24 +214,39 @@ func (p *partition) requestSync() {
 // syncLoop is the group commit: one fsync covers everything appended since
 // the previous one, however many batches that is. Under interval durability
 // it fsyncs on the interval instead and durability is reported at append.
+//
+// The interval may change while the partition is open (setSyncInterval: a
+// Stream's durability edited live). Every fsync, on the interval too,
+// reports what it covered durable, so records appended under fsync
+// durability just before a change to interval durability still complete.
 func (p *partition) syncLoop(interval time.Duration) {
 	defer p.wg.Done()
+	var t *time.Ticker
 	var tick <-chan time.Time
-	if interval > 0 {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		tick = t.C
+	every := func(d time.Duration) {
+		if t != nil {
+			t.Stop()
+			t, tick = nil, nil
+		}
+		if d > 0 {
+			t = time.NewTicker(d)
+			tick = t.C
+		}
+		interval = d
 	}
+	every(interval)
+	defer func() { every(0) }()
 	for {
 		select {
 		case <-p.stop:
 			return
-		case <-tick:
-			if err := p.log.Sync(); err != nil {
-				p.crashStop(fmt.Errorf("failed to fsync partition %s/%d: %w", p.stream, p.index, err))
-				return
+		case d := <-p.syncEvery:
+			if d != interval {
+				every(d)
+				p.requestSync() // what waits for an fsync gets it now
 			}
 			continue
+		case <-tick:
 		case <-p.syncReq:
 			if interval > 0 {
 				continue

@@ -197,16 +197,17 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		cfg = meta.config
 	}
 	p := &partition{
-		srv:     s,
-		stream:  stream,
-		index:   index,
-		dir:     dir,
-		logger:  s.logger.WithValues("stream", stream, "partition", index),
-		m:       s.metrics.forPartition(stream, index),
-		syncReq: make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		changed: make(chan struct{}),
-		dedup:   newDedupTable(),
+		srv:       s,
+		stream:    stream,
+		index:     index,
+		dir:       dir,
+		logger:    s.logger.WithValues("stream", stream, "partition", index),
+		m:         s.metrics.forPartition(stream, index),
+		syncReq:   make(chan struct{}, 1),
+		syncEvery: make(chan time.Duration, 1),
+		stop:      make(chan struct{}),
+		changed:   make(chan struct{}),
+		dedup:     newDedupTable(),
 	}
 	if metaErr != nil && !errors.Is(metaErr, os.ErrNotExist) {
 		// Like a corrupt log, it costs this partition only: without its
@@ -452,6 +453,10 @@ func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) 
 					return nil, status.Errorf(codes.Internal, "%v", err)
 				}
 				p.meta = meta
+				if err := p.applyConfig(meta.config); err != nil {
+					return nil, status.Errorf(codes.Internal, "configure %s/%d: %v", p.stream, p.index, err)
+				}
+				p.logger.Info("Applied a changed stream config", "epoch", meta.Epoch)
 			}
 			return p.statusLocked(), nil
 		}
@@ -466,6 +471,10 @@ func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) 
 	}
 	p.logger.Info("Installed chain configuration", "epoch", meta.Epoch, "members", meta.memberIDs(), "role", p.core.Status().Role.String())
 	p.meta = meta
+	if err := p.applyConfig(meta.config); err != nil {
+		// Validated before anything was stored; not reached.
+		p.logger.Error(err, "Failed to apply the stream config")
+	}
 	// Forwarding and acknowledgement marks belong to the old neighbours.
 	// A new epoch is a decision of the chain's master, which repairs logs
 	// before it installs one; a restored partition waits for nothing else.

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/replica/partlog"
@@ -1629,5 +1630,54 @@ func TestRetentionKeepsWhatIsNotOnEveryMember(t *testing.T) {
 	a.srv.enforceRetention()
 	if st := status0(t, a); st.GetLogStart() == 0 {
 		t.Fatalf("retention kept committed records past every limit: the head's log starts at 0")
+	}
+}
+
+// A Stream's durability and retention can change while its partitions are
+// open: the master sends the new config under the same epoch, and the
+// members apply it at once, not at their next restart.
+func TestLiveConfigChangesApplyToOpenPartitions(t *testing.T) {
+	ctx := context.Background()
+	a := startNode(t, "a", nil)
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, SegmentBytes: 1 << 20}
+	install := func(cfg *catenapb.StreamConfig) {
+		t.Helper()
+		if _, err := client(t, a.addr).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	install(cfg)
+	p := a.srv.partitions[partKey{"s", 0}]
+
+	// fsync -> interval: records are acknowledged at append and fsynced on
+	// the interval, which means fsynced.
+	interval := proto.CloneOf(cfg)
+	interval.Durability, interval.FsyncIntervalMs = catenapb.Durability_DURABILITY_INTERVAL, 20
+	install(interval)
+	appendLarge(t, a, 1, 4)
+	eventually(t, 5*time.Second, func() error {
+		if d, n := p.log.DurableOffset(), p.log.NextOffset(); d != n {
+			return fmt.Errorf("under interval durability the log is fsynced to %d of %d", d, n)
+		}
+		return nil
+	})
+
+	// Retention set on a stream that had none trims at the next round.
+	appendLarge(t, a, 1, 8)
+	retained := proto.CloneOf(interval)
+	retained.RetentionBytes = 1
+	install(retained)
+	a.srv.enforceRetention()
+	if st := status0(t, a); st.GetLogStart() == 0 {
+		t.Fatalf("retention of 1 byte set live: the log still starts at 0 (ends at %d)", st.GetLogEnd())
+	}
+
+	// interval -> fsync: appends wait for their fsync again.
+	back := proto.CloneOf(retained)
+	back.Durability, back.FsyncIntervalMs = catenapb.Durability_DURABILITY_FSYNC, 0
+	install(back)
+	appendLarge(t, a, 1, 1)
+	if d, n := p.log.DurableOffset(), p.log.NextOffset(); d != n {
+		t.Fatalf("back under fsync durability an acknowledged append is fsynced to %d of %d", d, n)
 	}
 }
