@@ -481,3 +481,37 @@ func TestDirectoryChangesAreDurable(t *testing.T) {
 		t.Fatalf("after truncate+crash next %d, %d segments", l.NextOffset(), len(segments(t, fsys)))
 	}
 }
+
+// After a failed fsync the kernel keeps the unsynced pages cached but
+// marked clean: they are not on the disk, later fsyncs do not write them,
+// and a process that restarts without a machine crash still reads them.
+// Recovery must read what the disk holds, not trust the cache, or it
+// reports durable (and a chain acknowledges) records a crash then loses.
+func TestRecoveryAfterAFailedFsyncReadsTheDisk(t *testing.T) {
+	fsys := faultfs.New()
+	l := openFS(t, fsys, nil)
+	synced := appendAll(t, l, uniform(3, 5, 50, 1))
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, l, uniform(2, 5, 50, 1))
+	fsys.FailSyncs(0, 1, syscall.EIO)
+	if err := l.Sync(); err == nil {
+		t.Fatal("setup: the injected fsync failure was not reported")
+	}
+	fsys.ClearFaults()
+	// The process exits and starts again; the machine does not crash.
+	l = openFS(t, fsys, nil)
+	if l.NextOffset() != 15 || l.DurableOffset() != 15 {
+		t.Fatalf("reopened after a failed fsync: next %d durable %d, want 15 (what is on the disk)", l.NextOffset(), l.DurableOffset())
+	}
+	equalFrames(t, readAll(t, l), synced)
+	mustClose(t, l)
+	// What it called durable is: a crash now keeps all of it.
+	fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
+	l = openFS(t, fsys, nil)
+	defer l.Close()
+	if l.NextOffset() != 15 {
+		t.Fatalf("after a machine crash: next %d, want 15", l.NextOffset())
+	}
+}

@@ -12,6 +12,14 @@
 //
 // Faults: writes can fail (ENOSPC) after persisting a prefix of the failing
 // write (a torn write), and syncs (file and directory) can fail (EIO).
+//
+// A failed file sync is modelled as Linux handles a writeback error: the
+// unsynced bytes stay in the page cache, marked clean, so reads still
+// return them and later syncs of the file neither write them nor fail,
+// but they are not on the disk. File.DropCache (posix_fadvise DONTNEED)
+// drops them, and reads return what the disk holds. A process restart
+// without a crash is simply a new open over the same FS: it sees the
+// cache.
 package faultfs
 
 import (
@@ -79,6 +87,9 @@ type inode struct {
 	// rewritten is set when bytes below len(durable) changed since the last
 	// Sync (overwrite or truncate): then there is no "appended tail" to tear.
 	rewritten bool
+	// lost is set by a failed Sync: what data holds beyond durable is
+	// clean in the cache and never reaches the disk (see the package doc).
+	lost bool
 }
 
 var _ partlog.FS = (*FS)(nil)
@@ -143,7 +154,7 @@ func (f *FS) Crash(opts CrashOptions) {
 		}
 		done[in] = true
 		d := slices.Clone(in.durable)
-		if !in.rewritten && len(in.data) > len(in.durable) {
+		if !in.rewritten && !in.lost && len(in.data) > len(in.durable) {
 			tail := in.data[len(in.durable):]
 			k := len(tail)
 			if opts.KeepUnsynced >= 0 {
@@ -155,7 +166,7 @@ func (f *FS) Crash(opts CrashOptions) {
 				d = append(d, tail[:k]...)
 			}
 		}
-		in.data, in.durable, in.rewritten = d, slices.Clone(d), false
+		in.data, in.durable, in.rewritten, in.lost = d, slices.Clone(d), false, false
 	}
 }
 
@@ -362,16 +373,35 @@ func (h *file) Sync() error {
 		return err
 	}
 	if h.fs.syncFault.trigger() {
+		h.in.lost = true
 		return &fs.PathError{Op: "sync", Path: h.name, Err: h.fs.syncFault.err}
 	}
 	h.fs.syncs++
 	in := h.in
+	if in.lost {
+		return nil // the pages are clean: nothing to write, nothing to report
+	}
 	if in.rewritten || len(in.data) < len(in.durable) {
 		in.durable = slices.Clone(in.data)
 	} else {
 		in.durable = append(in.durable, in.data[len(in.durable):]...)
 	}
 	in.rewritten = false
+	return nil
+}
+
+// DropCache drops the file's clean cached pages, as posix_fadvise
+// DONTNEED does: after a failed sync, reads then return what the disk
+// holds. Dirty pages (written, not yet synced) stay.
+func (h *file) DropCache() error {
+	h.fs.mu.Lock()
+	defer h.fs.mu.Unlock()
+	if err := h.check("fadvise"); err != nil {
+		return err
+	}
+	if in := h.in; in.lost {
+		in.data, in.rewritten, in.lost = slices.Clone(in.durable), false, false
+	}
 	return nil
 }
 
