@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,9 +171,24 @@ func newAppender(srv *Server, stream string, partition uint32) *appender {
 	return a
 }
 
+// enqueue queues c in its producer's sequence order: before the first
+// queued chunk of the same producer that starts at a higher sequence. A
+// producer retries each request on its own, so the retry of an unanswered
+// request can arrive after the request sent next; sent in arrival order,
+// the later records would be stored first. (What was already sent is not
+// reordered: the head refuses the retry then, and says why.)
 func (a *appender) enqueue(c *chunk) {
 	a.mu.Lock()
-	a.queue = append(a.queue, c)
+	at := len(a.queue)
+	if p, first := chunkProducer(c); p != 0 {
+		for i, q := range a.queue {
+			if qp, qfirst := chunkProducer(q); qp == p && qfirst > first {
+				at = i
+				break
+			}
+		}
+	}
+	a.queue = slices.Insert(a.queue, at, c)
 	a.mu.Unlock()
 	select {
 	case a.wake <- struct{}{}:
@@ -190,9 +206,25 @@ func (a *appender) take() *sent {
 	s := &sent{}
 	size, n := 0, 0
 	count := 0
+	// last is each producer's highest sequence in the request so far: a
+	// chunk that would take a producer back (overlapping retries) waits
+	// for the next request, since the head refuses such a request whole.
+	var last map[uint64]uint64
 	for n < len(a.queue) && (n == 0 || (size+a.queue[n].bytes <= maxAppendBytes && count+len(a.queue[n].recs) <= partlog.MaxBatchRecords)) {
-		size += a.queue[n].bytes
-		count += len(a.queue[n].recs)
+		c := a.queue[n]
+		if p, first := chunkProducer(c); p != 0 {
+			if l, ok := last[p]; ok && first <= l {
+				break
+			}
+			if last == nil {
+				last = map[uint64]uint64{}
+			}
+			for _, r := range c.recs {
+				last[p] = max(last[p], r.Sequence)
+			}
+		}
+		size += c.bytes
+		count += len(c.recs)
 		n++
 	}
 	s.chunks = append(s.chunks, a.queue[:n]...)
@@ -203,6 +235,15 @@ func (a *appender) take() *sent {
 	a.nextID++
 	s.id = a.nextID
 	return s
+}
+
+// chunkProducer is the producer of c's records (one produce request has
+// one) and its first sequence; 0 for records without a producer.
+func chunkProducer(c *chunk) (producer, first uint64) {
+	if len(c.recs) == 0 {
+		return 0, 0
+	}
+	return c.recs[0].ProducerID, c.recs[0].Sequence
 }
 
 // expire fails queued and unanswered chunks past their deadline, keeping

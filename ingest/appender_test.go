@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	"github.com/catena-streams/catena/replica/partlog"
@@ -86,5 +87,50 @@ func TestRecycleKeepsTheLargest(t *testing.T) {
 	}
 	if b := a.buffer(3000); cap(b) != 4096 {
 		t.Fatalf("buffer(3000) with no spare that large = cap %d, want 4096", cap(b))
+	}
+}
+
+// TestQueueKeepsEachProducersOrder: a producer's retry of an unanswered
+// request arrives after the request it sent next. Queued in arrival order
+// and merged into one append, the head would store the later records
+// first. The queue keeps each producer's chunks in sequence order, and a
+// request never carries a producer's sequences going back.
+func TestQueueKeepsEachProducersOrder(t *testing.T) {
+	a := &appender{stream: "s", wake: make(chan struct{}, 1)}
+	b := testChunk(1, 10, 5, 10) // sent second, queued first
+	other := testChunk(2, 1, 3, 10)
+	retry := testChunk(1, 1, 5, 10) // the retry of the first request
+	a.enqueue(b)
+	a.enqueue(other)
+	a.enqueue(retry)
+	var seqs []uint64
+	for s := a.take(); s != nil; s = a.take() {
+		last := map[uint64]uint64{}
+		for _, c := range s.chunks {
+			for _, r := range c.recs {
+				if l, ok := last[r.ProducerID]; ok && r.Sequence < l {
+					t.Fatalf("request %d carries producer %d's sequence %d after %d", s.id, r.ProducerID, r.Sequence, l)
+				}
+				last[r.ProducerID] = r.Sequence
+				if r.ProducerID == 1 {
+					seqs = append(seqs, r.Sequence)
+				}
+			}
+		}
+	}
+	if want := []uint64{1, 2, 3, 4, 5, 10, 11, 12, 13, 14}; !slices.Equal(seqs, want) {
+		t.Fatalf("producer 1's records go out as %v, want %v", seqs, want)
+	}
+
+	// Where the queue cannot help (overlapping chunks), a request ends
+	// before a chunk that would take a producer back.
+	a.enqueue(testChunk(1, 20, 3, 10)) // 20, 21, 22
+	a.enqueue(testChunk(1, 21, 1, 10)) // 21: first sequence not below the queued 20
+	n := 0
+	for s := a.take(); s != nil; s = a.take() {
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("20-22 and 21 went out in %d requests, want 2", n)
 	}
 }

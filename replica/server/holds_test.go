@@ -200,8 +200,9 @@ func TestCatchUpAdoptsTheSourceHolds(t *testing.T) {
 	}
 	eventually(t, 10*time.Second, func() error {
 		st := status0(t, b)
-		if got := holdsOf(st); !reflect.DeepEqual(got, []string{"agg@1"}) || st.GetLogEnd() != 12 {
-			return fmt.Errorf("b: holds %v, log end %d", got, st.GetLogEnd())
+		// Durable too: retention keeps what the copy does not hold durably.
+		if got := holdsOf(st); !reflect.DeepEqual(got, []string{"agg@1"}) || st.GetLogEnd() != 12 || st.GetDurable() != 12 {
+			return fmt.Errorf("b: holds %v, log end %d durable %d", got, st.GetLogEnd(), st.GetDurable())
 		}
 		return nil
 	})

@@ -387,6 +387,7 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 	freshIdx := p.freshIdx[:0]
 	type producerSeq struct{ producer, seq uint64 }
 	var inRequest map[producerSeq]int // repeats inside one request
+	var lastFresh map[uint64]uint64   // each producer's last new sequence in it
 	for i := range in {
 		producer, seq := in[i].ProducerID, in[i].Sequence
 		if producer != 0 {
@@ -407,10 +408,17 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 				resp.Offsets[i] = uint64(j) // an index until offsets are known
 				continue
 			}
+			if last, ok := lastFresh[producer]; ok && seq < last {
+				// A later record of the producer comes first in this very
+				// request (a retry merged behind a request sent after it):
+				// stored so, it would follow records produced later.
+				return nil, 0, 0, status.Errorf(codes.OutOfRange, "sequence %d of producer %d follows its sequence %d in the same request to partition %s/%d; storing it would break the producer's order; nothing was stored", seq, producer, last, p.stream, p.index)
+			}
 			if inRequest == nil {
-				inRequest = map[producerSeq]int{}
+				inRequest, lastFresh = map[producerSeq]int{}, map[uint64]uint64{}
 			}
 			inRequest[producerSeq{producer, seq}] = i
+			lastFresh[producer] = seq
 		}
 		fresh = append(fresh, in[i])
 		freshIdx = append(freshIdx, i)

@@ -1681,3 +1681,30 @@ func TestLiveConfigChangesApplyToOpenPartitions(t *testing.T) {
 		t.Fatalf("back under fsync durability an acknowledged append is fsynced to %d of %d", d, n)
 	}
 }
+
+// A request that carries a producer's later records before its earlier
+// ones (ingestion merged a retry behind a request sent after it) must not
+// be stored in that order: the head refuses it whole, as it refuses a
+// sequence below one already stored.
+func TestARequestThatReordersAProducerIsRefused(t *testing.T) {
+	a := startNode(t, "a", nil)
+	configure(t, 1, a)
+	ctx := context.Background()
+	ac := client(t, a.addr)
+	if _, err := ac.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	recs := append(records(1, 5, 2), records(1, 3, 2)...) // 5, 6, then 3, 4
+	_, err := ac.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs})
+	if status.Code(err) != codes.OutOfRange {
+		t.Fatalf("append of sequences 5, 6, 3, 4: %v, want OutOfRange", err)
+	}
+	if st := status0(t, a); st.GetLogEnd() != 2 {
+		t.Fatalf("log end %d after a refused append, want 2 (nothing stored)", st.GetLogEnd())
+	}
+	// Duplicates among them are fine: 1, 2 stored, then 3.
+	resp, err := ac.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: append(records(1, 1, 2), records(1, 3, 1)...)})
+	if err != nil || !resp.GetDuplicate()[0] || resp.GetDuplicate()[2] || resp.GetOffsets()[2] != 2 {
+		t.Fatalf("append of 1, 2 (stored) and 3: %v %v", resp, err)
+	}
+}
