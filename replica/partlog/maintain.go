@@ -185,15 +185,8 @@ func (l *Log) Truncate(to uint64) error {
 	}
 	l.mu.Unlock()
 
-	for i := len(later) - 1; i >= 0; i-- {
-		d := later[i]
-		d.f.Close()
-		if err := l.fs.Remove(d.path); err != nil {
-			return l.fail(ErrFailed, "truncate: remove %s: %w", d.path, err)
-		}
-		if err := l.fs.SyncDir(l.dir); err != nil {
-			return l.fail(ErrFailed, "truncate: fsync dir %s after removing %s: %w", l.dir, d.path, err)
-		}
+	if err := l.removeNewestFirst("truncate", later); err != nil {
+		return err
 	}
 	if err := s.f.Truncate(pos); err != nil {
 		return l.fail(ErrFailed, "truncate %s to byte %d: %w", s.path, pos, err)
@@ -265,15 +258,8 @@ func (l *Log) Reset(base uint64, rolling uint32) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i := len(l.segs) - 1; i >= 0; i-- {
-		d := l.segs[i]
-		d.f.Close()
-		if err := l.fs.Remove(d.path); err != nil {
-			return l.fail(ErrFailed, "reset: remove %s: %w", d.path, err)
-		}
-		if err := l.fs.SyncDir(l.dir); err != nil {
-			return l.fail(ErrFailed, "reset: fsync dir %s after removing %s: %w", l.dir, d.path, err)
-		}
+	if err := l.removeNewestFirst("reset", l.segs); err != nil {
+		return err
 	}
 	s, err := createSegment(l.fs, l.dir, base, rolling)
 	if err != nil {
@@ -284,5 +270,22 @@ func (l *Log) Reset(base uint64, rolling uint32) error {
 	l.rolling = rolling
 	l.epochs = nil
 	l.durable.Store(base)
+	return nil
+}
+
+// removeNewestFirst closes and deletes segs newest first, each removal
+// followed by a directory fsync, so that a crash leaves a contiguous log
+// (a prefix of what was there). A failure is the log's permanent fault.
+func (l *Log) removeNewestFirst(op string, segs []*segment) error {
+	for i := len(segs) - 1; i >= 0; i-- {
+		d := segs[i]
+		d.f.Close()
+		if err := l.fs.Remove(d.path); err != nil {
+			return l.fail(ErrFailed, "%s: remove %s: %w", op, d.path, err)
+		}
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return l.fail(ErrFailed, "%s: fsync dir %s after removing %s: %w", op, l.dir, d.path, err)
+		}
+	}
 	return nil
 }

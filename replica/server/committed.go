@@ -141,13 +141,7 @@ func (s *Server) committedLoop() {
 			return
 		case <-t.C:
 		}
-		s.mu.Lock()
-		parts := make([]*partition, 0, len(s.partitions))
-		for _, p := range s.partitions {
-			parts = append(parts, p)
-		}
-		s.mu.Unlock()
-		for _, p := range parts {
+		for _, p := range s.openPartitions() {
 			p.persistCommitted(false)
 		}
 	}

@@ -602,15 +602,20 @@ func (s *Server) retentionLoop() {
 
 // enforceRetention runs retention on every hosted partition once.
 func (s *Server) enforceRetention() {
+	for _, p := range s.openPartitions() {
+		p.enforceRetention()
+	}
+}
+
+// openPartitions is a snapshot of the hosted partitions.
+func (s *Server) openPartitions() []*partition {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	parts := make([]*partition, 0, len(s.partitions))
 	for _, p := range s.partitions {
 		parts = append(parts, p)
 	}
-	s.mu.Unlock()
-	for _, p := range parts {
-		p.enforceRetention()
-	}
+	return parts
 }
 
 // Close stops every partition and closes its log.
