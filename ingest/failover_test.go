@@ -1,0 +1,139 @@
+package ingest
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/catena-streams/catena/replica/partlog"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// chainMember is a fake replica whose chain view the test changes, and
+// which can be made to hang (as a paused or partitioned process does: its
+// connections stay open, nothing is answered).
+type chainMember struct {
+	catenapb.UnimplementedReplicaServer
+	id   string
+	hung atomic.Bool
+
+	mu      sync.Mutex
+	epoch   uint64
+	members []*catenapb.Member
+	next    uint64 // next offset it gives
+	appends int    // requests it answered
+}
+
+func (m *chainMember) view(epoch uint64, members []*catenapb.Member) {
+	m.mu.Lock()
+	m.epoch, m.members = epoch, members
+	m.mu.Unlock()
+}
+
+func (m *chainMember) answered() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.appends
+}
+
+func (m *chainMember) Status(ctx context.Context, _ *catenapb.StatusRequest) (*catenapb.StatusResponse, error) {
+	if m.hung.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return &catenapb.StatusResponse{ReplicaId: m.id, Partitions: []*catenapb.PartitionStatus{{
+		Stream: "s", Partition: 0, ReplicaId: m.id, Epoch: m.epoch, Members: m.members,
+		Config: &catenapb.StreamConfig{Partitions: 1},
+	}}}, nil
+}
+
+func (m *chainMember) AppendStream(stream catenapb.Replica_AppendStreamServer) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if m.hung.Load() {
+			continue // received, never answered
+		}
+		_, recs, err := partlog.DecodeBatch(req.GetFrame())
+		if err != nil {
+			return err
+		}
+		m.mu.Lock()
+		resp := &catenapb.AppendResponse{RequestId: req.GetRequestId()}
+		for range recs {
+			resp.Offsets = append(resp.Offsets, m.next)
+			resp.Duplicate = append(resp.Duplicate, false)
+			m.next++
+		}
+		resp.Committed = m.next
+		m.appends++
+		m.mu.Unlock()
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// TestAStalledAppendRelearnsTheChain: a head that hangs (paused, cut off)
+// never fails the append stream, so ingestion must itself look for the
+// chain's next epoch while an append goes unanswered, not wait for its
+// periodic discovery round: that wait came on top of the failure timeout
+// and kept an isolated head's partition from writes for 3.2 s in the fault
+// campaign. Here discovery rounds are an hour apart, so only a refresh the
+// stall asks for can move the append to the new head.
+func TestAStalledAppendRelearnsTheChain(t *testing.T) {
+	head, next := &chainMember{id: "head"}, &chainMember{id: "next"}
+	var addrs []string
+	for _, m := range []*chainMember{head, next} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer()
+		catenapb.RegisterReplicaServer(g, m)
+		go func() { _ = g.Serve(lis) }()
+		t.Cleanup(g.Stop)
+		addrs = append(addrs, lis.Addr().String())
+	}
+	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
+	head.view(1, both)
+	next.view(1, both)
+
+	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	produce := func(what string) *catenapb.ProduceResponse {
+		t.Helper()
+		resp, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Key: []byte("k"), Value: []byte(what)}}})
+		if err != nil {
+			t.Fatalf("produce %s: %v", what, err)
+		}
+		return resp
+	}
+	produce("before")
+	if head.answered() != 1 {
+		t.Fatalf("the head answered %d appends, want 1", head.answered())
+	}
+
+	// The head hangs; the chain master moves the chain to epoch 2 without
+	// it. Nothing tells ingestion but the members' reports.
+	head.hung.Store(true)
+	next.view(2, both[1:])
+	produce("after")
+	if next.answered() != 1 {
+		t.Fatalf("the new head answered %d appends, want 1", next.answered())
+	}
+}
