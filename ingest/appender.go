@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 const (
@@ -485,7 +485,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			a.progressed = true
 			if code := codes.Code(resp.GetErrorCode()); code != codes.OK {
 				err := status.Error(code, resp.GetErrorMessage())
-				if resp.GetErrorReason() == chainplan.ReasonChainTooShort {
+				if resp.GetErrorReason() == contract.ReasonChainTooShort {
 					// The chain is below its minimum length: every
 					// request on this stream is refused (the head ends the
 					// stream after this answer, storing none of the later

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/catena-streams/catena/replica/server"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 // Consumer holds: ingestion knows every partition's chain, so it fans a
@@ -33,7 +33,7 @@ const (
 // NotFound for an unknown stream or partition, and the consumer name
 // checked before anything is asked of a member.
 func (s *Server) consumerPartition(ctx context.Context, stream string, index uint32, consumer string) (*partitionRoute, error) {
-	if err := server.ValidateConsumer(consumer); err != nil {
+	if err := contract.ValidateConsumer(consumer); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "%v; nothing was stored", err)
 	}
 	sr, err := s.stream(ctx, stream)
@@ -85,7 +85,7 @@ func (s *Server) CommitConsumerOffset(ctx context.Context, req *catenapb.CommitC
 // DeleteConsumer releases a consumer's holds on every member of every
 // partition's chain.
 func (s *Server) DeleteConsumer(ctx context.Context, req *catenapb.DeleteConsumerRequest) (*catenapb.DeleteConsumerResponse, error) {
-	if err := server.ValidateConsumer(req.GetConsumer()); err != nil {
+	if err := contract.ValidateConsumer(req.GetConsumer()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "%v; nothing was released", err)
 	}
 	sr, err := s.stream(ctx, req.GetStream())

@@ -9,12 +9,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/catena-streams/catena/replica/server"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 // Consumer holds, kept per partition in memory, with the replicas' name
-// rules (server.ValidateConsumer).
+// rules (contract.ValidateConsumer).
 
 // holdsOf returns a partition's holds, creating the map. Callers hold s.mu.
 func (st *stream) holdsOf(partition uint32) map[string]uint64 {
@@ -55,7 +55,7 @@ func (s *Server) ForceTrim(name string, partition int, consumer string, logStart
 
 // CommitConsumerOffset implements catenapb.IngestServer.
 func (s *Server) CommitConsumerOffset(ctx context.Context, req *catenapb.CommitConsumerOffsetRequest) (*catenapb.CommitConsumerOffsetResponse, error) {
-	if err := server.ValidateConsumer(req.GetConsumer()); err != nil {
+	if err := contract.ValidateConsumer(req.GetConsumer()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "%v; nothing was stored", err)
 	}
 	s.mu.Lock()
@@ -97,7 +97,7 @@ func (s *Server) ListConsumers(ctx context.Context, req *catenapb.ListConsumersR
 
 // DeleteConsumer implements catenapb.IngestServer.
 func (s *Server) DeleteConsumer(ctx context.Context, req *catenapb.DeleteConsumerRequest) (*catenapb.DeleteConsumerResponse, error) {
-	if err := server.ValidateConsumer(req.GetConsumer()); err != nil {
+	if err := contract.ValidateConsumer(req.GetConsumer()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "%v; nothing was released", err)
 	}
 	s.mu.Lock()

@@ -519,17 +519,3 @@ func validate(in Input) error {
 	}
 	return nil
 }
-
-// ReasonChainTooShort is the machine-readable reason (gRPC ErrorInfo and
-// AppendResponse.error_reason) of a head's refusal of an append when its
-// chain has fewer members than the stream's minimum chain length
-// (WritesAllowed false). Ingestion acts on it to fail the records at once
-// with the head's message, rather than retrying until the producer's
-// deadline hides the reason.
-const ReasonChainTooShort = "CHAIN_TOO_SHORT"
-
-// TooShortMessage is the head's refusal message for a chain of have
-// members when need are required.
-func TooShortMessage(stream string, partition uint32, have, need int) string {
-	return fmt.Sprintf("partition %s/%d has %d of the %d members required for writes", stream, partition, have, need)
-}

@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -20,6 +19,7 @@ import (
 	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 // Consumer holds. A consumer (an aggregation, a checkpoint reader) says
@@ -36,9 +36,6 @@ const (
 	holdsFile = "holds.json"
 	// holdsFileVersion is the version of holdsFile's format.
 	holdsFileVersion = 1
-	// maxConsumerNameLen bounds a consumer name (a Kubernetes object name's
-	// bound: "<namespace>/<name>" fits).
-	maxConsumerNameLen = 253
 	// maxHoldsPerPartition bounds the holds of one partition.
 	maxHoldsPerPartition = 1024
 	// maxForcedTrims bounds the forced trims kept per partition; the oldest
@@ -47,19 +44,6 @@ const (
 	// maxHoldsFileBytes bounds what readHolds reads.
 	maxHoldsFileBytes = 4 << 20
 )
-
-var consumerRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?$`)
-
-// ValidateConsumer checks a consumer name: 1-253 characters of a-z, 0-9,
-// '.', '-', '_' and '/', starting and ending with a letter or digit (so
-// that "<namespace>/<aggregation>" names one). Ingestion checks with it too,
-// before it asks any member.
-func ValidateConsumer(name string) error {
-	if len(name) == 0 || len(name) > maxConsumerNameLen || !consumerRE.MatchString(name) {
-		return fmt.Errorf("consumer name %q must be 1-%d characters of a-z, 0-9, '.', '-', '_' and '/', starting and ending with a letter or digit", name, maxConsumerNameLen)
-	}
-	return nil
-}
 
 // holdState is a partition's holds and forced trims, as stored in
 // holdsFile.
@@ -189,7 +173,7 @@ func readHolds(dir string) (holdState, error) {
 		return holdState{}, fmt.Errorf("%s has version %d; this replica reads version %d", path, h.Version, holdsFileVersion)
 	}
 	for _, r := range h.Holds {
-		if err := ValidateConsumer(r.Consumer); err != nil {
+		if err := contract.ValidateConsumer(r.Consumer); err != nil {
 			return holdState{}, fmt.Errorf("%s: %w", path, err)
 		}
 	}
@@ -228,7 +212,7 @@ func (p *partition) updateHolds(f func(h *holdState) (changed bool, err error)) 
 
 // HoldRetention sets a consumer's hold on a hosted partition.
 func (s *Server) HoldRetention(ctx context.Context, req *catenapb.HoldRetentionRequest) (*catenapb.PartitionStatus, error) {
-	if err := ValidateConsumer(req.GetConsumer()); err != nil {
+	if err := contract.ValidateConsumer(req.GetConsumer()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "hold retention of %s/%d: %v; nothing was stored", req.GetStream(), req.GetPartition(), err)
 	}
 	p, err := s.lookup(req.GetStream(), req.GetPartition())
@@ -262,7 +246,7 @@ func (s *Server) HoldRetention(ctx context.Context, req *catenapb.HoldRetentionR
 // ReleaseRetention removes a consumer's hold from one or every hosted
 // partition of a stream.
 func (s *Server) ReleaseRetention(ctx context.Context, req *catenapb.ReleaseRetentionRequest) (*catenapb.ReleaseRetentionResponse, error) {
-	if err := ValidateConsumer(req.GetConsumer()); err != nil {
+	if err := contract.ValidateConsumer(req.GetConsumer()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "release retention of stream %s: %v; nothing was released", req.GetStream(), err)
 	}
 	var parts []*partition
@@ -311,7 +295,7 @@ func (p *partition) adoptHolds(src []*catenapb.ConsumerHold) error {
 	return p.updateHolds(func(h *holdState) (bool, error) {
 		next := make([]holdRecord, 0, len(src))
 		for _, sh := range src {
-			if ValidateConsumer(sh.GetConsumer()) != nil {
+			if contract.ValidateConsumer(sh.GetConsumer()) != nil {
 				continue // not from a replica of this version; ignore rather than stop the copy
 			}
 			next = append(next, holdRecord{sh.GetConsumer(), sh.GetOffset()})

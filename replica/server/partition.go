@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/replica/chain"
-	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 // partition drives one partition replica: it owns the log, feeds the pure
@@ -372,8 +372,8 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 		return nil, 0, 0, status.Errorf(codes.FailedPrecondition, "replica %s is %s, not head, of partition %s/%d at epoch %d", p.srv.id, role, p.stream, p.index, epoch)
 	}
 	if need, have := int(p.meta.config.GetMinChainLength()), len(p.meta.Members); have < need {
-		st := status.Newf(codes.FailedPrecondition, "%s (epoch %d); nothing was stored", chainplan.TooShortMessage(p.stream, p.index, have, need), epoch)
-		if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: chainplan.ReasonChainTooShort, Domain: errorDomain}); err == nil {
+		st := status.Newf(codes.FailedPrecondition, "%s (epoch %d); nothing was stored", contract.TooShortMessage(p.stream, p.index, have, need), epoch)
+		if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: contract.ReasonChainTooShort, Domain: errorDomain}); err == nil {
 			st = d
 		}
 		return nil, 0, 0, st.Err()

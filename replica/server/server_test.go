@@ -23,10 +23,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/replica/partlog/faultfs"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -874,8 +874,8 @@ func TestHeadRefusesWritesBelowMinChainLength(t *testing.T) {
 	if want := "partition s/0 has 1 of the 2 members required for writes"; !strings.Contains(status.Convert(err).Message(), want) {
 		t.Fatalf("refusal %q does not say %q", status.Convert(err).Message(), want)
 	}
-	if got := errorReason(err); got != chainplan.ReasonChainTooShort {
-		t.Fatalf("refusal carries reason %q, want %q (ingestion acts on it)", got, chainplan.ReasonChainTooShort)
+	if got := errorReason(err); got != contract.ReasonChainTooShort {
+		t.Fatalf("refusal carries reason %q, want %q (ingestion acts on it)", got, contract.ReasonChainTooShort)
 	}
 	if st := status0(t, a); st.GetLogEnd() != before.GetLogEnd() || st.GetCommitted() != before.GetCommitted() {
 		t.Fatalf("refused append changed the log: end %d committed %d, want %d", st.GetLogEnd(), st.GetCommitted(), before.GetLogEnd())

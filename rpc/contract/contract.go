@@ -1,0 +1,43 @@
+// Package contract holds the rules that several Catena roles must agree
+// on and that are not messages of the wire protocol itself: which names
+// are valid, and the machine-readable reasons a replica gives for a
+// refusal that its callers act on. It is a leaf: it imports nothing of
+// Catena, so replicas, ingestion, clients and the operator can share it
+// without importing each other.
+package contract
+
+import (
+	"fmt"
+	"regexp"
+)
+
+// MaxConsumerNameLen bounds a consumer name (a Kubernetes object name's
+// bound: "<namespace>/<name>" fits).
+const MaxConsumerNameLen = 253
+
+var consumerRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?$`)
+
+// ValidateConsumer checks a consumer name: 1-253 characters of a-z, 0-9,
+// '.', '-', '_' and '/', starting and ending with a letter or digit (so
+// that "<namespace>/<aggregation>" names one). Replicas check it before
+// storing a hold; ingestion before it asks any member.
+func ValidateConsumer(name string) error {
+	if len(name) == 0 || len(name) > MaxConsumerNameLen || !consumerRE.MatchString(name) {
+		return fmt.Errorf("consumer name %q must be 1-%d characters of a-z, 0-9, '.', '-', '_' and '/', starting and ending with a letter or digit", name, MaxConsumerNameLen)
+	}
+	return nil
+}
+
+// ReasonChainTooShort is the machine-readable reason (gRPC ErrorInfo and
+// AppendResponse.error_reason) of a head's refusal of an append when its
+// chain has fewer members than the stream's minimum chain length
+// (WritesAllowed false). Ingestion acts on it to fail the records at once
+// with the head's message, rather than retrying until the producer's
+// deadline hides the reason.
+const ReasonChainTooShort = "CHAIN_TOO_SHORT"
+
+// TooShortMessage is the head's refusal message for a chain of have
+// members when need are required.
+func TooShortMessage(stream string, partition uint32, have, need int) string {
+	return fmt.Sprintf("partition %s/%d has %d of the %d members required for writes", stream, partition, have, need)
+}
