@@ -146,14 +146,18 @@ func TestFaultCampaign(t *testing.T) {
 		p := uint32(rng.IntN(campaignPartitions))
 		spacing := time.Duration(500+rng.IntN(1500)) * time.Millisecond
 		pauseFor := campaignFailTimeout + time.Duration(500+rng.IntN(1500))*time.Millisecond
+		t0 := time.Now()
 		view := c.waitFull(120*time.Second, fmt.Sprintf("before fault #%d", i+1))
+		t0 = c.phase("regrow", t0)
 		// Writes flow again in every partition (the previous fault's stall,
 		// including a rejoining member's catch-up, is over), so that each
 		// fault's unavailability is its own.
 		c.waitFlowing(time.Now(), 60*time.Second, fmt.Sprintf("before fault #%d", i+1))
+		t0 = c.phase("flowing", t0)
 		// Space faults so that writes flow between them (a timer, not a
 		// condition: the cluster is already known healthy).
 		<-time.After(spacing)
+		t0 = c.phase("spacing", t0)
 		c.inject(i+1, kind, p, rng.IntN(campaignReplication), view[p], pauseFor)
 	}
 	c.waitFull(120*time.Second, "after the last fault")
@@ -189,6 +193,20 @@ type campaign struct {
 	// committed watcher findings
 	watchViolations []string
 	watchPolls      int
+	// phases is where the fault loop's time went, by phase.
+	phases map[string]time.Duration
+}
+
+// phase adds the time since from to the named phase and returns now.
+func (c *campaign) phase(name string, from time.Time) time.Time {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.phases == nil {
+		c.phases = map[string]time.Duration{}
+	}
+	c.phases[name] += now.Sub(from)
+	return now
 }
 
 type timedSent struct {
@@ -406,6 +424,8 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 		f.replica = "master"
 	}
 	acksBefore := c.acks.Load()
+	start := time.Now()
+	defer func() { c.phase("after the fault", start) }()
 	// hold keeps a pause or a cut on: writes must go on without the
 	// victim once it is out of its chains, and the fault lasts past the
 	// failure timeout (a timer: its length is the fault itself).
@@ -540,6 +560,7 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 		resume()
 		f.resumed = time.Now()
 	}
+	start = c.phase("the fault", start)
 	c.t.Logf("fault #%d %s: partition %d chain %v epoch %d, victim %s (pid %d) at %s",
 		n, kind, p, ids, v.epoch, victim, r.PID, f.at.Format("15:04:05.000"))
 	c.mu.Lock()
@@ -557,6 +578,7 @@ func (c *campaign) inject(n int, kind string, p uint32, pick int, v chainView, p
 				c.t.Fatalf("fault #%d %s: %v", n, kind, err)
 			}
 		}
+		start = c.phase("restart", start)
 	}
 	c.waitAcks(c.acks.Load()+200, 60*time.Second, fmt.Sprintf("after fault #%d %s of %s", n, kind, victim))
 }
@@ -870,8 +892,12 @@ func (c *campaign) summary(verdict string) {
 	if len(overBound) > 0 {
 		bound += " (" + strings.Join(overBound, ", ") + ")"
 	}
-	msg := fmt.Sprintf("fault campaign: %d faults (%s), %d records acked, committed polled %d times; write unavailability %s; %s; verdict %s",
-		len(c.faults), strings.Join(kinds, " "), c.ackedCount, c.watchPolls, strings.Join(classes, ", "), bound, verdict)
+	var phases []string
+	for _, ph := range []string{"regrow", "flowing", "spacing", "the fault", "restart", "after the fault"} {
+		phases = append(phases, fmt.Sprintf("%s %s", ph, c.phases[ph].Round(time.Second)))
+	}
+	msg := fmt.Sprintf("fault campaign: %d faults (%s), %d records acked, committed polled %d times; write unavailability %s; %s; fault loop time: %s; verdict %s",
+		len(c.faults), strings.Join(kinds, " "), c.ackedCount, c.watchPolls, strings.Join(classes, ", "), bound, strings.Join(phases, ", "), verdict)
 	if testing.Verbose() {
 		// The master's side of the story, to read next to the faults.
 		out, _ := os.ReadFile(c.d.outPath)
