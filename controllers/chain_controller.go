@@ -68,8 +68,9 @@ type ChainReconciler struct {
 	Now func() time.Time
 
 	mu sync.Mutex
-	// lastAnswer is when each replica (by pool/pod) last answered.
-	lastAnswer map[string]time.Time
+	// detectors decide each pool's replicas' health from the probe rounds
+	// (the failure detector catena dev runs too).
+	detectors map[types.NamespacedName]*chainmaster.Detector
 	// agreements of returning replicas, by chain and replica.
 	agreements map[types.NamespacedName]map[string]chainmaster.Agreement
 	// placed are placements written but maybe not yet in the cache, by
@@ -190,7 +191,7 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	resps, probedAt := r.probe(ctx, pool, addrs)
 	reports := chainmaster.PartitionReports(resps, stream.Name, partition)
 	now := r.now()
-	health, failed, answered := r.health(pool, addrs, resps, pods, neighbourReports(reports), probedAt, now)
+	health, failed, answered := r.health(pool, addrs, resps, pods, chainmaster.NeighbourDown(reports), probedAt, now)
 
 	if chainRecord(chain) == nil && chainmaster.LatestReport(reports) == nil {
 		return r.place(ctx, chain, pool, names)
@@ -386,20 +387,28 @@ func (r *ChainReconciler) poolPods(ctx context.Context, pool *streamsv1alpha1.Re
 func (r *ChainReconciler) health(pool *streamsv1alpha1.ReplicaPool, addrs map[string]string, resps map[string]*catenapb.StatusResponse, pods map[string]*corev1.Pod, neighbours map[string]time.Duration, probedAt, now time.Time) (map[string]chainplan.Health, map[string]bool, map[string]bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.lastAnswer == nil {
-		r.lastAnswer = map[string]time.Time{}
+	if r.detectors == nil {
+		r.detectors = map[types.NamespacedName]*chainmaster.Detector{}
+	}
+	key := client.ObjectKeyFromObject(pool)
+	d := r.detectors[key]
+	if d == nil || d.Timeout() != r.failureTimeout() {
+		d = chainmaster.NewDetector(r.failureTimeout())
+		r.detectors[key] = d
 	}
 	health := map[string]chainplan.Health{}
 	failed := map[string]bool{}
 	answered := map[string]bool{}
+	ids := make([]string, 0, len(addrs))
 	for id := range addrs {
-		key := pool.Namespace + "/" + pool.Name + "/" + id
-		_, ok := resps[id]
-		if ok {
-			r.lastAnswer[key] = probedAt
+		ids = append(ids, id)
+		if _, ok := resps[id]; ok {
 			answered[id] = true
 		}
-		h := memberHealth(pods[id], ok, r.lastAnswer[key], now, r.failureTimeout(), neighbours[id])
+	}
+	d.Round(probedAt, ids, answered)
+	for _, id := range ids {
+		h := memberHealth(pods[id], d.Health(id, now, neighbours[id]), now, r.failureTimeout())
 		health[id] = h
 		failed[id] = h == chainplan.Failed
 	}

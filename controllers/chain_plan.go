@@ -103,32 +103,17 @@ func addPlacement(load map[string]podLoad, members []string) {
 	}
 }
 
-// neighbourDownAfter is how long a member must have reported its link to
-// its successor down before the master takes that as evidence against the
-// successor.
-const neighbourDownAfter = 500 * time.Millisecond
-
-// memberHealth is what the pod, the replica's answers and its neighbours
-// say of a replica: Alive when it answered this round; Failed when its pod
-// is gone for good (terminated, deleted, failed) or has not been Ready for
-// the failure timeout, when it has not answered for the failure timeout
-// since it last did, or when it did not answer this round and its
-// predecessor in a chain reports their link down for neighbourDownAfter
-// (two independent witnesses, so the master need not wait out the
-// timeout); Unknown otherwise (not answering yet, or not for long: the
+// memberHealth is what the failure detector (probed: the replica's
+// answers, the master's own sight and its neighbours' link reports,
+// chainmaster.Detector) and the replica's pod say of it: the detector's
+// verdict when it has one; otherwise Failed when its pod is gone for good
+// (terminated, deleted, failed) or its container has not been ready for
+// the failure timeout, and Unknown (not answering yet, or not for long: the
 // chain waits rather than reorders on a hiccup). pod is nil when no pod
-// exists; lastAnswer is zero when the replica never answered this
-// operator; neighbourDown is the longest a predecessor reports its link to
-// the replica down (0: none does).
-func memberHealth(pod *corev1.Pod, answered bool, lastAnswer, now time.Time, timeout, neighbourDown time.Duration) chainplan.Health {
-	if answered {
-		return chainplan.Alive
-	}
-	if neighbourDown >= neighbourDownAfter {
-		return chainplan.Failed
-	}
-	if !lastAnswer.IsZero() && now.Sub(lastAnswer) >= timeout {
-		return chainplan.Failed
+// exists.
+func memberHealth(pod *corev1.Pod, probed chainplan.Health, now time.Time, timeout time.Duration) chainplan.Health {
+	if probed != chainplan.Unknown {
+		return probed
 	}
 	if pod == nil {
 		return chainplan.Unknown
@@ -151,27 +136,6 @@ func memberHealth(pod *corev1.Pod, answered bool, lastAnswer, now time.Time, tim
 		}
 	}
 	return chainplan.Unknown
-}
-
-// neighbourReports is, for each replica, the longest any member of the
-// partition's chain that answered reports its link to that replica (its
-// successor in the member's own membership) down.
-func neighbourReports(reports map[string]*catenapb.PartitionStatus) map[string]time.Duration {
-	out := map[string]time.Duration{}
-	for id, ps := range reports {
-		down := time.Duration(ps.GetSuccessorDownMs()) * time.Millisecond
-		if down == 0 {
-			continue
-		}
-		ms := ps.GetMembers()
-		for i := 0; i+1 < len(ms); i++ {
-			if ms[i].GetId() == id {
-				succ := ms[i+1].GetId()
-				out[succ] = max(out[succ], down)
-			}
-		}
-	}
-	return out
 }
 
 // streamConfig is the config every member of the Stream's chains runs.

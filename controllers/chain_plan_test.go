@@ -161,65 +161,30 @@ func TestMemberHealth(t *testing.T) {
 			Type: corev1.ContainersReady, Status: containers, LastTransitionTime: metav1.NewTime(now.Add(-time.Minute))})
 		return p
 	}
-	type healthCase struct {
-		name          string
-		pod           *corev1.Pod
-		answered      bool
-		lastAnswer    time.Duration // ago; 0: never
-		neighbourDown time.Duration
-		want          chainplan.Health
-	}
-	var cases []healthCase
 	for _, tc := range []struct {
-		name       string
-		pod        *corev1.Pod
-		answered   bool
-		lastAnswer time.Duration // ago; 0: never
-		want       chainplan.Health
+		name   string
+		pod    *corev1.Pod
+		probed chainplan.Health // the failure detector's verdict
+		want   chainplan.Health
 	}{
-		{"answers", ready(corev1.ConditionTrue, time.Minute), true, 0, chainplan.Alive},
-		{"answers though its pod is not ready", ready(corev1.ConditionFalse, time.Minute), true, 0, chainplan.Alive},
-		{"no pod, never answered: in doubt", nil, false, 0, chainplan.Unknown},
-		{"silent a moment", ready(corev1.ConditionTrue, time.Minute), false, time.Second, chainplan.Unknown},
-		{"silent for the timeout", ready(corev1.ConditionTrue, time.Minute), false, timeout, chainplan.Failed},
-		{"silent for the timeout, pod gone", nil, false, 10 * time.Second, chainplan.Failed},
-		{"pod deleted", deleting, false, time.Second, chainplan.Failed},
-		{"pod failed", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed}}, false, 0, chainplan.Failed},
-		{"pod not ready for the timeout", ready(corev1.ConditionFalse, timeout), false, 0, chainplan.Failed},
-		{"pod not ready a moment", ready(corev1.ConditionFalse, time.Second), false, 0, chainplan.Unknown},
-		{"pod pending, no conditions", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}, false, 0, chainplan.Unknown},
-		{"pod held back by the chains gate, its container ready", gated(corev1.ConditionTrue), false, 0, chainplan.Unknown},
-		{"pod held back by the chains gate, its container not ready for the timeout", gated(corev1.ConditionFalse), false, 0, chainplan.Failed},
+		{"answers", ready(corev1.ConditionTrue, time.Minute), chainplan.Alive, chainplan.Alive},
+		{"answers though its pod is not ready", ready(corev1.ConditionFalse, time.Minute), chainplan.Alive, chainplan.Alive},
+		{"the detector failed it, its pod looks fine", ready(corev1.ConditionTrue, time.Minute), chainplan.Failed, chainplan.Failed},
+		{"no pod, the detector in doubt", nil, chainplan.Unknown, chainplan.Unknown},
+		{"silent a moment, pod ready", ready(corev1.ConditionTrue, time.Minute), chainplan.Unknown, chainplan.Unknown},
+		{"pod deleted", deleting, chainplan.Unknown, chainplan.Failed},
+		{"pod failed", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodFailed}}, chainplan.Unknown, chainplan.Failed},
+		{"pod not ready for the timeout", ready(corev1.ConditionFalse, timeout), chainplan.Unknown, chainplan.Failed},
+		{"pod not ready a moment", ready(corev1.ConditionFalse, time.Second), chainplan.Unknown, chainplan.Unknown},
+		{"pod pending, no conditions", &corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodPending}}, chainplan.Unknown, chainplan.Unknown},
+		{"pod held back by the chains gate, its container ready", gated(corev1.ConditionTrue), chainplan.Unknown, chainplan.Unknown},
+		{"pod held back by the chains gate, its container not ready for the timeout", gated(corev1.ConditionFalse), chainplan.Unknown, chainplan.Failed},
 	} {
-		cases = append(cases, healthCase{tc.name, tc.pod, tc.answered, tc.lastAnswer, 0, tc.want})
-	}
-	cases = append(cases,
-		healthCase{"silent a moment, its predecessor's link to it down a while", ready(corev1.ConditionTrue, time.Minute), false, time.Second, 600 * time.Millisecond, chainplan.Failed},
-		healthCase{"silent, its predecessor's link to it down a moment", ready(corev1.ConditionTrue, time.Minute), false, time.Second, 100 * time.Millisecond, chainplan.Unknown},
-		healthCase{"answers though a predecessor cannot reach it", ready(corev1.ConditionTrue, time.Minute), true, 0, 10 * time.Second, chainplan.Alive},
-	)
-	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var last time.Time
-			if tc.lastAnswer > 0 {
-				last = now.Add(-tc.lastAnswer)
-			}
-			if got := memberHealth(tc.pod, tc.answered, last, now, timeout, tc.neighbourDown); got != tc.want {
+			if got := memberHealth(tc.pod, tc.probed, now, timeout); got != tc.want {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
-	}
-}
-
-func TestNeighbourReports(t *testing.T) {
-	abc := []*catenapb.Member{{Id: "a"}, {Id: "b"}, {Id: "c"}}
-	got := neighbourReports(map[string]*catenapb.PartitionStatus{
-		"a": {Members: abc, SuccessorDownMs: 700},  // a cannot reach b
-		"b": {Members: abc, SuccessorDownMs: 0},    // b reaches c
-		"c": {Members: abc, SuccessorDownMs: 9000}, // a tail has no successor: ignored
-	})
-	if len(got) != 1 || got["b"] != 700*time.Millisecond {
-		t.Errorf("got %v, want b down 700ms", got)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
 )
@@ -231,14 +232,14 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	m := &master{
 		replication: spec.Replication, minLength: spec.MinChainLength, pool: pool,
 		log: log.WithValues("component", "master"), addrs: map[string]string{}, failed: map[string]bool{},
-		health: newHealthTracker(spec.FailureTimeout),
+		health: chainmaster.NewDetector(spec.FailureTimeout),
 	}
 	for _, s := range spec.Streams {
 		m.streams = append(m.streams, newMasterStream(s.Name, s.Partitions))
 	}
 	for _, c := range children {
 		m.addrs[c.ID] = c.Addr
-		m.health.started(c.ID, time.Now())
+		m.health.Started(c.ID, time.Now())
 	}
 	exited := make(chan *child, len(children))
 	watch := func(c *child) { go func() { <-c.done; exited <- c }() }
@@ -279,7 +280,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 			// First chains without it, so every chain keeps serving; then
 			// the same replica again on its volume, re-added by repair.
 			m.failed[c.ID] = true
-			m.health.exited(c.ID)
+			m.health.Exited(c.ID)
 			m.repair(ctx)
 			// Restart it, later if it keeps dying at start; the loop goes
 			// on meanwhile (another replica may die too).
@@ -333,7 +334,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 				log.Error(r.err, "Restarted replica did not become ready", "id", nc.ID)
 			}
 			delete(m.failed, nc.ID)
-			m.health.started(nc.ID, time.Now())
+			m.health.Started(nc.ID, time.Now())
 			m.repair(ctx)
 		case <-tick.C:
 			m.repair(ctx)

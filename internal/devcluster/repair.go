@@ -107,7 +107,7 @@ type master struct {
 	// health decides failure of replicas that stop answering (nil: only
 	// exits count, as in tests that drive the master by hand); now is its
 	// clock (nil: time.Now).
-	health *healthTracker
+	health *chainmaster.Detector
 	now    func() time.Time
 
 	addrs   map[string]string
@@ -141,8 +141,10 @@ func (m *master) clock() time.Time {
 }
 
 // failedNow is every replica the planner must treat as failed: exited, or
-// silent for the failure timeout. It logs each declaration once.
-func (m *master) failedNow() map[string]bool {
+// failed by the detector (silent for the failure timeout, or silent while
+// a predecessor that answered reports its link to it down). It logs each
+// declaration once.
+func (m *master) failedNow(answered map[string]bool) map[string]bool {
 	out := map[string]bool{}
 	for id := range m.failed {
 		out[id] = m.failed[id]
@@ -154,16 +156,17 @@ func (m *master) failedNow() map[string]bool {
 		m.silent = map[string]bool{}
 	}
 	now := m.clock()
+	neighbours := m.neighbourDown(answered)
 	for id := range m.addrs {
 		if m.failed[id] {
 			continue
 		}
-		switch m.health.health(id, now) {
+		switch m.health.Health(id, now, neighbours[id]) {
 		case chainplan.Failed:
 			out[id] = true
 			if !m.silent[id] {
 				m.silent[id] = true
-				m.log.Info("Replica stopped answering; declaring it failed", "replica", id, "silentFor", m.health.silentFor(id, now).String(), "failureTimeout", m.health.timeout.String())
+				m.log.Info("Replica stopped answering; declaring it failed", "replica", id, "silentFor", m.health.SilentFor(id, now).String(), "failureTimeout", m.health.Timeout().String(), "predecessorLinkDown", neighbours[id].String())
 			}
 		case chainplan.Alive:
 			if m.silent[id] {
@@ -183,7 +186,7 @@ func (m *master) repair(ctx context.Context) {
 			return
 		}
 		answered := m.gather(ctx)
-		failed := m.failedNow()
+		failed := m.failedNow(answered)
 		worked := false
 		for _, s := range m.streams {
 			if ctx.Err() != nil {
@@ -276,12 +279,13 @@ func (m *master) gather(ctx context.Context) map[string]bool {
 	}
 	wg.Wait()
 	if m.health != nil && ctx.Err() == nil {
-		now := m.clock()
+		var probed []string
 		for id := range m.addrs {
 			if !m.failed[id] {
-				m.health.observe(id, now, out[id])
+				probed = append(probed, id)
 			}
 		}
+		m.health.Round(m.clock(), probed, out)
 	}
 	return out
 }
@@ -300,5 +304,25 @@ func (m *master) linkTimeoutMs() uint64 {
 	if m.health == nil {
 		return 0
 	}
-	return uint64(m.health.timeout.Milliseconds())
+	return uint64(m.health.Timeout().Milliseconds())
+}
+
+// neighbourDown is, for each replica, the longest a predecessor that
+// answered this round reports its link to it down, in any of the master's
+// chains: a replica is failed for all its chains at once (it is one
+// process).
+func (m *master) neighbourDown(answered map[string]bool) map[string]time.Duration {
+	fresh := map[string]*catenapb.StatusResponse{}
+	for id := range answered {
+		fresh[id] = m.reports[id]
+	}
+	out := map[string]time.Duration{}
+	for _, s := range m.streams {
+		for p := range s.partitions {
+			for id, d := range chainmaster.NeighbourDown(chainmaster.PartitionReports(fresh, s.name, uint32(p))) {
+				out[id] = max(out[id], d)
+			}
+		}
+	}
+	return out
 }
