@@ -144,8 +144,12 @@ func TestFaultCampaign(t *testing.T) {
 			kind = order[i] // every kind at least once
 		}
 		p := uint32(rng.IntN(campaignPartitions))
-		spacing := time.Duration(500+rng.IntN(1500)) * time.Millisecond
-		pauseFor := campaignFailTimeout + time.Duration(500+rng.IntN(1500))*time.Millisecond
+		// Short gaps and holds: the checker's windows need writes between
+		// faults, and a hold must outlast the failure timeout; beyond that
+		// a longer one adds time, not coverage (1,000 faults in 30
+		// minutes).
+		spacing := time.Duration(100+rng.IntN(300)) * time.Millisecond
+		pauseFor := campaignFailTimeout + time.Duration(200+rng.IntN(800))*time.Millisecond
 		t0 := time.Now()
 		view := c.waitFull(120*time.Second, fmt.Sprintf("before fault #%d", i+1))
 		t0 = c.phase("regrow", t0)
@@ -160,7 +164,7 @@ func TestFaultCampaign(t *testing.T) {
 		t0 = c.phase("spacing", t0)
 		c.inject(i+1, kind, p, rng.IntN(campaignReplication), view[p], pauseFor)
 	}
-	c.waitFull(120*time.Second, "after the last fault")
+	c.waitSettled(120*time.Second, "after the last fault")
 	stopSending()
 	wg.Wait()
 	stopWatching()
@@ -381,6 +385,35 @@ func (c *campaign) waitFull(timeout time.Duration, what string) []chainView {
 		c.t.Fatalf("chains did not regrow to %d members %s within %s: %v", campaignReplication, what, timeout, err)
 	}
 	return views
+}
+
+// waitSettled waits until every chain is full and stays so, at the same
+// epochs, for longer than the master needs to act on what it last saw (the
+// failure timeout and a few probe rounds): a chain that looks whole the
+// moment a fault heals may still be reordered for it, and the checker must
+// see the cluster at rest.
+func (c *campaign) waitSettled(timeout time.Duration, what string) []chainView {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	epochs := func(vs []chainView) []uint64 {
+		out := make([]uint64, len(vs))
+		for i, v := range vs {
+			out[i] = v.epoch
+		}
+		return out
+	}
+	prev := c.waitFull(time.Until(deadline), what)
+	for {
+		<-time.After(campaignFailTimeout + time.Second) // the master's chance to act
+		cur := c.waitFull(time.Until(deadline), what)
+		if slices.Equal(epochs(prev), epochs(cur)) {
+			return cur
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("chains kept changing epochs %s: %v then %v", what, epochs(prev), epochs(cur))
+		}
+		prev = cur
+	}
 }
 
 // inject carries out one fault on the member of partition p's chain that
