@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -322,4 +324,32 @@ func chainsRepaired(ctx context.Context, pool *transport.Pool, rs []ReplicaState
 		}
 	}
 	return nil
+}
+
+// TestPickAddrAvoidsEphemeralPorts: a replica's address is not one the
+// kernel may hand an outgoing connection while the replica is down, or its
+// restart cannot bind it.
+func TestPickAddrAvoidsEphemeralPorts(t *testing.T) {
+	lo, hi := ephemeralPorts()
+	for range 20 {
+		addr := pickAddr("127.0.0.1", "", lo+5) // the conventional port is ephemeral
+		_, ps, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		port, _ := strconv.Atoi(ps)
+		if port >= lo && port <= hi {
+			t.Fatalf("picked %s, in the ephemeral range %d-%d", addr, lo, hi)
+		}
+	}
+	// The previous address is kept while it is free.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev := l.Addr().String()
+	l.Close()
+	if got := pickAddr("127.0.0.1", prev, 7071); got != prev {
+		t.Fatalf("picked %s, want the previous %s", got, prev)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -348,10 +350,19 @@ const (
 )
 
 // pickAddr prefers the address used last time (so chains keep their
-// members' addresses across restarts), then the conventional port, then any
-// free port.
+// members' addresses across restarts), then the conventional port, then a
+// free port outside the kernel's ephemeral range. A replica restarts on
+// its address, so the address must not be one an outgoing connection can
+// take meanwhile as its local port: then the restart fails to bind, again
+// and again (seen in the fault campaign, whose dev listens on port 0 and
+// so had every replica port among the ephemeral ones).
 func pickAddr(host, previous string, port int) string {
-	for _, cand := range []string{previous, net.JoinHostPort(host, strconv.Itoa(port))} {
+	lo, hi := ephemeralPorts()
+	cands := []string{previous}
+	if port < lo || port > hi {
+		cands = append(cands, net.JoinHostPort(host, strconv.Itoa(port)))
+	}
+	for _, cand := range cands {
 		if cand == "" {
 			continue
 		}
@@ -360,12 +371,45 @@ func pickAddr(host, previous string, port int) string {
 			return cand
 		}
 	}
+	// Below the ephemeral range and above the ports services usually take.
+	if lo > stablePortsFrom+1 {
+		for range 200 {
+			cand := net.JoinHostPort(host, strconv.Itoa(stablePortsFrom+rand.IntN(lo-stablePortsFrom)))
+			if l, err := net.Listen("tcp", cand); err == nil {
+				l.Close()
+				return cand
+			}
+		}
+	}
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return net.JoinHostPort(host, strconv.Itoa(port))
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// stablePortsFrom is the lowest port pickAddr draws from.
+const stablePortsFrom = 20000
+
+// ephemeralPorts is the kernel's range of local ports for outgoing
+// connections (Linux's default when it cannot be read).
+func ephemeralPorts() (lo, hi int) {
+	lo, hi = 32768, 60999
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return lo, hi
+	}
+	l, err1 := strconv.Atoi(f[0])
+	h, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil || l > h {
+		return lo, hi
+	}
+	return l, h
 }
 
 func startReplica(spec Spec, id, addr, metrics string) (*child, error) {
