@@ -2,13 +2,10 @@ package ingest
 
 import (
 	"context"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"google.golang.org/grpc"
 
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -92,18 +89,7 @@ func (m *chainMember) AppendStream(stream catenapb.Replica_AppendStreamServer) e
 // stall asks for can move the append to the new head.
 func TestAStalledAppendRelearnsTheChain(t *testing.T) {
 	head, next := &chainMember{id: "head"}, &chainMember{id: "next"}
-	var addrs []string
-	for _, m := range []*chainMember{head, next} {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := grpc.NewServer()
-		catenapb.RegisterReplicaServer(g, m)
-		go func() { _ = g.Serve(lis) }()
-		t.Cleanup(g.Stop)
-		addrs = append(addrs, lis.Addr().String())
-	}
+	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
 	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
 	head.view(1, both)
 	next.view(1, both)

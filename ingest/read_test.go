@@ -23,6 +23,21 @@ type fakeMember struct {
 	waits []uint32 // max_wait_ms of each read received
 }
 
+// serveReplica serves a fake replica on a loopback port until the test
+// ends and returns its address.
+func serveReplica(t *testing.T, srv catenapb.ReplicaServer) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	catenapb.RegisterReplicaServer(g, srv)
+	go func() { _ = g.Serve(lis) }()
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
+}
+
 func (f *fakeMember) Status(context.Context, *catenapb.StatusRequest) (*catenapb.StatusResponse, error) {
 	return &catenapb.StatusResponse{ReplicaId: f.id, Partitions: []*catenapb.PartitionStatus{{
 		Stream: "s", Partition: 0, ReplicaId: f.id, Epoch: 1, Members: f.chain(),
@@ -51,18 +66,7 @@ func TestFetchSeesWhatItAcknowledged(t *testing.T) {
 	// the old tail is, a moment after a returning member joined behind it).
 	ahead := &fakeMember{id: "ahead", committed: 9}
 	behind := &fakeMember{id: "behind", committed: 5}
-	var addrs []string
-	for _, f := range []*fakeMember{ahead, behind} {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := grpc.NewServer()
-		catenapb.RegisterReplicaServer(g, f)
-		go func() { _ = g.Serve(lis) }()
-		t.Cleanup(g.Stop)
-		addrs = append(addrs, lis.Addr().String())
-	}
+	addrs := []string{serveReplica(t, ahead), serveReplica(t, behind)}
 	chain := func() []*catenapb.Member {
 		return []*catenapb.Member{{Id: "ahead", Addr: addrs[0]}, {Id: "behind", Addr: addrs[1]}}
 	}
