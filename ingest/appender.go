@@ -40,6 +40,8 @@ const (
 	// partition and one runs at a time, so a stalled cluster costs a few
 	// Status calls per replica per second, not one per partition.
 	stallAfter = 150 * time.Millisecond
+	// headReportTimeout bounds a report of an unreachable head.
+	headReportTimeout = 300 * time.Millisecond
 )
 
 // errChainMoved ends a session whose chain has a newer epoch in the route
@@ -175,6 +177,10 @@ type appender struct {
 	// progressed: the current session had an answer from the head (only
 	// the run goroutine touches it).
 	progressed bool
+	// downSince is when sessions began failing without an answer from any
+	// head (zero while one answers); lastReport when the head was last
+	// reported unreachable. Only the run goroutine touches them.
+	downSince, lastReport time.Time
 	// committed is the highest committed offset this appender has had
 	// records acknowledged up to: reads through this ingestion must see
 	// them from then on (Fetch).
@@ -311,6 +317,44 @@ func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent 
 	return out
 }
 
+// currentRoute is the partition's route in the latest table (nil when
+// unknown).
+func (a *appender) currentRoute() *partitionRoute {
+	sr := a.srv.disc.current().streams[a.stream]
+	if sr == nil || int(a.partition) >= len(sr.partitions) {
+		return nil
+	}
+	return sr.partitions[a.partition]
+}
+
+// reportHead tells the head's successor in pr that this ingestion node's
+// appends to the head have gone unanswered for down (ReportHeadUnreachable),
+// at most every stallAfter: the chain's master takes it for a second
+// witness against a head that misses its probes, so a dead or cut-off head
+// is removed as fast as a middle. Best effort, off the appender's goroutine:
+// a successor that does not take it (not the successor any more, or down
+// too) changes nothing here.
+func (a *appender) reportHead(pr *partitionRoute, down time.Duration) {
+	if pr == nil || len(pr.members) < 2 || down < stallAfter || time.Since(a.lastReport) < stallAfter {
+		return
+	}
+	a.lastReport = time.Now()
+	head, succ := pr.members[0], pr.members[1]
+	req := &catenapb.ReportHeadUnreachableRequest{Stream: a.stream, Partition: a.partition, Epoch: pr.epoch,
+		HeadId: head.GetId(), DownMs: uint64(down.Milliseconds()), Reporter: a.srv.name}
+	go func() {
+		conn, err := a.srv.pool.Get(succ.GetAddr())
+		if err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(a.srv.ctx, headReportTimeout)
+		defer cancel()
+		if _, err := catenapb.NewReplicaClient(conn).ReportHeadUnreachable(ctx, req); err != nil {
+			a.srv.logger.V(1).Info("Head's successor did not take the report", "stream", a.stream, "partition", a.partition, "head", head.GetId(), "successor", succ.GetId(), "error", err.Error())
+		}
+	}()
+}
+
 func (a *appender) run() {
 	ctx := a.srv.ctx
 	var inflight []*sent
@@ -334,6 +378,15 @@ func (a *appender) run() {
 		}
 		a.srv.logger.V(1).Info("Append stream to head ended; re-learning the chain", "stream", a.stream, "partition", a.partition, "error", err.Error())
 		inflight = a.expire(inflight, time.Now(), err)
+		if a.progressed {
+			a.downSince = time.Time{}
+		}
+		if len(inflight) > 0 {
+			if a.downSince.IsZero() {
+				a.downSince = time.Now()
+			}
+			a.reportHead(a.currentRoute(), time.Since(a.downSince))
+		}
 		if moved := (*errChainMoved)(nil); errors.As(err, &moved) {
 			continue // the route table names the new head already
 		}
@@ -466,6 +519,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		case <-stalled:
 			lastKick = time.Now()
 			a.srv.disc.requestRefresh()
+			a.reportHead(pr, time.Since(inflight[0].at))
 		case <-a.srv.disc.updatedChan():
 			// A head that hangs (paused, partitioned) never fails the
 			// stream; a newer epoch in the replicas' reports ends it.

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +25,20 @@ type chainMember struct {
 	members []*catenapb.Member
 	next    uint64 // next offset it gives
 	appends int    // requests it answered
+	reports []*catenapb.ReportHeadUnreachableRequest
+}
+
+func (m *chainMember) ReportHeadUnreachable(_ context.Context, req *catenapb.ReportHeadUnreachableRequest) (*catenapb.ReportHeadUnreachableResponse, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reports = append(m.reports, req)
+	return &catenapb.ReportHeadUnreachableResponse{}, nil
+}
+
+func (m *chainMember) headReports() []*catenapb.ReportHeadUnreachableRequest {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.reports)
 }
 
 func (m *chainMember) view(epoch uint64, members []*catenapb.Member) {
@@ -121,5 +136,54 @@ func TestAStalledAppendRelearnsTheChain(t *testing.T) {
 	produce("after")
 	if next.answered() != 1 {
 		t.Fatalf("the new head answered %d appends, want 1", next.answered())
+	}
+}
+
+// TestAStalledAppendReportsTheHead: while its appends to the head go
+// unanswered, ingestion tells the head's successor (the head has no
+// predecessor to witness against it), naming the head, the epoch and how
+// long; the chain master reads it from the successor's Status.
+func TestAStalledAppendReportsTheHead(t *testing.T) {
+	head, next := &chainMember{id: "head"}, &chainMember{id: "next"}
+	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
+	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
+	head.view(5, both)
+	next.view(5, both)
+	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	head.hung.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Key: []byte("k"), Value: []byte("v")}}})
+		done <- err
+	}()
+	var got *catenapb.ReportHeadUnreachableRequest
+	for got == nil {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the head's successor never heard that the head does not answer")
+		case <-time.After(20 * time.Millisecond):
+		}
+		if r := next.headReports(); len(r) > 0 {
+			got = r[len(r)-1]
+		}
+	}
+	if got.GetHeadId() != "head" || got.GetEpoch() != 5 || got.GetStream() != "s" || got.GetPartition() != 0 || got.GetDownMs() < uint64(stallAfter.Milliseconds()) || got.GetReporter() == "" {
+		t.Fatalf("report %v: want head \"head\" at epoch 5, down for at least %s, a reporter", got, stallAfter)
+	}
+	if r := head.headReports(); len(r) != 0 {
+		t.Fatalf("the head itself was sent %d reports", len(r))
+	}
+	// The head answers again: the append completes there.
+	head.hung.Store(false)
+	next.view(6, both) // a newer epoch ends the hung session; the head is still head
+	head.view(6, both)
+	if err := <-done; err != nil {
+		t.Fatalf("produce after the head came back: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -88,6 +89,9 @@ type Server struct {
 	appendersMu sync.Mutex
 	appenders   map[appenderKey]*appender
 
+	// name identifies this ingestion node to replicas (its host name).
+	name string
+
 	// Records produced without a producer id are given this one, so that
 	// ingestion's own retries are idempotent too.
 	ownProducer uint64
@@ -119,6 +123,11 @@ func New(opts Options) (*Server, error) {
 		seq:         newSequencer(),
 		appenders:   map[appenderKey]*appender{},
 		ownProducer: binary.LittleEndian.Uint64(b[:]) | 1,
+	}
+	if host, err := os.Hostname(); err == nil && host != "" {
+		s.name = host
+	} else {
+		s.name = fmt.Sprintf("ingest-%x", s.ownProducer)
 	}
 	s.disc = &discovery{srv: s, seeds: opts.Replicas, interval: opts.RefreshInterval, updated: make(chan struct{}), kick: make(chan struct{}, 1), table: buildRoutes(nil, opts.Replicas), last: map[string]lastReport{}}
 	s.disc.refresh(ctx)

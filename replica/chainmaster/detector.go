@@ -169,23 +169,28 @@ func (d *Detector) SilentFor(id string, now time.Time) time.Duration {
 	return now.Sub(heard)
 }
 
-// NeighbourDown is, for each replica, the longest any member of a
-// partition's chain that answered reports its link to that replica (its
-// successor in the member's own membership) down; reports are the
-// members' reports of the partition, by replica id.
+// NeighbourDown is, for each replica, the longest a neighbour says it
+// cannot reach it: a member of a partition's chain that answered reports
+// its link to its successor down (successor_down_ms), or the head's
+// successor carries an ingestion node's report that the head does not
+// answer its appends (head_unreachable_ms; the head has no predecessor to
+// witness against it). reports are the members' reports of the partition,
+// by replica id.
 func NeighbourDown(reports map[string]*catenapb.PartitionStatus) map[string]time.Duration {
 	out := map[string]time.Duration{}
 	for id, ps := range reports {
-		down := time.Duration(ps.GetSuccessorDownMs()) * time.Millisecond
-		if down == 0 {
-			continue
-		}
 		ms := ps.GetMembers()
-		for i := 0; i+1 < len(ms); i++ {
-			if ms[i].GetId() == id {
-				succ := ms[i+1].GetId()
-				out[succ] = max(out[succ], down)
+		if down := time.Duration(ps.GetSuccessorDownMs()) * time.Millisecond; down > 0 {
+			for i := 0; i+1 < len(ms); i++ {
+				if ms[i].GetId() == id {
+					succ := ms[i+1].GetId()
+					out[succ] = max(out[succ], down)
+				}
 			}
+		}
+		if down := time.Duration(ps.GetHeadUnreachableMs()) * time.Millisecond; down > 0 && len(ms) > 1 && ms[1].GetId() == id {
+			head := ms[0].GetId()
+			out[head] = max(out[head], down)
 		}
 	}
 	return out

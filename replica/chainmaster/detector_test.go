@@ -187,12 +187,38 @@ func TestDetectorAcrossReplicas(t *testing.T) {
 
 func TestNeighbourDown(t *testing.T) {
 	abc := []*catenapb.Member{{Id: "a"}, {Id: "b"}, {Id: "c"}}
-	got := NeighbourDown(map[string]*catenapb.PartitionStatus{
-		"a": {Members: abc, SuccessorDownMs: 700},  // a cannot reach b
-		"b": {Members: abc, SuccessorDownMs: 0},    // b reaches c
-		"c": {Members: abc, SuccessorDownMs: 9000}, // a tail has no successor: ignored
-	})
-	if len(got) != 1 || got["b"] != 700*time.Millisecond {
-		t.Errorf("got %v, want b down 700ms", got)
+	for _, tc := range []struct {
+		name    string
+		reports map[string]*catenapb.PartitionStatus
+		want    map[string]time.Duration
+	}{
+		{"a predecessor's link down", map[string]*catenapb.PartitionStatus{
+			"a": {Members: abc, SuccessorDownMs: 700},  // a cannot reach b
+			"b": {Members: abc, SuccessorDownMs: 0},    // b reaches c
+			"c": {Members: abc, SuccessorDownMs: 9000}, // a tail has no successor: ignored
+		}, map[string]time.Duration{"b": 700 * time.Millisecond}},
+		{"ingestion cannot reach the head, carried by its successor", map[string]*catenapb.PartitionStatus{
+			"b": {Members: abc, HeadUnreachableMs: 600},
+		}, map[string]time.Duration{"a": 600 * time.Millisecond}},
+		{"a head report carried by a member that is not the head's successor: ignored", map[string]*catenapb.PartitionStatus{
+			"c": {Members: abc, HeadUnreachableMs: 600},
+			"a": {Members: abc, HeadUnreachableMs: 600},
+		}, map[string]time.Duration{}},
+		{"the longest witness wins", map[string]*catenapb.PartitionStatus{
+			"a": {Members: abc, SuccessorDownMs: 300},
+			"b": {Members: abc, HeadUnreachableMs: 800, SuccessorDownMs: 900},
+		}, map[string]time.Duration{"a": 800 * time.Millisecond, "b": 300 * time.Millisecond, "c": 900 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := NeighbourDown(tc.reports)
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for id, d := range tc.want {
+				if got[id] != d {
+					t.Fatalf("got %v, want %v", got, tc.want)
+				}
+			}
+		})
 	}
 }

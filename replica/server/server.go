@@ -523,6 +523,7 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 		if p.linkErr != nil {
 			ps.SuccessorError = p.linkErr.Error()
 		}
+		ps.HeadUnreachableMs = p.headUnreachableMs(st.Epoch)
 	}
 	return ps
 }

@@ -1782,6 +1782,129 @@ func (x *ListStreamsResponse) GetStreams() []string {
 	return nil
 }
 
+type ReportHeadUnreachableRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The chain epoch the reporter appends under.
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The head it cannot reach, and for how long, in milliseconds.
+	HeadId string `protobuf:"bytes,4,opt,name=head_id,json=headId,proto3" json:"head_id,omitempty"`
+	DownMs uint64 `protobuf:"varint,5,opt,name=down_ms,json=downMs,proto3" json:"down_ms,omitempty"`
+	// Who reports (for the receiver's logs).
+	Reporter      string `protobuf:"bytes,6,opt,name=reporter,proto3" json:"reporter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportHeadUnreachableRequest) Reset() {
+	*x = ReportHeadUnreachableRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportHeadUnreachableRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportHeadUnreachableRequest) ProtoMessage() {}
+
+func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportHeadUnreachableRequest.ProtoReflect.Descriptor instead.
+func (*ReportHeadUnreachableRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReportHeadUnreachableRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ReportHeadUnreachableRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *ReportHeadUnreachableRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReportHeadUnreachableRequest) GetHeadId() string {
+	if x != nil {
+		return x.HeadId
+	}
+	return ""
+}
+
+func (x *ReportHeadUnreachableRequest) GetDownMs() uint64 {
+	if x != nil {
+		return x.DownMs
+	}
+	return 0
+}
+
+func (x *ReportHeadUnreachableRequest) GetReporter() string {
+	if x != nil {
+		return x.Reporter
+	}
+	return ""
+}
+
+type ReportHeadUnreachableResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportHeadUnreachableResponse) Reset() {
+	*x = ReportHeadUnreachableResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportHeadUnreachableResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportHeadUnreachableResponse) ProtoMessage() {}
+
+func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportHeadUnreachableResponse.ProtoReflect.Descriptor instead.
+func (*ReportHeadUnreachableResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+}
+
 type HoldRetentionRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -1795,7 +1918,7 @@ type HoldRetentionRequest struct {
 
 func (x *HoldRetentionRequest) Reset() {
 	*x = HoldRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +1930,7 @@ func (x *HoldRetentionRequest) String() string {
 func (*HoldRetentionRequest) ProtoMessage() {}
 
 func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +1943,7 @@ func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRetentionRequest.ProtoReflect.Descriptor instead.
 func (*HoldRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HoldRetentionRequest) GetStream() string {
@@ -1863,7 +1986,7 @@ type ReleaseRetentionRequest struct {
 
 func (x *ReleaseRetentionRequest) Reset() {
 	*x = ReleaseRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1875,7 +1998,7 @@ func (x *ReleaseRetentionRequest) String() string {
 func (*ReleaseRetentionRequest) ProtoMessage() {}
 
 func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1888,7 +2011,7 @@ func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReleaseRetentionRequest) GetStream() string {
@@ -1922,7 +2045,7 @@ type ReleaseRetentionResponse struct {
 
 func (x *ReleaseRetentionResponse) Reset() {
 	*x = ReleaseRetentionResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1934,7 +2057,7 @@ func (x *ReleaseRetentionResponse) String() string {
 func (*ReleaseRetentionResponse) ProtoMessage() {}
 
 func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1947,7 +2070,7 @@ func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReleaseRetentionResponse) GetReleased() []uint32 {
@@ -1970,7 +2093,7 @@ type CatchUpRequest struct {
 
 func (x *CatchUpRequest) Reset() {
 	*x = CatchUpRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2105,7 @@ func (x *CatchUpRequest) String() string {
 func (*CatchUpRequest) ProtoMessage() {}
 
 func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2118,7 @@ func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
 func (*CatchUpRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CatchUpRequest) GetChain() *ConfigureRequest {
@@ -2033,7 +2156,7 @@ type ReadFramesRequest struct {
 
 func (x *ReadFramesRequest) Reset() {
 	*x = ReadFramesRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2168,7 @@ func (x *ReadFramesRequest) String() string {
 func (*ReadFramesRequest) ProtoMessage() {}
 
 func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2181,7 @@ func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadFramesRequest) GetStream() string {
@@ -2112,7 +2235,7 @@ type ReadFramesResponse struct {
 
 func (x *ReadFramesResponse) Reset() {
 	*x = ReadFramesResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2247,7 @@ func (x *ReadFramesResponse) String() string {
 func (*ReadFramesResponse) ProtoMessage() {}
 
 func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2260,7 @@ func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadFramesResponse) GetFrames() [][]byte {
@@ -2182,7 +2305,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2317,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2330,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -2248,7 +2371,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2260,7 +2383,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2273,7 +2396,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -2294,7 +2417,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2306,7 +2429,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2319,7 +2442,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -2361,7 +2484,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2496,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2509,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -2429,7 +2552,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +2564,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +2577,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -2488,7 +2611,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2623,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2636,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Member) GetId() string {
@@ -2549,7 +2672,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +2684,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +2697,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -2673,13 +2796,18 @@ type PartitionStatus struct {
 	// The rolling checksum at log_start (the oldest segment's header): a copy
 	// whose log ends below log_start starts again there with it.
 	LogStartChecksum uint32 `protobuf:"varint,23,opt,name=log_start_checksum,json=logStartChecksum,proto3" json:"log_start_checksum,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// How long an ingestion node reports that it cannot reach this member's
+	// predecessor, the head, in milliseconds, from its latest report at the
+	// current epoch if that is fresh (under a second old); 0 otherwise. The
+	// head's successor is the one that carries it (ReportHeadUnreachable).
+	HeadUnreachableMs uint64 `protobuf:"varint,24,opt,name=head_unreachable_ms,json=headUnreachableMs,proto3" json:"head_unreachable_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2691,7 +2819,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2704,7 +2832,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -2868,6 +2996,13 @@ func (x *PartitionStatus) GetLogStartChecksum() uint32 {
 	return 0
 }
 
+func (x *PartitionStatus) GetHeadUnreachableMs() uint64 {
+	if x != nil {
+		return x.HeadUnreachableMs
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty stream: every partition.
@@ -2879,7 +3014,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +3026,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +3039,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -2931,7 +3066,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2943,7 +3078,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2956,7 +3091,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -2996,7 +3131,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3008,7 +3143,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3021,7 +3156,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -3081,7 +3216,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3093,7 +3228,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3106,7 +3241,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -3165,7 +3300,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3177,7 +3312,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3190,7 +3325,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -3261,7 +3396,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3273,7 +3408,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3286,7 +3421,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -3384,7 +3519,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3396,7 +3531,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3409,7 +3544,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
 }
 
 type BatchData struct {
@@ -3422,7 +3557,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3434,7 +3569,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3447,7 +3582,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -3473,7 +3608,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3485,7 +3620,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3498,7 +3633,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -3522,7 +3657,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3534,7 +3669,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3547,7 +3682,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -3728,7 +3863,15 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\breplicas\x18\x04 \x03(\v2\x1a.catena.v1.PartitionStatusR\breplicas\"\x14\n" +
 	"\x12ListStreamsRequest\"/\n" +
 	"\x13ListStreamsResponse\x12\x18\n" +
-	"\astreams\x18\x01 \x03(\tR\astreams\"\x80\x01\n" +
+	"\astreams\x18\x01 \x03(\tR\astreams\"\xb8\x01\n" +
+	"\x1cReportHeadUnreachableRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x17\n" +
+	"\ahead_id\x18\x04 \x01(\tR\x06headId\x12\x17\n" +
+	"\adown_ms\x18\x05 \x01(\x04R\x06downMs\x12\x1a\n" +
+	"\breporter\x18\x06 \x01(\tR\breporter\"\x1f\n" +
+	"\x1dReportHeadUnreachableResponse\"\x80\x01\n" +
 	"\x14HoldRetentionRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1a\n" +
@@ -3789,7 +3932,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
 	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\x12\x1c\n" +
-	"\tcommitted\x18\x06 \x01(\x04R\tcommitted\"\xcf\x06\n" +
+	"\tcommitted\x18\x06 \x01(\x04R\tcommitted\"\xff\x06\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -3815,7 +3958,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\brestored\x18\x14 \x01(\bR\brestored\x120\n" +
 	"\x14successor_stalled_ms\x18\x15 \x01(\x04R\x12successorStalledMs\x12'\n" +
 	"\x0fsuccessor_error\x18\x16 \x01(\tR\x0esuccessorError\x12,\n" +
-	"\x12log_start_checksum\x18\x17 \x01(\rR\x10logStartChecksum\"X\n" +
+	"\x12log_start_checksum\x18\x17 \x01(\rR\x10logStartChecksum\x12.\n" +
+	"\x13head_unreachable_ms\x18\x18 \x01(\x04R\x11headUnreachableMs\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
@@ -3898,7 +4042,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse\x12g\n" +
 	"\x14CommitConsumerOffset\x12&.catena.v1.CommitConsumerOffsetRequest\x1a'.catena.v1.CommitConsumerOffsetResponse\x12R\n" +
 	"\rListConsumers\x12\x1f.catena.v1.ListConsumersRequest\x1a .catena.v1.ListConsumersResponse\x12U\n" +
-	"\x0eDeleteConsumer\x12 .catena.v1.DeleteConsumerRequest\x1a!.catena.v1.DeleteConsumerResponse2\xde\a\n" +
+	"\x0eDeleteConsumer\x12 .catena.v1.DeleteConsumerRequest\x1a!.catena.v1.DeleteConsumerResponse2\xca\b\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -3914,7 +4058,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\n" +
 	"ReadFrames\x12\x1c.catena.v1.ReadFramesRequest\x1a\x1d.catena.v1.ReadFramesResponse\x12L\n" +
 	"\rHoldRetention\x12\x1f.catena.v1.HoldRetentionRequest\x1a\x1a.catena.v1.PartitionStatus\x12[\n" +
-	"\x10ReleaseRetention\x12\".catena.v1.ReleaseRetentionRequest\x1a#.catena.v1.ReleaseRetentionResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
+	"\x10ReleaseRetention\x12\".catena.v1.ReleaseRetentionRequest\x1a#.catena.v1.ReleaseRetentionResponse\x12j\n" +
+	"\x15ReportHeadUnreachable\x12'.catena.v1.ReportHeadUnreachableRequest\x1a(.catena.v1.ReportHeadUnreachableResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
 
 var (
 	file_catena_v1_catena_proto_rawDescOnce sync.Once
@@ -3929,60 +4074,62 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_catena_v1_catena_proto_goTypes = []any{
-	(Durability)(0),                      // 0: catena.v1.Durability
-	(OffsetSpec)(0),                      // 1: catena.v1.OffsetSpec
-	(Role)(0),                            // 2: catena.v1.Role
-	(*Record)(nil),                       // 3: catena.v1.Record
-	(*StreamConfig)(nil),                 // 4: catena.v1.StreamConfig
-	(*ConsumerHold)(nil),                 // 5: catena.v1.ConsumerHold
-	(*ForcedTrim)(nil),                   // 6: catena.v1.ForcedTrim
-	(*CommitConsumerOffsetRequest)(nil),  // 7: catena.v1.CommitConsumerOffsetRequest
-	(*CommitConsumerOffsetResponse)(nil), // 8: catena.v1.CommitConsumerOffsetResponse
-	(*ListConsumersRequest)(nil),         // 9: catena.v1.ListConsumersRequest
-	(*ListConsumersResponse)(nil),        // 10: catena.v1.ListConsumersResponse
-	(*PartitionConsumers)(nil),           // 11: catena.v1.PartitionConsumers
-	(*DeleteConsumerRequest)(nil),        // 12: catena.v1.DeleteConsumerRequest
-	(*DeleteConsumerResponse)(nil),       // 13: catena.v1.DeleteConsumerResponse
-	(*ProduceRecord)(nil),                // 14: catena.v1.ProduceRecord
-	(*ProduceRequest)(nil),               // 15: catena.v1.ProduceRequest
-	(*ProduceResult)(nil),                // 16: catena.v1.ProduceResult
-	(*ProduceResponse)(nil),              // 17: catena.v1.ProduceResponse
-	(*FetchRequest)(nil),                 // 18: catena.v1.FetchRequest
-	(*FetchResponse)(nil),                // 19: catena.v1.FetchResponse
-	(*SubscribeRequest)(nil),             // 20: catena.v1.SubscribeRequest
-	(*ListOffsetsRequest)(nil),           // 21: catena.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),          // 22: catena.v1.ListOffsetsResponse
-	(*DescribeStreamRequest)(nil),        // 23: catena.v1.DescribeStreamRequest
-	(*StreamDescription)(nil),            // 24: catena.v1.StreamDescription
-	(*PartitionDescription)(nil),         // 25: catena.v1.PartitionDescription
-	(*ListStreamsRequest)(nil),           // 26: catena.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),          // 27: catena.v1.ListStreamsResponse
-	(*HoldRetentionRequest)(nil),         // 28: catena.v1.HoldRetentionRequest
-	(*ReleaseRetentionRequest)(nil),      // 29: catena.v1.ReleaseRetentionRequest
-	(*ReleaseRetentionResponse)(nil),     // 30: catena.v1.ReleaseRetentionResponse
-	(*CatchUpRequest)(nil),               // 31: catena.v1.CatchUpRequest
-	(*ReadFramesRequest)(nil),            // 32: catena.v1.ReadFramesRequest
-	(*ReadFramesResponse)(nil),           // 33: catena.v1.ReadFramesResponse
-	(*DropRequest)(nil),                  // 34: catena.v1.DropRequest
-	(*DropResponse)(nil),                 // 35: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),              // 36: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),             // 37: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),              // 38: catena.v1.TruncateRequest
-	(*Member)(nil),                       // 39: catena.v1.Member
-	(*ConfigureRequest)(nil),             // 40: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),              // 41: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),                // 42: catena.v1.StatusRequest
-	(*StatusResponse)(nil),               // 43: catena.v1.StatusResponse
-	(*AppendRequest)(nil),                // 44: catena.v1.AppendRequest
-	(*AppendRecord)(nil),                 // 45: catena.v1.AppendRecord
-	(*AppendResponse)(nil),               // 46: catena.v1.AppendResponse
-	(*ReplicateFrame)(nil),               // 47: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                    // 48: catena.v1.LinkHello
-	(*BatchData)(nil),                    // 49: catena.v1.BatchData
-	(*CommitNotice)(nil),                 // 50: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                 // 51: catena.v1.ReplicateAck
+	(Durability)(0),                       // 0: catena.v1.Durability
+	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
+	(Role)(0),                             // 2: catena.v1.Role
+	(*Record)(nil),                        // 3: catena.v1.Record
+	(*StreamConfig)(nil),                  // 4: catena.v1.StreamConfig
+	(*ConsumerHold)(nil),                  // 5: catena.v1.ConsumerHold
+	(*ForcedTrim)(nil),                    // 6: catena.v1.ForcedTrim
+	(*CommitConsumerOffsetRequest)(nil),   // 7: catena.v1.CommitConsumerOffsetRequest
+	(*CommitConsumerOffsetResponse)(nil),  // 8: catena.v1.CommitConsumerOffsetResponse
+	(*ListConsumersRequest)(nil),          // 9: catena.v1.ListConsumersRequest
+	(*ListConsumersResponse)(nil),         // 10: catena.v1.ListConsumersResponse
+	(*PartitionConsumers)(nil),            // 11: catena.v1.PartitionConsumers
+	(*DeleteConsumerRequest)(nil),         // 12: catena.v1.DeleteConsumerRequest
+	(*DeleteConsumerResponse)(nil),        // 13: catena.v1.DeleteConsumerResponse
+	(*ProduceRecord)(nil),                 // 14: catena.v1.ProduceRecord
+	(*ProduceRequest)(nil),                // 15: catena.v1.ProduceRequest
+	(*ProduceResult)(nil),                 // 16: catena.v1.ProduceResult
+	(*ProduceResponse)(nil),               // 17: catena.v1.ProduceResponse
+	(*FetchRequest)(nil),                  // 18: catena.v1.FetchRequest
+	(*FetchResponse)(nil),                 // 19: catena.v1.FetchResponse
+	(*SubscribeRequest)(nil),              // 20: catena.v1.SubscribeRequest
+	(*ListOffsetsRequest)(nil),            // 21: catena.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),           // 22: catena.v1.ListOffsetsResponse
+	(*DescribeStreamRequest)(nil),         // 23: catena.v1.DescribeStreamRequest
+	(*StreamDescription)(nil),             // 24: catena.v1.StreamDescription
+	(*PartitionDescription)(nil),          // 25: catena.v1.PartitionDescription
+	(*ListStreamsRequest)(nil),            // 26: catena.v1.ListStreamsRequest
+	(*ListStreamsResponse)(nil),           // 27: catena.v1.ListStreamsResponse
+	(*ReportHeadUnreachableRequest)(nil),  // 28: catena.v1.ReportHeadUnreachableRequest
+	(*ReportHeadUnreachableResponse)(nil), // 29: catena.v1.ReportHeadUnreachableResponse
+	(*HoldRetentionRequest)(nil),          // 30: catena.v1.HoldRetentionRequest
+	(*ReleaseRetentionRequest)(nil),       // 31: catena.v1.ReleaseRetentionRequest
+	(*ReleaseRetentionResponse)(nil),      // 32: catena.v1.ReleaseRetentionResponse
+	(*CatchUpRequest)(nil),                // 33: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),             // 34: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),            // 35: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),                   // 36: catena.v1.DropRequest
+	(*DropResponse)(nil),                  // 37: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),               // 38: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),              // 39: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),               // 40: catena.v1.TruncateRequest
+	(*Member)(nil),                        // 41: catena.v1.Member
+	(*ConfigureRequest)(nil),              // 42: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),               // 43: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),                 // 44: catena.v1.StatusRequest
+	(*StatusResponse)(nil),                // 45: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                 // 46: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                  // 47: catena.v1.AppendRecord
+	(*AppendResponse)(nil),                // 48: catena.v1.AppendResponse
+	(*ReplicateFrame)(nil),                // 49: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 50: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 51: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 52: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 53: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
@@ -3995,22 +4142,22 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	1,  // 7: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
 	4,  // 8: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
 	25, // 9: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	39, // 10: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	41, // 11: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	40, // 12: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	41, // 10: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	43, // 11: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	42, // 12: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
 	5,  // 13: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
-	39, // 14: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	41, // 14: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
 	4,  // 15: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	39, // 16: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	41, // 16: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
 	2,  // 17: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
 	4,  // 18: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
 	5,  // 19: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
 	6,  // 20: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
-	41, // 21: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	45, // 22: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	48, // 23: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	49, // 24: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	50, // 25: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	43, // 21: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	47, // 22: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	50, // 23: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	51, // 24: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	52, // 25: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
 	15, // 26: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
 	18, // 27: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
 	20, // 28: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
@@ -4020,45 +4167,47 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	7,  // 32: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
 	9,  // 33: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
 	12, // 34: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
-	40, // 35: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	42, // 36: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	44, // 37: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	44, // 38: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	47, // 39: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	42, // 35: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	44, // 36: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	46, // 37: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	46, // 38: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	49, // 39: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
 	18, // 40: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
 	21, // 41: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	36, // 42: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	38, // 43: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	34, // 44: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	31, // 45: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	32, // 46: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	28, // 47: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	29, // 48: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	17, // 49: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	19, // 50: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	19, // 51: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	22, // 52: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	24, // 53: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	27, // 54: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	8,  // 55: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	10, // 56: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	13, // 57: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	41, // 58: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	43, // 59: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	46, // 60: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	46, // 61: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	51, // 62: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	19, // 63: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	22, // 64: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	37, // 65: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	41, // 66: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	35, // 67: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	41, // 68: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	33, // 69: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	41, // 70: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	30, // 71: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	49, // [49:72] is the sub-list for method output_type
-	26, // [26:49] is the sub-list for method input_type
+	38, // 42: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	40, // 43: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	36, // 44: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	33, // 45: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	34, // 46: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	30, // 47: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	31, // 48: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	28, // 49: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	17, // 50: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	19, // 51: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	19, // 52: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	22, // 53: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	24, // 54: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	27, // 55: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	8,  // 56: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	10, // 57: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	13, // 58: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	43, // 59: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	45, // 60: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	48, // 61: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	48, // 62: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	53, // 63: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	19, // 64: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	22, // 65: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	39, // 66: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	43, // 67: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	37, // 68: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	43, // 69: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	35, // 70: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	43, // 71: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	32, // 72: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	29, // 73: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	50, // [50:74] is the sub-list for method output_type
+	26, // [26:50] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -4070,14 +4219,14 @@ func file_catena_v1_catena_proto_init() {
 		return
 	}
 	file_catena_v1_catena_proto_msgTypes[11].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[26].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[39].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[44].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[28].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[41].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[46].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[48].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[50].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -4087,7 +4236,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   49,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -471,20 +471,21 @@ var Ingest_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Replica_Configure_FullMethodName        = "/catena.v1.Replica/Configure"
-	Replica_Status_FullMethodName           = "/catena.v1.Replica/Status"
-	Replica_Append_FullMethodName           = "/catena.v1.Replica/Append"
-	Replica_AppendStream_FullMethodName     = "/catena.v1.Replica/AppendStream"
-	Replica_Replicate_FullMethodName        = "/catena.v1.Replica/Replicate"
-	Replica_Read_FullMethodName             = "/catena.v1.Replica/Read"
-	Replica_ListOffsets_FullMethodName      = "/catena.v1.Replica/ListOffsets"
-	Replica_EpochEnd_FullMethodName         = "/catena.v1.Replica/EpochEnd"
-	Replica_Truncate_FullMethodName         = "/catena.v1.Replica/Truncate"
-	Replica_Drop_FullMethodName             = "/catena.v1.Replica/Drop"
-	Replica_CatchUp_FullMethodName          = "/catena.v1.Replica/CatchUp"
-	Replica_ReadFrames_FullMethodName       = "/catena.v1.Replica/ReadFrames"
-	Replica_HoldRetention_FullMethodName    = "/catena.v1.Replica/HoldRetention"
-	Replica_ReleaseRetention_FullMethodName = "/catena.v1.Replica/ReleaseRetention"
+	Replica_Configure_FullMethodName             = "/catena.v1.Replica/Configure"
+	Replica_Status_FullMethodName                = "/catena.v1.Replica/Status"
+	Replica_Append_FullMethodName                = "/catena.v1.Replica/Append"
+	Replica_AppendStream_FullMethodName          = "/catena.v1.Replica/AppendStream"
+	Replica_Replicate_FullMethodName             = "/catena.v1.Replica/Replicate"
+	Replica_Read_FullMethodName                  = "/catena.v1.Replica/Read"
+	Replica_ListOffsets_FullMethodName           = "/catena.v1.Replica/ListOffsets"
+	Replica_EpochEnd_FullMethodName              = "/catena.v1.Replica/EpochEnd"
+	Replica_Truncate_FullMethodName              = "/catena.v1.Replica/Truncate"
+	Replica_Drop_FullMethodName                  = "/catena.v1.Replica/Drop"
+	Replica_CatchUp_FullMethodName               = "/catena.v1.Replica/CatchUp"
+	Replica_ReadFrames_FullMethodName            = "/catena.v1.Replica/ReadFrames"
+	Replica_HoldRetention_FullMethodName         = "/catena.v1.Replica/HoldRetention"
+	Replica_ReleaseRetention_FullMethodName      = "/catena.v1.Replica/ReleaseRetention"
+	Replica_ReportHeadUnreachable_FullMethodName = "/catena.v1.Replica/ReportHeadUnreachable"
 )
 
 // ReplicaClient is the client API for Replica service.
@@ -554,6 +555,15 @@ type ReplicaClient interface {
 	// one hosted partition, or from every hosted partition of the stream
 	// when partition is absent. Releasing a hold that is not there succeeds.
 	ReleaseRetention(ctx context.Context, in *ReleaseRetentionRequest, opts ...grpc.CallOption) (*ReleaseRetentionResponse, error)
+	// ReportHeadUnreachable: an ingestion node tells the head's successor
+	// that its appends to the head have gone unanswered (or could not be
+	// sent) for down_ms. The successor shows the latest such report in its
+	// Status (head_unreachable_ms), where the chain's master takes it, as it
+	// takes a predecessor's report of a dead link, for a second witness
+	// against a head that does not answer its probes: a head is then removed
+	// as fast as a middle. FAILED_PRECONDITION when the receiver is not the
+	// head's successor at that epoch (the reporter's view is stale).
+	ReportHeadUnreachable(ctx context.Context, in *ReportHeadUnreachableRequest, opts ...grpc.CallOption) (*ReportHeadUnreachableResponse, error)
 }
 
 type replicaClient struct {
@@ -710,6 +720,16 @@ func (c *replicaClient) ReleaseRetention(ctx context.Context, in *ReleaseRetenti
 	return out, nil
 }
 
+func (c *replicaClient) ReportHeadUnreachable(ctx context.Context, in *ReportHeadUnreachableRequest, opts ...grpc.CallOption) (*ReportHeadUnreachableResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportHeadUnreachableResponse)
+	err := c.cc.Invoke(ctx, Replica_ReportHeadUnreachable_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ReplicaServer is the server API for Replica service.
 // All implementations must embed UnimplementedReplicaServer
 // for forward compatibility.
@@ -777,6 +797,15 @@ type ReplicaServer interface {
 	// one hosted partition, or from every hosted partition of the stream
 	// when partition is absent. Releasing a hold that is not there succeeds.
 	ReleaseRetention(context.Context, *ReleaseRetentionRequest) (*ReleaseRetentionResponse, error)
+	// ReportHeadUnreachable: an ingestion node tells the head's successor
+	// that its appends to the head have gone unanswered (or could not be
+	// sent) for down_ms. The successor shows the latest such report in its
+	// Status (head_unreachable_ms), where the chain's master takes it, as it
+	// takes a predecessor's report of a dead link, for a second witness
+	// against a head that does not answer its probes: a head is then removed
+	// as fast as a middle. FAILED_PRECONDITION when the receiver is not the
+	// head's successor at that epoch (the reporter's view is stale).
+	ReportHeadUnreachable(context.Context, *ReportHeadUnreachableRequest) (*ReportHeadUnreachableResponse, error)
 	mustEmbedUnimplementedReplicaServer()
 }
 
@@ -828,6 +857,9 @@ func (UnimplementedReplicaServer) HoldRetention(context.Context, *HoldRetentionR
 }
 func (UnimplementedReplicaServer) ReleaseRetention(context.Context, *ReleaseRetentionRequest) (*ReleaseRetentionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReleaseRetention not implemented")
+}
+func (UnimplementedReplicaServer) ReportHeadUnreachable(context.Context, *ReportHeadUnreachableRequest) (*ReportHeadUnreachableResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportHeadUnreachable not implemented")
 }
 func (UnimplementedReplicaServer) mustEmbedUnimplementedReplicaServer() {}
 func (UnimplementedReplicaServer) testEmbeddedByValue()                 {}
@@ -1080,6 +1112,24 @@ func _Replica_ReleaseRetention_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Replica_ReportHeadUnreachable_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportHeadUnreachableRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).ReportHeadUnreachable(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_ReportHeadUnreachable_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).ReportHeadUnreachable(ctx, req.(*ReportHeadUnreachableRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Replica_ServiceDesc is the grpc.ServiceDesc for Replica service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1134,6 +1184,10 @@ var Replica_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseRetention",
 			Handler:    _Replica_ReleaseRetention_Handler,
+		},
+		{
+			MethodName: "ReportHeadUnreachable",
+			Handler:    _Replica_ReportHeadUnreachable_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,66 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/chain"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// headReportFresh is how long an ingestion node's report of an unreachable
+// head stands: reporters repeat it every few hundred milliseconds while
+// their appends stall, so an older one means they no longer do.
+const headReportFresh = time.Second
+
+// headReport is the latest report, by an ingestion node, that this
+// member's predecessor (the head) cannot be reached.
+type headReport struct {
+	epoch    uint64
+	head     string
+	down     time.Duration
+	at       time.Time // when it arrived
+	reporter string
+}
+
+// ReportHeadUnreachable records an ingestion node's report that the head
+// of a chain this replica is the second member of does not answer its
+// appends. Status shows it (head_unreachable_ms) for the chain's master.
+func (s *Server) ReportHeadUnreachable(ctx context.Context, req *catenapb.ReportHeadUnreachableRequest) (*catenapb.ReportHeadUnreachableResponse, error) {
+	if req.GetHeadId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "report names no head")
+	}
+	p, err := s.lookup(req.GetStream(), req.GetPartition())
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.core == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s has no chain configuration; the report is ignored", p.stream, p.index, s.id)
+	}
+	st := p.core.Status()
+	if st.Epoch != req.GetEpoch() || st.Predecessor != req.GetHeadId() || len(st.Members) == 0 || st.Members[0] != req.GetHeadId() || st.Role == chain.RoleHead {
+		return nil, status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s is at epoch %d with members %v: it is not the successor of head %q at epoch %d; the report is ignored",
+			p.stream, p.index, s.id, st.Epoch, st.Members, req.GetHeadId(), req.GetEpoch())
+	}
+	first := p.headReport == nil || p.headReport.epoch != st.Epoch || time.Since(p.headReport.at) >= headReportFresh
+	p.headReport = &headReport{epoch: st.Epoch, head: req.GetHeadId(), down: time.Duration(req.GetDownMs()) * time.Millisecond, at: time.Now(), reporter: req.GetReporter()}
+	if first {
+		p.logger.Info("Ingestion reports the head unreachable", "head", req.GetHeadId(), "epoch", st.Epoch, "downMs", req.GetDownMs(), "reporter", req.GetReporter())
+	}
+	return &catenapb.ReportHeadUnreachableResponse{}, nil
+}
+
+// headUnreachableMs is what Status reports of the latest head report at
+// epoch: its duration while it is fresh, else 0. Callers hold p.mu.
+func (p *partition) headUnreachableMs(epoch uint64) uint64 {
+	r := p.headReport
+	if r == nil || r.epoch != epoch || time.Since(r.at) >= headReportFresh {
+		return 0
+	}
+	return uint64(r.down.Milliseconds())
+}

@@ -1,0 +1,64 @@
+package server
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// TestHeadUnreachableReportsReachTheMaster: an ingestion node's report
+// that it cannot reach the head is taken by the head's successor at the
+// same epoch only, and shown in its Status (head_unreachable_ms) for the
+// chain's master; a stale reporter is told so and changes nothing.
+func TestHeadUnreachableReportsReachTheMaster(t *testing.T) {
+	a, b, c := startNode(t, "a", nil), startNode(t, "b", nil), startNode(t, "c", nil)
+	configure(t, 3, a, b, c)
+	ctx := context.Background()
+	report := func(n *node, epoch uint64, head string, downMs uint64) error {
+		_, err := client(t, n.addr).ReportHeadUnreachable(ctx, &catenapb.ReportHeadUnreachableRequest{
+			Stream: "s", Partition: 0, Epoch: epoch, HeadId: head, DownMs: downMs, Reporter: "ingest-0"})
+		return err
+	}
+	if st := status0(t, b); st.GetHeadUnreachableMs() != 0 {
+		t.Fatalf("no report yet, head unreachable for %d ms", st.GetHeadUnreachableMs())
+	}
+	for _, tc := range []struct {
+		name  string
+		to    *node
+		epoch uint64
+		head  string
+		want  codes.Code
+	}{
+		{"an older epoch", b, 2, "a", codes.FailedPrecondition},
+		{"a newer epoch", b, 4, "a", codes.FailedPrecondition},
+		{"a member that is not the head", b, 3, "c", codes.FailedPrecondition},
+		{"to the tail", c, 3, "a", codes.FailedPrecondition},
+		{"to the head itself", a, 3, "a", codes.FailedPrecondition},
+		{"no head named", b, 3, "", codes.InvalidArgument},
+	} {
+		if err := report(tc.to, tc.epoch, tc.head, 700); status.Code(err) != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	for _, n := range []*node{a, b, c} {
+		if st := status0(t, n); st.GetHeadUnreachableMs() != 0 {
+			t.Fatalf("refused reports changed %s's status: head unreachable for %d ms", n.id, st.GetHeadUnreachableMs())
+		}
+	}
+
+	if err := report(b, 3, "a", 700); err != nil {
+		t.Fatalf("report to the head's successor: %v", err)
+	}
+	if st := status0(t, b); st.GetHeadUnreachableMs() != 700 {
+		t.Fatalf("head unreachable for %d ms, want the report's 700", st.GetHeadUnreachableMs())
+	}
+	// A new epoch (the master acted, or the chain moved on) ends it.
+	configure(t, 4, a, b, c)
+	if st := status0(t, b); st.GetHeadUnreachableMs() != 0 {
+		t.Fatalf("a report from epoch 3 shows at epoch 4: %d ms", st.GetHeadUnreachableMs())
+	}
+}
