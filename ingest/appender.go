@@ -10,7 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/replica/partlog"
@@ -317,6 +319,45 @@ func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent 
 	return out
 }
 
+// connect waits until conn, to the head of pr, is ready. Opening a stream
+// on a connection that is still connecting waits for the attempt, and an
+// attempt to a head cut off mid-connection (its packets dropped) lasts the
+// connect timeout, 5 s: the fault campaign saw isolated heads keep their
+// partitions from writes for 5.05 s that way. So the wait watches, every
+// stallAfter, for the chain to have moved on (errChainMoved), and reports
+// the head as a stalled append does meanwhile.
+func (a *appender) connect(ctx context.Context, conn *grpc.ClientConn, pr *partitionRoute) error {
+	start := time.Now()
+	if !a.downSince.IsZero() {
+		start = a.downSince
+	}
+	for {
+		st := conn.GetState()
+		switch st {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Idle:
+			conn.Connect()
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			return fmt.Errorf("head %s is unreachable (connection %s)", pr.head().GetId(), st)
+		}
+		wctx, cancel := context.WithTimeout(ctx, stallAfter)
+		changed := conn.WaitForStateChange(wctx, st)
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if changed {
+			continue
+		}
+		if np := a.currentRoute(); np != nil && np.epoch > pr.epoch {
+			return &errChainMoved{stream: a.stream, partition: a.partition, from: pr.epoch, to: np.epoch}
+		}
+		a.srv.disc.requestRefresh()
+		a.reportHead(pr, time.Since(start))
+	}
+}
+
 // currentRoute is the partition's route in the latest table (nil when
 // unknown).
 func (a *appender) currentRoute() *partitionRoute {
@@ -446,6 +487,9 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 	// run paces the sessions; a head that was down and is back must not
 	// wait out gRPC's reconnect back-off on top (see linkOnce).
 	conn.ResetConnectBackoff()
+	if err := a.connect(ctx, conn, pr); err != nil {
+		return inflight, err
+	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := catenapb.NewReplicaClient(conn).AppendStream(sctx)

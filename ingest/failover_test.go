@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -185,5 +186,77 @@ func TestAStalledAppendReportsTheHead(t *testing.T) {
 	head.view(6, both)
 	if err := <-done; err != nil {
 		t.Fatalf("produce after the head came back: %v", err)
+	}
+}
+
+// TestAHeadThatNeverConnectsIsReportedAndLeft: a head whose connection
+// never completes (its packets dropped mid-handshake; here a listener that
+// accepts and never speaks HTTP/2) keeps gRPC connecting for its connect
+// timeout (5 s), and opening the append stream used to wait that long
+// before anything else happened. The appender now reports the head while
+// it waits, and leaves for the new epoch's head as soon as there is one.
+func TestAHeadThatNeverConnectsIsReportedAndLeft(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var heldMu sync.Mutex
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			heldMu.Lock()
+			held = append(held, c)
+			heldMu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		heldMu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		heldMu.Unlock()
+	})
+	next := &chainMember{id: "next"}
+	nextAddr := serveReplica(t, next)
+	both := []*catenapb.Member{{Id: "dark", Addr: lis.Addr().String()}, {Id: "next", Addr: nextAddr}}
+	next.view(7, both)
+	s, err := New(Options{Replicas: []string{nextAddr}, RefreshInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Key: []byte("k"), Value: []byte("v")}}})
+		done <- err
+	}()
+	var first *catenapb.ReportHeadUnreachableRequest
+	for first == nil {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the head's successor never heard that the head cannot be reached")
+		case <-time.After(20 * time.Millisecond):
+		}
+		if r := next.headReports(); len(r) > 0 {
+			first = r[0]
+		}
+	}
+	// Reported while connecting, not after the attempt timed out.
+	if first.GetHeadId() != "dark" || first.GetEpoch() != 7 || first.GetDownMs() >= 5000 {
+		t.Fatalf("first report %v: want head \"dark\" at epoch 7, sent before the 5 s connect timeout", first)
+	}
+	next.view(8, both[1:])
+	if err := <-done; err != nil {
+		t.Fatalf("produce once the chain left the dark head: %v", err)
+	}
+	if next.answered() != 1 {
+		t.Fatalf("the new head answered %d appends, want 1", next.answered())
 	}
 }
