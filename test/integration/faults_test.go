@@ -148,8 +148,8 @@ func TestFaultCampaign(t *testing.T) {
 		// faults, and a hold must outlast the failure timeout; beyond that
 		// a longer one adds time, not coverage (1,000 faults in 30
 		// minutes).
-		spacing := time.Duration(100+rng.IntN(300)) * time.Millisecond
-		pauseFor := campaignFailTimeout + time.Duration(200+rng.IntN(800))*time.Millisecond
+		spacing := time.Duration(50+rng.IntN(200)) * time.Millisecond
+		pauseFor := campaignFailTimeout + time.Duration(200+rng.IntN(400))*time.Millisecond
 		t0 := time.Now()
 		view := c.waitFull(120*time.Second, fmt.Sprintf("before fault #%d", i+1))
 		t0 = c.phase("regrow", t0)
