@@ -46,6 +46,15 @@ const (
 	headReportTimeout = 300 * time.Millisecond
 )
 
+// headKey names a head under one epoch: how long appends have failed is
+// counted per head and epoch, never carried over to a new head.
+type headKey struct {
+	id    string
+	epoch uint64
+}
+
+func keyOf(pr *partitionRoute) headKey { return headKey{pr.head().GetId(), pr.epoch} }
+
 // errChainMoved ends a session whose chain has a newer epoch in the route
 // table: the table is already fresh, so the next session starts at once.
 type errChainMoved struct {
@@ -179,9 +188,12 @@ type appender struct {
 	// progressed: the current session had an answer from the head (only
 	// the run goroutine touches it).
 	progressed bool
-	// downSince is when sessions began failing without an answer from any
-	// head (zero while one answers); lastReport when the head was last
-	// reported unreachable. Only the run goroutine touches them.
+	// route is the route the latest session used (nil: none known).
+	// downSince is when sessions to the head downOf names began failing
+	// without an answer (zero while one answers); lastReport when a head
+	// was last reported unreachable. Only the run goroutine touches them.
+	route                 *partitionRoute
+	downOf                headKey
 	downSince, lastReport time.Time
 	// committed is the highest committed offset this appender has had
 	// records acknowledged up to: reads through this ingestion must see
@@ -328,7 +340,7 @@ func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent 
 // the head as a stalled append does meanwhile.
 func (a *appender) connect(ctx context.Context, conn *grpc.ClientConn, pr *partitionRoute) error {
 	start := time.Now()
-	if !a.downSince.IsZero() {
+	if !a.downSince.IsZero() && a.downOf == keyOf(pr) {
 		start = a.downSince
 	}
 	for {
@@ -358,6 +370,16 @@ func (a *appender) connect(ctx context.Context, conn *grpc.ClientConn, pr *parti
 	}
 }
 
+// hasWork reports whether records wait for a head: unanswered or queued.
+func (a *appender) hasWork(inflight []*sent) bool {
+	if len(inflight) > 0 {
+		return true
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.queue) > 0
+}
+
 // currentRoute is the partition's route in the latest table (nil when
 // unknown).
 func (a *appender) currentRoute() *partitionRoute {
@@ -376,7 +398,7 @@ func (a *appender) currentRoute() *partitionRoute {
 // a successor that does not take it (not the successor any more, or down
 // too) changes nothing here.
 func (a *appender) reportHead(pr *partitionRoute, down time.Duration) {
-	if pr == nil || len(pr.members) < 2 || down < stallAfter || time.Since(a.lastReport) < stallAfter {
+	if pr == nil || len(pr.members) < 2 || down < stallAfter || time.Since(a.lastReport) < stallAfter || a.srv.ctx.Err() != nil {
 		return
 	}
 	a.lastReport = time.Now()
@@ -414,22 +436,25 @@ func (a *appender) run() {
 		if err == nil || a.progressed {
 			backoff = retryMin
 		}
+		if a.progressed {
+			a.downSince = time.Time{} // a head answered: nothing is down
+		}
 		if err == nil {
 			continue
 		}
 		a.srv.logger.V(1).Info("Append stream to head ended; re-learning the chain", "stream", a.stream, "partition", a.partition, "error", err.Error())
 		inflight = a.expire(inflight, time.Now(), err)
-		if a.progressed {
-			a.downSince = time.Time{}
-		}
-		if len(inflight) > 0 {
-			if a.downSince.IsZero() {
-				a.downSince = time.Now()
-			}
-			a.reportHead(a.currentRoute(), time.Since(a.downSince))
-		}
 		if moved := (*errChainMoved)(nil); errors.As(err, &moved) {
 			continue // the route table names the new head already
+		}
+		// The head this session used could not take the work: report it
+		// (not whatever head the table names now), counting from when
+		// sessions to it began failing.
+		if pr := a.route; pr != nil && a.hasWork(inflight) {
+			if a.downSince.IsZero() || a.downOf != keyOf(pr) {
+				a.downSince, a.downOf = time.Now(), keyOf(pr)
+			}
+			a.reportHead(pr, time.Since(a.downSince))
 		}
 		ch := a.srv.disc.requestRefresh()
 		select {
@@ -474,11 +499,13 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			}
 		}
 	}
+	a.route = nil
 	sr := a.srv.disc.current().streams[a.stream]
 	if sr == nil || int(a.partition) >= len(sr.partitions) || sr.partitions[a.partition].head() == nil {
 		return inflight, fmt.Errorf("partition %s/%d has no known chain", a.stream, a.partition)
 	}
 	pr := sr.partitions[a.partition]
+	a.route = pr
 	head := pr.head()
 	conn, err := a.srv.pool.Get(head.GetAddr())
 	if err != nil {

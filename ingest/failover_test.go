@@ -260,3 +260,43 @@ func TestAHeadThatNeverConnectsIsReportedAndLeft(t *testing.T) {
 		t.Fatalf("the new head answered %d appends, want 1", next.answered())
 	}
 }
+
+// TestANewHeadIsNotReportedForTheOldOnesSilence: when the chain leaves a
+// hung head, what the appender reports afterwards is about the head it
+// actually failed to reach, never the new head it has not tried yet.
+func TestANewHeadIsNotReportedForTheOldOnesSilence(t *testing.T) {
+	old, head, tail := &chainMember{id: "old"}, &chainMember{id: "head"}, &chainMember{id: "tail"}
+	addrs := []string{serveReplica(t, old), serveReplica(t, head), serveReplica(t, tail)}
+	all := []*catenapb.Member{{Id: "old", Addr: addrs[0]}, {Id: "head", Addr: addrs[1]}, {Id: "tail", Addr: addrs[2]}}
+	for _, m := range []*chainMember{old, head, tail} {
+		m.view(1, all)
+	}
+	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	old.hung.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Key: []byte("k"), Value: []byte("v")}}})
+		done <- err
+	}()
+	for len(head.headReports()) == 0 { // the old head is reported to its successor
+		select {
+		case <-ctx.Done():
+			t.Fatal("the hung head was never reported")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	head.view(2, all[1:])
+	tail.view(2, all[1:])
+	if err := <-done; err != nil {
+		t.Fatalf("produce after the chain left the hung head: %v", err)
+	}
+	for _, r := range tail.headReports() {
+		t.Errorf("the new head's successor was told the new head is unreachable: %v", r)
+	}
+}

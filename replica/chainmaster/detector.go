@@ -174,7 +174,8 @@ func (d *Detector) SilentFor(id string, now time.Time) time.Duration {
 // its link to its successor down (successor_down_ms), or the head's
 // successor carries an ingestion node's report that the head does not
 // answer its appends (head_unreachable_ms; the head has no predecessor to
-// witness against it). reports are the members' reports of the partition,
+// witness against it), unless the carrier's own link onwards is down or
+// stalled, which explains a stalled head. reports are the members' reports of the partition,
 // by replica id.
 func NeighbourDown(reports map[string]*catenapb.PartitionStatus) map[string]time.Duration {
 	out := map[string]time.Duration{}
@@ -188,7 +189,11 @@ func NeighbourDown(reports map[string]*catenapb.PartitionStatus) map[string]time
 				}
 			}
 		}
-		if down := time.Duration(ps.GetHeadUnreachableMs()) * time.Millisecond; down > 0 && len(ms) > 1 && ms[1].GetId() == id {
+		// A carrier whose own link onwards is down or stalled explains the
+		// stall ingestion sees (the head waits for acknowledgements from
+		// downstream): then it is no evidence against the head.
+		downstream := ps.GetSuccessorDownMs() > 0 || ps.GetSuccessorStalledMs() > 0
+		if down := time.Duration(ps.GetHeadUnreachableMs()) * time.Millisecond; down > 0 && !downstream && len(ms) > 1 && ms[1].GetId() == id {
 			head := ms[0].GetId()
 			out[head] = max(out[head], down)
 		}

@@ -204,10 +204,14 @@ func TestNeighbourDown(t *testing.T) {
 			"c": {Members: abc, HeadUnreachableMs: 600},
 			"a": {Members: abc, HeadUnreachableMs: 600},
 		}, map[string]time.Duration{}},
+		{"a head report from a carrier stalled downstream: the head waits on it, no evidence", map[string]*catenapb.PartitionStatus{
+			"b": {Members: abc, HeadUnreachableMs: 900, SuccessorStalledMs: 400},
+		}, map[string]time.Duration{}},
 		{"the longest witness wins", map[string]*catenapb.PartitionStatus{
 			"a": {Members: abc, SuccessorDownMs: 300},
-			"b": {Members: abc, HeadUnreachableMs: 800, SuccessorDownMs: 900},
-		}, map[string]time.Duration{"a": 800 * time.Millisecond, "b": 300 * time.Millisecond, "c": 900 * time.Millisecond}},
+			"b": {Members: abc, HeadUnreachableMs: 800},
+			"c": {Members: abc, SuccessorDownMs: 900}, // a tail has no successor: ignored
+		}, map[string]time.Duration{"a": 800 * time.Millisecond, "b": 300 * time.Millisecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := NeighbourDown(tc.reports)

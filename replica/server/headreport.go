@@ -16,14 +16,13 @@ import (
 // their appends stall, so an older one means they no longer do.
 const headReportFresh = time.Second
 
-// headReport is the latest report, by an ingestion node, that this
-// member's predecessor (the head) cannot be reached.
+// headReport is an ingestion node's latest report that this member's
+// predecessor (the head) cannot be reached.
 type headReport struct {
-	epoch    uint64
-	head     string
-	down     time.Duration
-	at       time.Time // when it arrived
-	reporter string
+	epoch uint64
+	head  string
+	down  time.Duration
+	at    time.Time // when it arrived
 }
 
 // ReportHeadUnreachable records an ingestion node's report that the head
@@ -47,20 +46,32 @@ func (s *Server) ReportHeadUnreachable(ctx context.Context, req *catenapb.Report
 		return nil, status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s is at epoch %d with members %v: it is not the successor of head %q at epoch %d; the report is ignored",
 			p.stream, p.index, s.id, st.Epoch, st.Members, req.GetHeadId(), req.GetEpoch())
 	}
-	first := p.headReport == nil || p.headReport.epoch != st.Epoch || time.Since(p.headReport.at) >= headReportFresh
-	p.headReport = &headReport{epoch: st.Epoch, head: req.GetHeadId(), down: time.Duration(req.GetDownMs()) * time.Millisecond, at: time.Now(), reporter: req.GetReporter()}
+	first := p.headUnreachableMs(st.Epoch) == 0
+	if p.headReports == nil {
+		p.headReports = map[string]headReport{}
+	}
+	now := time.Now()
+	for who, r := range p.headReports {
+		if r.epoch != st.Epoch || now.Sub(r.at) >= headReportFresh {
+			delete(p.headReports, who) // stale: bounded by the reporters of the last second
+		}
+	}
+	p.headReports[req.GetReporter()] = headReport{epoch: st.Epoch, head: req.GetHeadId(), down: time.Duration(req.GetDownMs()) * time.Millisecond, at: now}
 	if first {
 		p.logger.Info("Ingestion reports the head unreachable", "head", req.GetHeadId(), "epoch", st.Epoch, "downMs", req.GetDownMs(), "reporter", req.GetReporter())
 	}
 	return &catenapb.ReportHeadUnreachableResponse{}, nil
 }
 
-// headUnreachableMs is what Status reports of the latest head report at
-// epoch: its duration while it is fresh, else 0. Callers hold p.mu.
+// headUnreachableMs is what Status reports of the head reports at epoch:
+// the longest that is fresh (each ingestion node's latest counts), else 0.
+// Callers hold p.mu.
 func (p *partition) headUnreachableMs(epoch uint64) uint64 {
-	r := p.headReport
-	if r == nil || r.epoch != epoch || time.Since(r.at) >= headReportFresh {
-		return 0
+	var longest time.Duration
+	for _, r := range p.headReports {
+		if r.epoch == epoch && time.Since(r.at) < headReportFresh {
+			longest = max(longest, r.down)
+		}
 	}
-	return uint64(r.down.Milliseconds())
+	return uint64(longest.Milliseconds())
 }

@@ -56,6 +56,15 @@ func TestHeadUnreachableReportsReachTheMaster(t *testing.T) {
 	if st := status0(t, b); st.GetHeadUnreachableMs() != 700 {
 		t.Fatalf("head unreachable for %d ms, want the report's 700", st.GetHeadUnreachableMs())
 	}
+	// A second ingestion node that has only begun to stall does not hide
+	// the first's longer report.
+	if _, err := client(t, b.addr).ReportHeadUnreachable(ctx, &catenapb.ReportHeadUnreachableRequest{
+		Stream: "s", Partition: 0, Epoch: 3, HeadId: "a", DownMs: 150, Reporter: "ingest-1"}); err != nil {
+		t.Fatalf("second reporter: %v", err)
+	}
+	if st := status0(t, b); st.GetHeadUnreachableMs() != 700 {
+		t.Fatalf("head unreachable for %d ms after a shorter second report, want the longest fresh one, 700", st.GetHeadUnreachableMs())
+	}
 	// A new epoch (the master acted, or the chain moved on) ends it.
 	configure(t, 4, a, b, c)
 	if st := status0(t, b); st.GetHeadUnreachableMs() != 0 {

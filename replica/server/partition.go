@@ -84,9 +84,9 @@ type partition struct {
 	// takes no write, forwards nothing and accepts no link until the chain's
 	// master, having compared the members' logs, installs a new epoch.
 	restored bool
-	// headReport is an ingestion node's latest report that the head (this
-	// member's predecessor) cannot be reached (nil: none).
-	headReport *headReport
+	// headReports are ingestion nodes' latest reports that the head (this
+	// member's predecessor) cannot be reached, by reporter.
+	headReports map[string]headReport
 	// holdsMu serialises changes of holds (each persisted before it is
 	// published) with retention, which must see every hold stored before
 	// it trims. Taken before mu, never while holding it.
