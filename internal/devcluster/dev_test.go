@@ -342,14 +342,27 @@ func TestPickAddrAvoidsEphemeralPorts(t *testing.T) {
 			t.Fatalf("picked %s, in the ephemeral range %d-%d", addr, lo, hi)
 		}
 	}
-	// The previous address is kept while it is free.
+	// The previous address is kept while it is free, unless it is an
+	// ephemeral one; no two draws give the same address.
+	prev := pickAddr("127.0.0.1", "", lo+5)
+	if got := pickAddr("127.0.0.1", prev, lo+5); got != prev {
+		t.Fatalf("picked %s, want the previous %s", got, prev)
+	}
+	seen := map[string]bool{prev: true}
+	for range 50 {
+		a := pickAddr("127.0.0.1", "", lo+5)
+		if seen[a] {
+			t.Fatalf("picked %s twice", a)
+		}
+		seen[a] = true
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	prev := l.Addr().String()
+	old := l.Addr().String() // an ephemeral port, as an older dev chose
 	l.Close()
-	if got := pickAddr("127.0.0.1", prev, 7071); got != prev {
-		t.Fatalf("picked %s, want the previous %s", got, prev)
+	if got := pickAddr("127.0.0.1", old, lo+5); got == old {
+		t.Fatalf("kept the previous ephemeral address %s", old)
 	}
 }

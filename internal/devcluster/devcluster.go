@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -358,25 +359,40 @@ const (
 // so had every replica port among the ephemeral ones).
 func pickAddr(host, previous string, port int) string {
 	lo, hi := ephemeralPorts()
-	cands := []string{previous}
-	if port < lo || port > hi {
-		cands = append(cands, net.JoinHostPort(host, strconv.Itoa(port)))
+	ephemeral := func(addr string) bool {
+		_, ps, err := net.SplitHostPort(addr)
+		p, perr := strconv.Atoi(ps)
+		return err != nil || perr != nil || (p >= lo && p <= hi)
 	}
-	for _, cand := range cands {
-		if cand == "" {
-			continue
+	// take claims a free address not handed out before by this process
+	// (the replica's own previous one aside): the processes bind them
+	// later, so two draws must not coincide.
+	take := func(cand string) bool {
+		pickedMu.Lock()
+		defer pickedMu.Unlock()
+		if picked[cand] && cand != previous {
+			return false
 		}
-		if l, err := net.Listen("tcp", cand); err == nil {
-			l.Close()
-			return cand
+		l, err := net.Listen("tcp", cand)
+		if err != nil {
+			return false
 		}
+		l.Close()
+		picked[cand] = true
+		return true
+	}
+	// A previous address among the ephemeral ones (an older dev chose it)
+	// is given up: chains are re-installed on the new one.
+	if previous != "" && !ephemeral(previous) && take(previous) {
+		return previous
+	}
+	if cand := net.JoinHostPort(host, strconv.Itoa(port)); !ephemeral(cand) && take(cand) {
+		return cand
 	}
 	// Below the ephemeral range and above the ports services usually take.
 	if lo > stablePortsFrom+1 {
 		for range 200 {
-			cand := net.JoinHostPort(host, strconv.Itoa(stablePortsFrom+rand.IntN(lo-stablePortsFrom)))
-			if l, err := net.Listen("tcp", cand); err == nil {
-				l.Close()
+			if cand := net.JoinHostPort(host, strconv.Itoa(stablePortsFrom+rand.IntN(lo-stablePortsFrom))); take(cand) {
 				return cand
 			}
 		}
@@ -391,6 +407,12 @@ func pickAddr(host, previous string, port int) string {
 
 // stablePortsFrom is the lowest port pickAddr draws from.
 const stablePortsFrom = 20000
+
+// picked are the addresses pickAddr handed out in this process.
+var (
+	pickedMu sync.Mutex
+	picked   = map[string]bool{}
+)
 
 // ephemeralPorts is the kernel's range of local ports for outgoing
 // connections (Linux's default when it cannot be read).
