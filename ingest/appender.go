@@ -362,12 +362,21 @@ func (a *appender) connect(ctx context.Context, conn *grpc.ClientConn, pr *parti
 		if changed {
 			continue
 		}
-		if np := a.currentRoute(); np != nil && np.epoch > pr.epoch {
-			return &errChainMoved{stream: a.stream, partition: a.partition, from: pr.epoch, to: np.epoch}
+		if err := a.movedFrom(pr); err != nil {
+			return err
 		}
 		a.srv.disc.requestRefresh()
 		a.reportHead(pr, time.Since(start))
 	}
+}
+
+// movedFrom is an errChainMoved when the latest route table has a newer
+// epoch for the partition than pr, else nil.
+func (a *appender) movedFrom(pr *partitionRoute) error {
+	if np := a.currentRoute(); np != nil && np.epoch > pr.epoch {
+		return &errChainMoved{stream: a.stream, partition: a.partition, from: pr.epoch, to: np.epoch}
+	}
+	return nil
 }
 
 // hasWork reports whether records wait for a head: unanswered or queued.
@@ -594,10 +603,8 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		case <-a.srv.disc.updatedChan():
 			// A head that hangs (paused, partitioned) never fails the
 			// stream; a newer epoch in the replicas' reports ends it.
-			if cur := a.srv.disc.current().streams[a.stream]; cur != nil && int(a.partition) < len(cur.partitions) {
-				if np := cur.partitions[a.partition]; np != nil && np.epoch > pr.epoch {
-					return inflight, &errChainMoved{stream: a.stream, partition: a.partition, from: pr.epoch, to: np.epoch}
-				}
+			if err := a.movedFrom(pr); err != nil {
+				return inflight, err
 			}
 		case <-wake:
 		case err := <-recvErr:

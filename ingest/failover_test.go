@@ -96,6 +96,35 @@ func (m *chainMember) AppendStream(stream catenapb.Replica_AppendStreamServer) e
 	}
 }
 
+// produceAsync produces one record through s in the background; the
+// channel gets its outcome.
+func produceAsync(ctx context.Context, s *Server) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Key: []byte("k"), Value: []byte("v")}}})
+		done <- err
+	}()
+	return done
+}
+
+// firstHeadReport waits until m has been told a head is unreachable and
+// returns the first such report; it fails the test when ctx ends first.
+func firstHeadReport(t *testing.T, ctx context.Context, m *chainMember) *catenapb.ReportHeadUnreachableRequest {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if r := m.headReports(); len(r) > 0 {
+			return r[0]
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s was never told that its predecessor, the head, cannot be reached", m.id)
+		case <-tick.C:
+		}
+	}
+}
+
 // TestAStalledAppendRelearnsTheChain: a head that hangs (paused, cut off)
 // never fails the append stream, so ingestion must itself look for the
 // chain's next epoch while an append goes unanswered, not wait for its
@@ -158,22 +187,8 @@ func TestAStalledAppendReportsTheHead(t *testing.T) {
 	head.hung.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Key: []byte("k"), Value: []byte("v")}}})
-		done <- err
-	}()
-	var got *catenapb.ReportHeadUnreachableRequest
-	for got == nil {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the head's successor never heard that the head does not answer")
-		case <-time.After(20 * time.Millisecond):
-		}
-		if r := next.headReports(); len(r) > 0 {
-			got = r[len(r)-1]
-		}
-	}
+	done := produceAsync(ctx, s)
+	got := firstHeadReport(t, ctx, next)
 	if got.GetHeadId() != "head" || got.GetEpoch() != 5 || got.GetStream() != "s" || got.GetPartition() != 0 || got.GetDownMs() < uint64(stallAfter.Milliseconds()) || got.GetReporter() == "" {
 		t.Fatalf("report %v: want head \"head\" at epoch 5, down for at least %s, a reporter", got, stallAfter)
 	}
@@ -232,22 +247,8 @@ func TestAHeadThatNeverConnectsIsReportedAndLeft(t *testing.T) {
 	t.Cleanup(s.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Key: []byte("k"), Value: []byte("v")}}})
-		done <- err
-	}()
-	var first *catenapb.ReportHeadUnreachableRequest
-	for first == nil {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the head's successor never heard that the head cannot be reached")
-		case <-time.After(20 * time.Millisecond):
-		}
-		if r := next.headReports(); len(r) > 0 {
-			first = r[0]
-		}
-	}
+	done := produceAsync(ctx, s)
+	first := firstHeadReport(t, ctx, next)
 	// Reported while connecting, not after the attempt timed out.
 	if first.GetHeadId() != "dark" || first.GetEpoch() != 7 || first.GetDownMs() >= 5000 {
 		t.Fatalf("first report %v: want head \"dark\" at epoch 7, sent before the 5 s connect timeout", first)
@@ -279,18 +280,8 @@ func TestANewHeadIsNotReportedForTheOldOnesSilence(t *testing.T) {
 	old.hung.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Key: []byte("k"), Value: []byte("v")}}})
-		done <- err
-	}()
-	for len(head.headReports()) == 0 { // the old head is reported to its successor
-		select {
-		case <-ctx.Done():
-			t.Fatal("the hung head was never reported")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	done := produceAsync(ctx, s)
+	firstHeadReport(t, ctx, head) // the old head is reported to its successor
 	head.view(2, all[1:])
 	tail.view(2, all[1:])
 	if err := <-done; err != nil {
