@@ -3,7 +3,6 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -18,14 +17,15 @@ import (
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
-	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -38,14 +38,23 @@ const (
 	// DefaultFailureTimeout is how long a replica may stay silent (or its
 	// pod not Ready) before its chains are reordered without it.
 	DefaultFailureTimeout = 3 * time.Second
-	// statusProbeTimeout bounds each Status call: a paused replica must not
-	// hold the others' chains up.
+	// statusProbeTimeout bounds the Status calls the operator makes inside
+	// a reconcile (aggregation workers, stream volumes): a paused replica
+	// must not hold the others up.
 	statusProbeTimeout = time.Second
+	// chainCallTimeout bounds each call of a chain step (Configure,
+	// EpochEnd, Truncate, CatchUp, Drop): a member that stops answering
+	// mid-step fails the step, which the next round plans again without
+	// it, instead of holding the chain.
+	chainCallTimeout = 2 * time.Second
 	// chainResyncInterval is how often a settled chain is probed: it is how
 	// quickly a silent replica is noticed when no pod event says so.
 	chainResyncInterval = time.Second
 	// chainBusyInterval is the next look at a chain still converging.
 	chainBusyInterval = 200 * time.Millisecond
+	// chainWaitInterval is the next look at a chain whose master waits for
+	// its observer: a first snapshot, or one that shows its last action.
+	chainWaitInterval = 20 * time.Millisecond
 )
 
 // ChainReconciler is each chain's master. It places a new ReplicationChain
@@ -67,61 +76,31 @@ type ChainReconciler struct {
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 
+	// Workers is how many chains are reconciled at once (0:
+	// DefaultChainWorkers).
+	Workers int
+
+	// observers probe each pool's replicas outside the reconciles.
+	observers *poolObservers
+	// placeMu serialises placements: each counts the ones before it.
+	placeMu sync.Mutex
+
 	mu sync.Mutex
-	// detectors decide each pool's replicas' health from the probe rounds
-	// (the failure detector catena dev runs too).
-	detectors map[types.NamespacedName]*chainmaster.Detector
 	// agreements of returning replicas, by chain and replica.
 	agreements map[types.NamespacedName]map[string]chainmaster.Agreement
 	// placed are placements written but maybe not yet in the cache, by
 	// pool, then chain: a chain placed a moment ago counts in the next
 	// chain's placement.
 	placed map[types.NamespacedName]map[string][]string
-	// probes are the latest Status answers of each pool's replicas, for
-	// all their partitions: every chain of a pool reads them, so a pool
-	// costs one probe per replica per round, not one per chain.
-	probes map[types.NamespacedName]*poolProbe
+	// acted is when each chain's master last called its replicas: it
+	// decides again only from a snapshot that shows the outcome.
+	acted map[types.NamespacedName]time.Time
 }
 
-// poolProbe is one round of Status answers from a pool's replicas.
-type poolProbe struct {
-	at    time.Time
-	addrs map[string]string
-	resps map[string]*catenapb.StatusResponse
-}
-
-// probeFreshness is how long a pool's probe serves its chains' rounds. It
-// is shorter than chainBusyInterval, so a chain that just acted sees its
-// replicas anew next time.
-const probeFreshness = 150 * time.Millisecond
-
-// probe returns the pool's replicas' answers (all their partitions) and
-// when they were asked: from the last round when it is fresh and asked the
-// same addresses, otherwise from a new round.
-func (r *ChainReconciler) probe(ctx context.Context, pool *streamsv1alpha1.ReplicaPool, addrs map[string]string) (map[string]*catenapb.StatusResponse, time.Time) {
-	key := client.ObjectKeyFromObject(pool)
-	r.mu.Lock()
-	if p := r.probes[key]; p != nil && r.now().Sub(p.at) < probeFreshness && maps.Equal(p.addrs, addrs) {
-		r.mu.Unlock()
-		return p.resps, p.at
-	}
-	r.mu.Unlock()
-	at := r.now()
-	resps := chainmaster.Gather(ctx, r.Conns, addrs, "", nil, statusProbeTimeout)
-	r.mu.Lock()
-	if r.probes == nil {
-		r.probes = map[types.NamespacedName]*poolProbe{}
-	}
-	r.probes[key] = &poolProbe{at: at, addrs: maps.Clone(addrs), resps: resps}
-	r.mu.Unlock()
-	return resps, at
-}
-
-func (r *ChainReconciler) forgetProbe(pool *streamsv1alpha1.ReplicaPool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.probes, client.ObjectKeyFromObject(pool))
-}
+// DefaultChainWorkers is how many chains the operator reconciles at once: a
+// reconcile never waits on a probe, and its calls to replicas run on short
+// deadlines, so a pool of hundreds of chains is repaired in parallel.
+const DefaultChainWorkers = 16
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicationchains,verbs=get;list;watch
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicationchains/status,verbs=get;update;patch
@@ -188,10 +167,19 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	}
 
 	partition := uint32(*chain.Spec.Partition)
-	resps, probedAt := r.probe(ctx, pool, addrs)
-	reports := chainmaster.PartitionReports(resps, stream.Name, partition)
+	key := client.ObjectKeyFromObject(chain)
+	obs := r.observers.observer(client.ObjectKeyFromObject(pool), addrs)
+	snap := obs.Snapshot()
+	if !snap.Complete || !snap.After(r.actedAt(key)) {
+		// Not every replica has been asked yet (a replica not asked is not
+		// one that holds nothing), or the replicas have not shown the
+		// outcome of this master's last calls.
+		obs.Poke()
+		return reconcile.Result{RequeueAfter: chainWaitInterval}, nil
+	}
+	reports := chainmaster.PartitionReports(snap.AnsweredReports(), stream.Name, partition)
 	now := r.now()
-	health, failed, answered := r.health(pool, addrs, resps, pods, chainmaster.NeighbourDown(reports), probedAt, now)
+	health, failed := r.health(addrs, snap, pods, now)
 
 	if chainRecord(chain) == nil && chainmaster.LatestReport(reports) == nil {
 		return r.place(ctx, chain, pool, names)
@@ -199,33 +187,36 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 
 	cfg := streamConfig(stream)
 	minLen := minChainLength(stream)
-	key := client.ObjectKeyFromObject(chain)
 	repair, err := chainmaster.Plan(chainmaster.Input{
 		Stream: stream.Name, Partition: partition, Config: cfg,
 		Replication: int(chain.Spec.ReplicationFactor), MinLength: minLen,
-		Addrs: addrs, Failed: failed, Reports: reports, Answered: answered,
+		Addrs: addrs, Failed: failed, Reports: reports, Answered: snap.Answered,
 		Chain: chainRecord(chain), Agreements: r.agreementsOf(key),
 		LinkTimeoutMs: uint64(r.failureTimeout().Milliseconds()),
 	})
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("failed to plan chain %s: %w", chain.Name, err)
 	}
-	writesAllowed := true
-	busy := false
+	seen := chainObservation{Reports: reports, Health: health, WritesAllowed: true, MinLength: minLen}
+	busy, changed := false, false
 	if repair != nil {
-		writesAllowed = repair.Plan.WritesAllowed
+		seen.WritesAllowed = repair.Plan.WritesAllowed
 		if repair.Plan.Changed {
 			// The new membership is written before it is installed: a
 			// master that dies half-way leaves a record the next one
-			// finishes.
-			if err := r.recordReconfiguration(ctx, chain, repair, now); err != nil {
+			// finishes. It is one write with the conditions it leads
+			// to: a failover costs the API as few writes as it can.
+			if err := r.recordReconfiguration(ctx, chain, repair, now, seen); err != nil {
 				return reconcile.Result{}, err
 			}
+			changed = true
 		}
 		busy = true
-		found, err := chainmaster.Executor{Conns: r.Conns, Log: logger}.Execute(ctx, stream.Name, repair)
-		// What the replicas run changed: the next look probes afresh.
-		r.forgetProbe(pool)
+		found, err := chainmaster.Executor{Conns: r.Conns, Log: logger, CallTimeout: chainCallTimeout}.Execute(ctx, stream.Name, repair)
+		// What the replicas run changed: the next look waits for probes
+		// asked from now on.
+		r.setActed(key, r.now())
+		obs.Poke()
 		r.keepAgreements(key, found)
 		if err != nil {
 			logger.Error(err, "Chain step failed; retrying", "epoch", repair.Plan.Epoch, "reason", repair.Plan.Reason)
@@ -235,11 +226,14 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		}
 	}
 
-	obs := chainObservation{Reports: reports, Health: health, WritesAllowed: writesAllowed, MinLength: minLen}
-	if err := r.writeStatus(ctx, chain, obs); err != nil {
+	// The Partition is written once the members have shown what they
+	// run, not also in the step that changed the chain.
+	if err := r.writeStatus(ctx, chain, seen, !changed); err != nil {
 		return reconcile.Result{}, err
 	}
 	if busy || !chain.Converged() {
+		// The observer wakes the chain as soon as the members report a
+		// change; this is the fallback.
 		return reconcile.Result{RequeueAfter: chainBusyInterval}, nil
 	}
 	return reconcile.Result{RequeueAfter: chainResyncInterval}, nil
@@ -248,6 +242,8 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 // place puts a chain without members on the pool's pods and writes the
 // placement as the chain's first target epoch; the next round installs it.
 func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, pool *streamsv1alpha1.ReplicaPool, pods []string) (reconcile.Result, error) {
+	r.placeMu.Lock()
+	defer r.placeMu.Unlock()
 	var list streamsv1alpha1.ReplicationChainList
 	if err := r.Client.List(ctx, &list, client.InNamespace(chain.Namespace), client.MatchingFields{chainPoolIndex: pool.Name}); err != nil {
 		return reconcile.Result{}, fmt.Errorf("failed to list the ReplicationChains of pool %s: %w", pool.Name, err)
@@ -303,7 +299,7 @@ func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.Repl
 // recordReconfiguration writes a plan's membership and epoch to the chain's
 // status, with optimistic locking: a master acting on a stale copy of the
 // chain must not overwrite a newer decision.
-func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, repair *chainmaster.Repair, now time.Time) error {
+func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, repair *chainmaster.Repair, now time.Time, seen chainObservation) error {
 	before := chain.DeepCopy()
 	prev := map[string]streamsv1alpha1.ChainMember{}
 	for _, m := range chain.Status.Members {
@@ -328,6 +324,7 @@ func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *stre
 	chain.Status.LastReconfiguration = &streamsv1alpha1.Reconfiguration{
 		Time: metav1.NewTime(now), Epoch: int64(repair.Plan.Epoch), Reason: reason, Message: msg,
 	}
+	chain.Status = chainStatus(chain, seen)
 	if err := r.Client.Status().Patch(ctx, chain, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("failed to record epoch %d of chain %s: %w", repair.Plan.Epoch, chain.Name, err)
 	}
@@ -344,14 +341,17 @@ func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *stre
 }
 
 // writeStatus records the members' confirmations and the conditions of the
-// chain, and the Partition's status.
-func (r *ChainReconciler) writeStatus(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, obs chainObservation) error {
+// chain, and, with partition, the Partition's status.
+func (r *ChainReconciler) writeStatus(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, obs chainObservation, partition bool) error {
 	before := chain.DeepCopy()
 	chain.Status = chainStatus(chain, obs)
 	if !equality.Semantic.DeepEqual(before.Status, chain.Status) {
 		if err := r.Client.Status().Patch(ctx, chain, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			return fmt.Errorf("failed to patch the status of chain %s: %w", chain.Name, err)
 		}
+	}
+	if !partition {
+		return nil
 	}
 	part := &streamsv1alpha1.Partition{}
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(chain), part); err != nil {
@@ -382,37 +382,36 @@ func (r *ChainReconciler) poolPods(ctx context.Context, pool *streamsv1alpha1.Re
 	return pods, nil
 }
 
-// health decides every replica's health from this round's answers, its
-// history, its pod and its neighbours' reports.
-func (r *ChainReconciler) health(pool *streamsv1alpha1.ReplicaPool, addrs map[string]string, resps map[string]*catenapb.StatusResponse, pods map[string]*corev1.Pod, neighbours map[string]time.Duration, probedAt, now time.Time) (map[string]chainplan.Health, map[string]bool, map[string]bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.detectors == nil {
-		r.detectors = map[types.NamespacedName]*chainmaster.Detector{}
-	}
-	key := client.ObjectKeyFromObject(pool)
-	d := r.detectors[key]
-	if d == nil || d.Timeout() != r.failureTimeout() {
-		d = chainmaster.NewDetector(r.failureTimeout())
-		r.detectors[key] = d
-	}
+// health decides every replica's health from the observer's verdict and
+// its pod.
+func (r *ChainReconciler) health(addrs map[string]string, snap chainmaster.Snapshot, pods map[string]*corev1.Pod, now time.Time) (map[string]chainplan.Health, map[string]bool) {
 	health := map[string]chainplan.Health{}
 	failed := map[string]bool{}
-	answered := map[string]bool{}
-	ids := make([]string, 0, len(addrs))
 	for id := range addrs {
-		ids = append(ids, id)
-		if _, ok := resps[id]; ok {
-			answered[id] = true
+		h, ok := snap.Health[id]
+		if !ok {
+			h = chainplan.Unknown
 		}
-	}
-	d.Round(probedAt, ids, answered)
-	for _, id := range ids {
-		h := memberHealth(pods[id], d.Health(id, now, neighbours[id]), now, r.failureTimeout())
+		h = memberHealth(pods[id], h, now, r.failureTimeout())
 		health[id] = h
 		failed[id] = h == chainplan.Failed
 	}
-	return health, failed, answered
+	return health, failed
+}
+
+func (r *ChainReconciler) actedAt(key types.NamespacedName) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.acted[key]
+}
+
+func (r *ChainReconciler) setActed(key types.NamespacedName, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.acted == nil {
+		r.acted = map[types.NamespacedName]time.Time{}
+	}
+	r.acted[key] = at
 }
 
 func (r *ChainReconciler) agreementsOf(key types.NamespacedName) map[string]chainmaster.Agreement {
@@ -446,6 +445,7 @@ func (r *ChainReconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.agreements, key)
+	delete(r.acted, key)
 	for pool, placed := range r.placed {
 		if pool.Namespace == key.Namespace {
 			delete(placed, key.Name)
@@ -468,9 +468,19 @@ func (r *ChainReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager
 	}); err != nil {
 		return fmt.Errorf("failed to index ReplicationChains by pool: %w", err)
 	}
+	r.observers = newPoolObservers(mgr.GetClient(), r.Conns, r.ReplicaAddr, r.failureTimeout())
+	if err := mgr.Add(r.observers); err != nil {
+		return fmt.Errorf("failed to register the replica pools' observer: %w", err)
+	}
+	workers := r.Workers
+	if workers <= 0 {
+		workers = DefaultChainWorkers
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&streamsv1alpha1.ReplicationChain{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.chainsOnPodsPool)).
+		WatchesRawSource(source.Channel(r.observers.Wake, &handler.EnqueueRequestForObject{})).
+		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Named("replicationchain").
 		Complete(r)
 }

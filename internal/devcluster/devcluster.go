@@ -31,7 +31,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/ingest"
-	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
 )
@@ -232,27 +231,27 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		ready(st)
 	}
 
-	m := &master{
-		replication: spec.Replication, minLength: spec.MinChainLength, pool: pool,
-		log: log.WithValues("component", "master"), addrs: map[string]string{}, failed: map[string]bool{},
-		health: chainmaster.NewDetector(spec.FailureTimeout),
-	}
-	for _, s := range spec.Streams {
-		m.streams = append(m.streams, newMasterStream(s.Name, s.Partitions))
-	}
+	addrs := map[string]string{}
 	for _, c := range children {
-		m.addrs[c.ID] = c.Addr
-		m.health.Started(c.ID, time.Now())
+		addrs[c.ID] = c.Addr
+	}
+	var streams []*masterStream
+	for _, s := range spec.Streams {
+		streams = append(streams, newMasterStream(s.Name, s.Partitions))
+	}
+	m := newMaster(pool, log.WithValues("component", "master"), addrs, spec.Replication, spec.MinChainLength, spec.FailureTimeout, streams...)
+	defer m.stop()
+	for _, c := range children {
+		m.obs.Started(c.ID)
 	}
 	exited := make(chan *child, len(children))
 	watch := func(c *child) { go func() { <-c.done; exited <- c }() }
 	for _, c := range children {
 		watch(c)
 	}
-	// Probing every replica is a repair round: each round asks every
-	// replica for its Status (of every stream at once) on a short
-	// deadline, feeds the failure detector and re-plans every chain of
-	// every stream.
+	// The observer probes every replica (its Status of every stream at
+	// once) on its own cadence and deadline; every tick re-plans every
+	// chain of every stream from its latest snapshot.
 	tick := time.NewTicker(probeInterval)
 	defer tick.Stop()
 	// A restarted replica is waited for off the loop, so probing (and
@@ -283,7 +282,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 			// First chains without it, so every chain keeps serving; then
 			// the same replica again on its volume, re-added by repair.
 			m.failed[c.ID] = true
-			m.health.Exited(c.ID)
+			m.obs.Exited(c.ID)
 			m.repair(ctx)
 			// Restart it, later if it keeps dying at start; the loop goes
 			// on meanwhile (another replica may die too).
@@ -337,7 +336,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 				log.Error(r.err, "Restarted replica did not become ready", "id", nc.ID)
 			}
 			delete(m.failed, nc.ID)
-			m.health.Started(nc.ID, time.Now())
+			m.obs.Started(nc.ID)
 			m.repair(ctx)
 		case <-tick.C:
 			m.repair(ctx)

@@ -73,11 +73,10 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 		}
 		return catenapb.NewReplicaClient(conn)
 	}
-	m := &master{
-		streams: []*masterStream{newMasterStream("s", 1)}, replication: 3, pool: pool, log: logr.Discard(),
-		addrs:  map[string]string{"a": a.addr, "b": b.addr, "c": c.addr},
-		failed: map[string]bool{},
-	}
+	// A failure timeout no test reaches: only the exits the test reports
+	// count.
+	m := newMaster(pool, logr.Discard(), map[string]string{"a": a.addr, "b": b.addr, "c": c.addr}, 3, 0, time.Hour, newMasterStream("s", 1))
+	defer m.stop()
 	chains := m.streams[0].chains
 	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
 	req := &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Config: cfg,
@@ -122,6 +121,7 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 	a.stop()
 	m.failed["a"] = true
 	b = startNode(t, "b", b.addr, b.dir)
+	waitAnswers(t, m, "b")
 	// The head is gone and b was restarted: c alone is left of the chain
 	// (epoch 2), and b returns behind it (epoch 3).
 	m.repair(ctx)
@@ -137,6 +137,7 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 	// The old head returns on its volume.
 	a = startNode(t, "a", a.addr, a.dir)
 	delete(m.failed, "a")
+	waitAnswers(t, m, "a")
 	if st := partStatus(t, rc(a)); st.GetLogEnd() != 13 || st.GetLastLogEpoch() != 1 {
 		t.Fatalf("returning head: end %d last epoch %d", st.GetLogEnd(), st.GetLastLogEpoch())
 	}
@@ -202,6 +203,18 @@ func waitFor(t *testing.T, f func() error) {
 // partition counts on the same replicas; when a replica fails, every chain
 // of both streams moves to a new epoch without it, from one round of
 // Status calls.
+// waitAnswers waits until the master's observer hears from a restarted
+// replica (its reconnect back-off may take a moment).
+func waitAnswers(t *testing.T, m *master, id string) {
+	t.Helper()
+	waitFor(t, func() error {
+		if !m.obs.Snapshot().Answered[id] {
+			return fmt.Errorf("%s does not answer the master yet", id)
+		}
+		return nil
+	})
+}
+
 func TestMasterRepairsEveryStream(t *testing.T) {
 	ctx := context.Background()
 	nodes := []*replicaNode{
@@ -211,17 +224,14 @@ func TestMasterRepairsEveryStream(t *testing.T) {
 	}
 	pool := transport.NewPool(nil)
 	defer pool.Close()
-	m := &master{
-		streams:     []*masterStream{newMasterStream("demo", 2), newMasterStream("demo-checkpoints", 1)},
-		replication: 3, pool: pool, log: logr.Discard(),
-		addrs:  map[string]string{},
-		failed: map[string]bool{},
-	}
+	addrs := map[string]string{}
 	var members []*catenapb.Member
 	for _, n := range nodes {
-		m.addrs[n.id] = n.addr
+		addrs[n.id] = n.addr
 		members = append(members, &catenapb.Member{Id: n.id, Addr: n.addr})
 	}
+	m := newMaster(pool, logr.Discard(), addrs, 3, 0, time.Hour, newMasterStream("demo", 2), newMasterStream("demo-checkpoints", 1))
+	defer m.stop()
 	for _, s := range m.streams {
 		cfg := &catenapb.StreamConfig{Partitions: uint32(s.partitions), Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
 		for p := range uint32(s.partitions) {

@@ -2,8 +2,8 @@ package devcluster
 
 import (
 	"context"
+	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -104,17 +104,34 @@ type master struct {
 	minLength   int // fewest members that take writes (0: 1)
 	pool        *transport.Pool
 	log         logr.Logger
-	// health decides failure of replicas that stop answering (nil: only
-	// exits count, as in tests that drive the master by hand); now is its
-	// clock (nil: time.Now).
-	health *chainmaster.Detector
-	now    func() time.Time
+	// obs probes the replicas and decides the failure of those that stop
+	// answering, as the operator's observer does (tests that drive the
+	// master by hand give it a failure timeout no test reaches: then only
+	// exits count).
+	obs *chainmaster.Observer
 
 	addrs   map[string]string
 	failed  map[string]bool                     // process exited, not restarted and ready yet
 	silent  map[string]bool                     // declared failed by the timeout (for logs)
 	reports map[string]*catenapb.StatusResponse // last answer of each replica, every stream
 }
+
+// newMaster returns a master of streams on the replicas at addrs, which it
+// starts probing.
+func newMaster(pool *transport.Pool, log logr.Logger, addrs map[string]string, replication, minLength int, failureTimeout time.Duration, streams ...*masterStream) *master {
+	m := &master{
+		streams: streams, replication: replication, minLength: minLength, pool: pool, log: log,
+		addrs: maps.Clone(addrs), failed: map[string]bool{},
+		obs: chainmaster.NewObserver(pool, chainmaster.ObserverOptions{
+			FailureTimeout: failureTimeout, Interval: probeInterval, CallTimeout: probeTimeout,
+		}),
+	}
+	m.obs.SetReplicas(m.addrs)
+	return m
+}
+
+// stop ends the master's probes.
+func (m *master) stop() { m.obs.Stop() }
 
 // masterStream is what the master keeps of one stream's chains.
 type masterStream struct {
@@ -133,40 +150,28 @@ const (
 	repairMaxRounds   = 10
 )
 
-func (m *master) clock() time.Time {
-	if m.now != nil {
-		return m.now()
-	}
-	return time.Now()
-}
-
 // failedNow is every replica the planner must treat as failed: exited, or
 // failed by the detector (silent for the failure timeout, or silent while
-// a predecessor that answered reports its link to it down). It logs each
+// a neighbour that answered reports its link to it down). It logs each
 // declaration once.
-func (m *master) failedNow(answered map[string]bool) map[string]bool {
+func (m *master) failedNow(snap chainmaster.Snapshot) map[string]bool {
 	out := map[string]bool{}
 	for id := range m.failed {
 		out[id] = m.failed[id]
 	}
-	if m.health == nil {
-		return out
-	}
 	if m.silent == nil {
 		m.silent = map[string]bool{}
 	}
-	now := m.clock()
-	neighbours := m.neighbourDown(answered)
 	for id := range m.addrs {
 		if m.failed[id] {
 			continue
 		}
-		switch m.health.Health(id, now, neighbours[id]) {
+		switch snap.Health[id] {
 		case chainplan.Failed:
 			out[id] = true
 			if !m.silent[id] {
 				m.silent[id] = true
-				m.log.Info("Replica stopped answering; declaring it failed", "replica", id, "silentFor", m.health.SilentFor(id, now).String(), "failureTimeout", m.health.Timeout().String(), "predecessorLinkDown", neighbours[id].String())
+				m.log.Info("Replica stopped answering; declaring it failed", "replica", id, "silentFor", snap.SilentFor[id].String(), "failureTimeout", m.obs.Options().FailureTimeout.String(), "neighbourLinkDown", snap.NeighbourDown[id].String())
 			}
 		case chainplan.Alive:
 			if m.silent[id] {
@@ -178,15 +183,22 @@ func (m *master) failedNow(answered map[string]bool) map[string]bool {
 	return out
 }
 
-// repair gathers reports and carries out plans until no stream has work
-// left (or a bounded number of rounds, the next tick resumes).
+// repair plans from a fresh snapshot and carries out plans until no stream
+// has work left (or a bounded number of rounds, the next tick resumes).
+// Each round waits for the replicas to show what happened before it
+// (Observer.Refresh: a probe round trip, at most the freshness window when
+// a replica stops answering).
 func (m *master) repair(ctx context.Context) {
 	for range repairMaxRounds {
-		if ctx.Err() != nil {
+		rctx, cancel := context.WithTimeout(ctx, repairCallTimeout)
+		snap := m.obs.Refresh(rctx)
+		cancel()
+		if ctx.Err() != nil || !snap.Complete {
 			return
 		}
-		answered := m.gather(ctx)
-		failed := m.failedNow(answered)
+		m.reports = snap.Reports
+		answered := snap.Answered
+		failed := m.failedNow(snap)
 		worked := false
 		for _, s := range m.streams {
 			if ctx.Err() != nil {
@@ -236,60 +248,6 @@ func (m *master) repairStream(ctx context.Context, s *masterStream, answered, fa
 	return len(repairs) > 0
 }
 
-// gather asks every replica whose process runs for its status, all at
-// once and each on a short deadline (a paused one must not hold the others
-// up), keeps the answers in m.reports, feeds the outcomes to the failure
-// detector and returns who answered. A replica that does not answer keeps
-// its last report: it is in doubt, and what it last said (e.g. how much of
-// the log it holds) is still the best knowledge of it.
-func (m *master) gather(ctx context.Context) map[string]bool {
-	if m.reports == nil {
-		m.reports = map[string]*catenapb.StatusResponse{}
-	}
-	var (
-		mu  sync.Mutex
-		wg  sync.WaitGroup
-		out = map[string]bool{}
-	)
-	for id, addr := range m.addrs {
-		if m.failed[id] {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			conn, err := m.pool.Get(addr)
-			if err != nil {
-				return
-			}
-			cctx, cancel := context.WithTimeout(ctx, probeTimeout)
-			// No stream: one answer covers every stream the replica
-			// hosts (replica/server Status), so a round costs one call per
-			// replica however many streams there are. Streams this master
-			// does not host are ignored by planRepairs.
-			resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{})
-			cancel()
-			if err == nil {
-				mu.Lock()
-				m.reports[id] = resp
-				out[id] = true
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if m.health != nil && ctx.Err() == nil {
-		var probed []string
-		for id := range m.addrs {
-			if !m.failed[id] {
-				probed = append(probed, id)
-			}
-		}
-		m.health.Round(m.clock(), probed, out)
-	}
-	return out
-}
-
 func (m *master) execute(ctx context.Context, s *masterStream, pr *chainmaster.Repair) error {
 	found, err := chainmaster.Executor{Conns: m.pool, Log: m.log, CallTimeout: repairCallTimeout}.Execute(ctx, s.name, pr)
 	for id, a := range found {
@@ -301,28 +259,5 @@ func (m *master) execute(ctx context.Context, s *masterStream, pr *chainmaster.R
 // linkTimeoutMs is how long a predecessor's report of a silent link makes
 // its successor cut off: the failure timeout, as for a silent replica.
 func (m *master) linkTimeoutMs() uint64 {
-	if m.health == nil {
-		return 0
-	}
-	return uint64(m.health.Timeout().Milliseconds())
-}
-
-// neighbourDown is, for each replica, the longest a predecessor that
-// answered this round reports its link to it down, in any of the master's
-// chains: a replica is failed for all its chains at once (it is one
-// process).
-func (m *master) neighbourDown(answered map[string]bool) map[string]time.Duration {
-	fresh := map[string]*catenapb.StatusResponse{}
-	for id := range answered {
-		fresh[id] = m.reports[id]
-	}
-	out := map[string]time.Duration{}
-	for _, s := range m.streams {
-		for p := range s.partitions {
-			for id, d := range chainmaster.NeighbourDown(chainmaster.PartitionReports(fresh, s.name, uint32(p))) {
-				out[id] = max(out[id], d)
-			}
-		}
-	}
-	return out
+	return uint64(m.obs.Options().FailureTimeout.Milliseconds())
 }

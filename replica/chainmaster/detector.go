@@ -89,24 +89,28 @@ func (d *Detector) Exited(id string) {
 }
 
 // Round records one probe round at now: every replica in probed was asked,
-// those in answered answered.
-func (d *Detector) Round(now time.Time, probed []string, answered map[string]bool) {
-	heard := 0
+// those in answered answered, to a probe asked for at the time given (the
+// replica was alive then; a master probing in rounds gives the round's
+// start to all).
+func (d *Detector) Round(now time.Time, probed []string, answered map[string]time.Time) {
+	heard, live := 0, 0
 	for _, id := range probed {
 		s := d.get(id)
 		if s.exited {
 			continue // a late answer from the old process changes nothing
 		}
-		s.answered = answered[id]
-		if s.answered {
+		live++
+		at, ok := answered[id]
+		s.answered = ok
+		if ok {
 			heard++
-			if now.After(s.lastOK) {
-				s.lastOK = now
+			if at.After(s.lastOK) {
+				s.lastOK = at
 			}
 		}
 	}
 	switch {
-	case heard == 0 && len(probed) >= 2:
+	case heard == 0 && live >= 2:
 		d.blind = true
 	case heard > 0 && d.blind:
 		d.blind, d.sight = false, now

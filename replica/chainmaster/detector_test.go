@@ -89,7 +89,7 @@ func TestDetector(t *testing.T) {
 				case "start":
 					h.Started("r0", now)
 				case "ok":
-					h.Round(now, []string{"r0"}, map[string]bool{"r0": true})
+					h.Round(now, []string{"r0"}, map[string]time.Time{"r0": now})
 				case "miss":
 					h.Round(now, []string{"r0"}, nil)
 				case "exit":
@@ -167,9 +167,9 @@ func TestDetectorAcrossReplicas(t *testing.T) {
 			for i, r := range tc.rounds {
 				now := at(r.ms)
 				if r.answered != "-" {
-					answered := map[string]bool{}
+					answered := map[string]time.Time{}
 					for _, c := range r.answered {
-						answered[string(c)] = true
+						answered[string(c)] = now
 					}
 					d.Round(now, ids, answered)
 				}

@@ -3,7 +3,6 @@ package chainmaster
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -127,45 +126,6 @@ func (e Executor) findAgreement(ctx context.Context, stream string, r *Repair, c
 	e.Log.Info("Found where a returning replica agrees with the chain", "stream", stream, "partition", r.Partition,
 		"replica", c.Member, "lastLogEpoch", c.EpochEnd.GetEpoch(), "asked", c.Replica, "agreesBelow", off, "logEnd", c.MemberLogEnd)
 	return Agreement{ChainEpoch: r.Chain.Epoch, LogEnd: c.MemberLogEnd, LastLogEpoch: c.EpochEnd.GetEpoch(), Offset: off}, nil
-}
-
-// Gather asks every replica in addrs for its status of stream (one
-// partition when partition is not nil), all at once and each within
-// timeout, so that a paused replica cannot hold the others up. It returns
-// the answers by replica id; a replica missing from the result did not
-// answer (or another replica answered at its address).
-func Gather(ctx context.Context, conns *transport.Pool, addrs map[string]string, stream string, partition *uint32, timeout time.Duration) map[string]*catenapb.StatusResponse {
-	var (
-		mu  sync.Mutex
-		wg  sync.WaitGroup
-		out = map[string]*catenapb.StatusResponse{}
-	)
-	for id, addr := range addrs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			conn, err := conns.Get(addr)
-			if err != nil {
-				return
-			}
-			cctx, cancel := context.WithTimeout(ctx, timeout)
-			resp, err := catenapb.NewReplicaClient(conn).Status(cctx, &catenapb.StatusRequest{Stream: stream, Partition: partition})
-			cancel()
-			if status.Code(err) == codes.NotFound {
-				// It answered: it hosts nothing of the partition.
-				resp, err = &catenapb.StatusResponse{ReplicaId: id}, nil
-			}
-			// An answer from another replica than the one asked for (an
-			// address reused by another process) is no answer.
-			if err == nil && resp.GetReplicaId() == id {
-				mu.Lock()
-				out[id] = resp
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	return out
 }
 
 // PartitionReports picks partition p of stream out of Status answers.

@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -273,6 +274,12 @@ func freeAddr() string {
 // Eventually the operator's patience: the manager starts its informers and
 // reconciles on a machine shared with other work, under -race.
 func startManager(setup func(context.Context, ctrl.Manager) error, namespaces ...string) ctrl.Manager {
+	return startManagerWithConfig(testEnv.Config, setup, namespaces...)
+}
+
+// startManagerWithConfig is startManager with the manager talking to the
+// API server through cfg.
+func startManagerWithConfig(cfg *rest.Config, setup func(context.Context, ctrl.Manager) error, namespaces ...string) ctrl.Manager {
 	// The controllers' logs show with a failing spec's output.
 	ctrl.SetLogger(GinkgoLogr)
 	SetDefaultEventuallyTimeout(operatorTimeout)
@@ -285,7 +292,7 @@ func startManager(setup func(context.Context, ctrl.Manager) error, namespaces ..
 	for _, ns := range namespaces {
 		defaults[ns] = cache.Config{}
 	}
-	mgr, err := ctrl.NewManager(testEnv.Config, ctrl.Options{
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 k8s.Scheme(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",

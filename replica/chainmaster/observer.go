@@ -1,0 +1,359 @@
+package chainmaster
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/chainplan"
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+// Observer watches a set of replicas for a chain master, the operator's
+// and catena dev's alike. Each replica has its own prober, which asks for
+// its Status (every stream, every partition) every Interval on a deadline
+// of its own, so a paused or cut-off replica holds up nobody's probes; the
+// failure detector (Detector) turns the probes into each replica's health.
+// Masters read a Snapshot whenever they decide, instead of probing while
+// they decide: the cost of a pool's observation is one call per replica per
+// interval however many chains it holds, and deciding never waits on a
+// replica.
+type Observer struct {
+	conns *transport.Pool
+	opts  ObserverOptions
+	now   func() time.Time
+
+	mu       sync.Mutex
+	detector *Detector
+	probers  map[string]*prober
+	stopped  bool
+}
+
+// ObserverOptions configure an Observer.
+type ObserverOptions struct {
+	// FailureTimeout is the detector's (see Detector).
+	FailureTimeout time.Duration
+	// Interval is the time between the starts of two probes of one replica
+	// (a probe that takes longer is followed at once by the next).
+	Interval time.Duration
+	// CallTimeout bounds each probe (0: FailureTimeout): an answer that
+	// takes long still proves the replica alive.
+	CallTimeout time.Duration
+	// Fresh is how long after it arrived an answer counts as the
+	// replica's current one (0: two intervals and 100 ms). A replica
+	// without a fresh answer is in doubt: Unknown until the detector's
+	// timeout or its neighbours' evidence makes it Failed.
+	Fresh time.Duration
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+}
+
+// prober is one replica's probe loop and what it last learned.
+type prober struct {
+	id, addr string
+	cancel   context.CancelFunc
+	poke     chan struct{}
+	added    time.Time
+
+	resp     *catenapb.StatusResponse // latest answer (nil: none yet)
+	askedOK  time.Time                // when the latest answer was asked for
+	gotOK    time.Time                // when it arrived
+	askedEnd time.Time                // when the latest completed probe (answered or not) was asked for
+}
+
+// NewObserver returns an observer without replicas; SetReplicas gives it
+// some.
+func NewObserver(conns *transport.Pool, opts ObserverOptions) *Observer {
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = opts.FailureTimeout
+	}
+	if opts.Fresh <= 0 {
+		opts.Fresh = 2*opts.Interval + 100*time.Millisecond
+	}
+	o := &Observer{conns: conns, opts: opts, now: opts.Now, detector: NewDetector(opts.FailureTimeout), probers: map[string]*prober{}}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	return o
+}
+
+// Options are the observer's options, defaults filled in.
+func (o *Observer) Options() ObserverOptions { return o.opts }
+
+// SetReplicas makes the observer probe exactly addrs (replica id to
+// address): probers start for new replicas or new addresses, and stop for
+// replicas no longer listed (the detector forgets nothing: a replica that
+// comes back is judged on its history).
+func (o *Observer) SetReplicas(addrs map[string]string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.stopped {
+		return
+	}
+	for id, p := range o.probers {
+		if addr, ok := addrs[id]; !ok || addr != p.addr {
+			p.cancel()
+			delete(o.probers, id)
+		}
+	}
+	for id, addr := range addrs {
+		if _, ok := o.probers[id]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		p := &prober{id: id, addr: addr, cancel: cancel, poke: make(chan struct{}, 1), added: o.now()}
+		o.probers[id] = p
+		go o.run(ctx, p)
+	}
+}
+
+// Replicas is the set of replicas probed, with their addresses.
+func (o *Observer) Replicas() map[string]string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make(map[string]string, len(o.probers))
+	for id, p := range o.probers {
+		out[id] = p.addr
+	}
+	return out
+}
+
+// Stop ends every probe; the observer probes nothing afterwards.
+func (o *Observer) Stop() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.stopped = true
+	for id, p := range o.probers {
+		p.cancel()
+		delete(o.probers, id)
+	}
+}
+
+// Started and Exited tell the detector of a process start or exit the
+// master saw (catena dev runs the processes; the operator does not know).
+func (o *Observer) Started(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.detector.Started(id, o.now())
+}
+
+// Exited: see Started.
+func (o *Observer) Exited(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.detector.Exited(id)
+}
+
+// Poke has every replica probed now, not at its next interval: a master
+// that just acted wants to see the outcome.
+func (o *Observer) Poke() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range o.probers {
+		select {
+		case p.poke <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (o *Observer) run(ctx context.Context, p *prober) {
+	rc := func() (catenapb.ReplicaClient, error) {
+		conn, err := o.conns.Get(p.addr)
+		if err != nil {
+			return nil, err
+		}
+		return catenapb.NewReplicaClient(conn), nil
+	}
+	for {
+		start, asked := time.Now(), o.now()
+		resp, err := o.ask(ctx, rc, p.id)
+		if ctx.Err() != nil {
+			return
+		}
+		o.mu.Lock()
+		if err == nil {
+			p.resp, p.askedOK, p.gotOK = resp, asked, o.now()
+		} else {
+			p.gotOK = time.Time{} // a refusal ends the answer's freshness at once; a hang only when it runs out
+		}
+		p.askedEnd = asked
+		o.mu.Unlock()
+
+		t := time.NewTimer(max(time.Until(start.Add(o.opts.Interval)), 0))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-p.poke:
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// ask makes one Status probe. NotFound is an answer (the replica hosts
+// nothing); an answer from another replica than the one asked for (its
+// address reused by another process) is none.
+func (o *Observer) ask(ctx context.Context, rc func() (catenapb.ReplicaClient, error), id string) (*catenapb.StatusResponse, error) {
+	c, err := rc()
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
+	defer cancel()
+	resp, err := c.Status(cctx, &catenapb.StatusRequest{})
+	if status.Code(err) == codes.NotFound {
+		return &catenapb.StatusResponse{ReplicaId: id}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if resp.GetReplicaId() != id {
+		return nil, status.Errorf(codes.FailedPrecondition, "%s answered as %q", id, resp.GetReplicaId())
+	}
+	return resp, nil
+}
+
+// Snapshot is what a master knows of its replicas at one moment.
+type Snapshot struct {
+	// At is when it was taken.
+	At time.Time
+	// Reports are the latest answer of each replica, possibly old (see
+	// Answered).
+	Reports map[string]*catenapb.StatusResponse
+	// Answered are the replicas whose latest answer is fresh: their
+	// latest completed probe answered, less than the freshness window ago.
+	Answered map[string]bool
+	// Health is the detector's verdict on every replica probed.
+	Health map[string]chainplan.Health
+	// NeighbourDown is, for each replica, the longest a neighbour that
+	// answered reports it cannot reach it, in any chain (a replica is one
+	// process: it fails for all its chains at once).
+	NeighbourDown map[string]time.Duration
+	// SilentFor is how long each replica has not answered, as the
+	// detector counts it.
+	SilentFor map[string]time.Duration
+	// Complete: every replica has been probed at least once since it was
+	// added (answered or not). A master decides nothing from an
+	// incomplete snapshot: a replica not asked yet is not one that has
+	// nothing.
+	Complete bool
+	// askedOK is when each replica's latest answer was asked for.
+	askedOK map[string]time.Time
+}
+
+// After reports whether the snapshot shows the outcome of what a master
+// did before t: every replica that answers answered a probe asked for at t
+// or later. Replicas in doubt (no fresh answer) are not waited for.
+func (s Snapshot) After(t time.Time) bool {
+	for id := range s.Answered {
+		if s.askedOK[id].Before(t) {
+			return false
+		}
+	}
+	return true
+}
+
+// AnsweredReports are the fresh answers only.
+func (s Snapshot) AnsweredReports() map[string]*catenapb.StatusResponse {
+	out := make(map[string]*catenapb.StatusResponse, len(s.Answered))
+	for id := range s.Answered {
+		out[id] = s.Reports[id]
+	}
+	return out
+}
+
+// Snapshot records a detector round at now from the probes' latest
+// outcomes and returns what the master knows.
+func (o *Observer) Snapshot() Snapshot {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.now()
+	s := Snapshot{
+		At: now, Reports: map[string]*catenapb.StatusResponse{}, Answered: map[string]bool{},
+		Health: map[string]chainplan.Health{}, SilentFor: map[string]time.Duration{},
+		askedOK: map[string]time.Time{}, Complete: true,
+	}
+	ids := make([]string, 0, len(o.probers))
+	heard := map[string]time.Time{}
+	for id, p := range o.probers {
+		ids = append(ids, id)
+		if p.askedEnd.IsZero() || p.askedEnd.Before(p.added) {
+			s.Complete = false
+		}
+		if p.resp == nil {
+			continue
+		}
+		s.Reports[id] = p.resp
+		s.askedOK[id] = p.askedOK
+		if !p.gotOK.IsZero() && now.Sub(p.gotOK) <= o.opts.Fresh {
+			s.Answered[id] = true
+			heard[id] = p.askedOK
+		}
+	}
+	o.detector.Round(now, ids, heard)
+	s.NeighbourDown = ReplicaNeighbourDown(s.AnsweredReports())
+	for _, id := range ids {
+		s.Health[id] = o.detector.Health(id, now, s.NeighbourDown[id])
+		s.SilentFor[id] = o.detector.SilentFor(id, now)
+	}
+	return s
+}
+
+// Refresh has every replica probed now and waits until the snapshot shows
+// what happened before the call (Snapshot.After), or ctx ends, or the
+// observer stops; it returns the snapshot then. A replica that stops
+// answering holds it up for at most the freshness window.
+func (o *Observer) Refresh(ctx context.Context) Snapshot {
+	from := o.now()
+	o.Poke()
+	for {
+		s := o.Snapshot()
+		o.mu.Lock()
+		stopped := o.stopped
+		o.mu.Unlock()
+		if s.After(from) || stopped || ctx.Err() != nil {
+			return s
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(refreshPoll):
+		}
+	}
+}
+
+// refreshPoll is how often Refresh looks again: answers arrive in
+// milliseconds on a healthy pool.
+const refreshPoll = 2 * time.Millisecond
+
+// ReplicaNeighbourDown is NeighbourDown over every partition of every
+// stream the answers hold: for each replica, the longest any neighbour in
+// any of its chains reports it cannot reach it.
+func ReplicaNeighbourDown(resps map[string]*catenapb.StatusResponse) map[string]time.Duration {
+	type part struct {
+		stream    string
+		partition uint32
+	}
+	byPart := map[part]map[string]*catenapb.PartitionStatus{}
+	for id, resp := range resps {
+		for _, ps := range resp.GetPartitions() {
+			k := part{ps.GetStream(), ps.GetPartition()}
+			if byPart[k] == nil {
+				byPart[k] = map[string]*catenapb.PartitionStatus{}
+			}
+			byPart[k][id] = ps
+		}
+	}
+	out := map[string]time.Duration{}
+	for _, reports := range byPart {
+		for id, d := range NeighbourDown(reports) {
+			out[id] = max(out[id], d)
+		}
+	}
+	return out
+}
