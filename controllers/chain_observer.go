@@ -45,8 +45,13 @@ type poolObservers struct {
 	// Wake receives a chain whose view changed.
 	Wake chan event.GenericEvent
 
-	mu    sync.Mutex
-	pools map[types.NamespacedName]*observedPool
+	// Now is the clock of the observers (nil: time.Now); the chain
+	// reconciles stamp their actions with it too.
+	Now func() time.Time
+
+	mu     sync.Mutex
+	pools  map[types.NamespacedName]*observedPool
+	closed bool // Start returned: observers made now are stopped at once
 }
 
 // observedPool is one pool's observer and the view each of its chains was
@@ -56,9 +61,9 @@ type observedPool struct {
 	digests map[string]string
 }
 
-func newPoolObservers(c client.Client, conns *transport.Pool, addr ReplicaAddrFunc, timeout time.Duration) *poolObservers {
+func newPoolObservers(c client.Client, conns *transport.Pool, addr ReplicaAddrFunc, timeout time.Duration, now func() time.Time) *poolObservers {
 	return &poolObservers{
-		Client: c, Conns: conns, ReplicaAddr: addr, FailureTimeout: timeout,
+		Client: c, Conns: conns, ReplicaAddr: addr, FailureTimeout: timeout, Now: now,
 		Wake: make(chan event.GenericEvent, 1024), pools: map[types.NamespacedName]*observedPool{},
 	}
 }
@@ -72,23 +77,21 @@ func (p *poolObservers) observer(pool types.NamespacedName, addrs map[string]str
 	if op == nil {
 		op = &observedPool{
 			obs: chainmaster.NewObserver(p.Conns, chainmaster.ObserverOptions{
-				FailureTimeout: p.FailureTimeout, Interval: observeInterval,
+				FailureTimeout: p.FailureTimeout, Interval: observeInterval, Now: p.Now,
 			}),
 			digests: map[string]string{},
+		}
+		if p.closed {
+			// A reconcile finishing after shutdown: it sees an observer
+			// that sees nothing (Snapshot.Complete is false).
+			op.obs.Stop()
+			p.mu.Unlock()
+			return op.obs
 		}
 		p.pools[pool] = op
 	}
 	p.mu.Unlock()
-	have := op.obs.Replicas()
-	missing := false
-	for id, a := range addrs {
-		if have[id] != a {
-			have[id], missing = a, true
-		}
-	}
-	if missing {
-		op.obs.SetReplicas(have)
-	}
+	op.obs.AddReplicas(addrs)
 	return op.obs
 }
 
@@ -99,6 +102,7 @@ func (p *poolObservers) Start(ctx context.Context) error {
 	defer func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
+		p.closed = true
 		for k, op := range p.pools {
 			op.obs.Stop()
 			delete(p.pools, k)
@@ -143,7 +147,7 @@ func (p *poolObservers) round(ctx context.Context) error {
 		if !snap.Complete {
 			continue
 		}
-		idx := indexReports(snap.AnsweredReports())
+		idx := chainmaster.IndexReports(snap.AnsweredReports())
 		p.mu.Lock()
 		op := p.pools[key]
 		p.mu.Unlock()
@@ -154,7 +158,7 @@ func (p *poolObservers) round(ctx context.Context) error {
 			if c.Spec.Partition == nil {
 				continue
 			}
-			d := chainDigest(snap.Health, idx[partKey{c.Spec.Stream, uint32(*c.Spec.Partition)}])
+			d := chainDigest(snap.Health, idx[chainmaster.PartitionKey{Stream: c.Spec.Stream, Partition: uint32(*c.Spec.Partition)}])
 			if op.digests[c.Name] == d {
 				continue
 			}
@@ -182,27 +186,6 @@ func (p *poolObservers) round(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// partKey names one partition of one stream.
-type partKey struct {
-	stream    string
-	partition uint32
-}
-
-// indexReports arranges Status answers by partition, then replica.
-func indexReports(resps map[string]*catenapb.StatusResponse) map[partKey]map[string]*catenapb.PartitionStatus {
-	out := map[partKey]map[string]*catenapb.PartitionStatus{}
-	for id, resp := range resps {
-		for _, ps := range resp.GetPartitions() {
-			k := partKey{ps.GetStream(), ps.GetPartition()}
-			if out[k] == nil {
-				out[k] = map[string]*catenapb.PartitionStatus{}
-			}
-			out[k][id] = ps
-		}
-	}
-	return out
 }
 
 // chainDigest sums up what a chain's master decides from, except offsets:

@@ -191,10 +191,10 @@ func (m *master) failedNow(snap chainmaster.Snapshot) map[string]bool {
 func (m *master) repair(ctx context.Context) {
 	for range repairMaxRounds {
 		rctx, cancel := context.WithTimeout(ctx, repairCallTimeout)
-		snap := m.obs.Refresh(rctx)
+		snap, current := m.obs.Refresh(rctx)
 		cancel()
-		if ctx.Err() != nil || !snap.Complete {
-			return
+		if ctx.Err() != nil || !current || !snap.Complete {
+			return // the next tick looks again
 		}
 		m.reports = snap.Reports
 		answered := snap.Answered

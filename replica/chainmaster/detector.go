@@ -117,6 +117,15 @@ func (d *Detector) Round(now time.Time, probed []string, answered map[string]tim
 	}
 }
 
+// Heard records that id answered a probe asked for at at, whatever the
+// rounds say of it since: silence counts from there.
+func (d *Detector) Heard(id string, at time.Time) {
+	s := d.get(id)
+	if !s.exited && at.After(s.lastOK) {
+		s.lastOK = at
+	}
+}
+
 // Blind reports whether the latest round heard from nobody.
 func (d *Detector) Blind() bool { return d.blind }
 

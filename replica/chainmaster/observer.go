@@ -44,13 +44,21 @@ type ObserverOptions struct {
 	// takes long still proves the replica alive.
 	CallTimeout time.Duration
 	// Fresh is how long after it arrived an answer counts as the
-	// replica's current one (0: two intervals and 100 ms). A replica
+	// replica's current one (0: two intervals and 100 ms), plus twice the
+	// time the replica's answers take (smoothed): a replica that answers
+	// slowly but steadily stays answered. A replica
 	// without a fresh answer is in doubt: Unknown until the detector's
 	// timeout or its neighbours' evidence makes it Failed.
 	Fresh time.Duration
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 }
+
+// Defaults of ObserverOptions left zero.
+const (
+	defaultObserverFailureTimeout = 3 * time.Second
+	defaultObserverInterval       = 100 * time.Millisecond
+)
 
 // prober is one replica's probe loop and what it last learned.
 type prober struct {
@@ -63,11 +71,18 @@ type prober struct {
 	askedOK  time.Time                // when the latest answer was asked for
 	gotOK    time.Time                // when it arrived
 	askedEnd time.Time                // when the latest completed probe (answered or not) was asked for
+	latency  time.Duration            // smoothed time its answers take
 }
 
 // NewObserver returns an observer without replicas; SetReplicas gives it
 // some.
 func NewObserver(conns *transport.Pool, opts ObserverOptions) *Observer {
+	if opts.FailureTimeout <= 0 {
+		opts.FailureTimeout = defaultObserverFailureTimeout
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = defaultObserverInterval
+	}
 	if opts.CallTimeout <= 0 {
 		opts.CallTimeout = opts.FailureTimeout
 	}
@@ -101,14 +116,36 @@ func (o *Observer) SetReplicas(addrs map[string]string) {
 		}
 	}
 	for id, addr := range addrs {
-		if _, ok := o.probers[id]; ok {
+		if _, ok := o.probers[id]; !ok {
+			o.startLocked(id, addr)
+		}
+	}
+}
+
+// AddReplicas makes the observer probe addrs too, keeping the others.
+func (o *Observer) AddReplicas(addrs map[string]string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for id, addr := range addrs {
+		if p, ok := o.probers[id]; ok && p.addr == addr {
 			continue
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		p := &prober{id: id, addr: addr, cancel: cancel, poke: make(chan struct{}, 1), added: o.now()}
-		o.probers[id] = p
-		go o.run(ctx, p)
+		o.startLocked(id, addr)
 	}
+}
+
+// startLocked (re)starts id's prober at addr; o.mu is held.
+func (o *Observer) startLocked(id, addr string) {
+	if o.stopped {
+		return
+	}
+	if p, ok := o.probers[id]; ok {
+		p.cancel()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &prober{id: id, addr: addr, cancel: cancel, poke: make(chan struct{}, 1), added: o.now()}
+	o.probers[id] = p
+	go o.run(ctx, p)
 }
 
 // Replicas is the set of replicas probed, with their addresses.
@@ -178,6 +215,12 @@ func (o *Observer) run(ctx context.Context, p *prober) {
 		o.mu.Lock()
 		if err == nil {
 			p.resp, p.askedOK, p.gotOK = resp, asked, o.now()
+			took := p.gotOK.Sub(asked)
+			if p.latency == 0 {
+				p.latency = took
+			} else {
+				p.latency += (took - p.latency) / 4
+			}
 		} else {
 			p.gotOK = time.Time{} // a refusal ends the answer's freshness at once; a hang only when it runs out
 		}
@@ -291,10 +334,17 @@ func (o *Observer) Snapshot() Snapshot {
 		}
 		s.Reports[id] = p.resp
 		s.askedOK[id] = p.askedOK
-		if !p.gotOK.IsZero() && now.Sub(p.gotOK) <= o.opts.Fresh {
+		// Every answer proves the replica alive when it was asked, fresh
+		// or not: the detector learns of it even when no snapshot was
+		// taken while it was fresh.
+		o.detector.Heard(id, p.askedOK)
+		if !p.gotOK.IsZero() && now.Sub(p.gotOK) <= o.opts.Fresh+2*p.latency {
 			s.Answered[id] = true
 			heard[id] = p.askedOK
 		}
+	}
+	if o.stopped {
+		s.Complete = false // it sees nothing any more
 	}
 	o.detector.Round(now, ids, heard)
 	s.NeighbourDown = ReplicaNeighbourDown(s.AnsweredReports())
@@ -307,18 +357,21 @@ func (o *Observer) Snapshot() Snapshot {
 
 // Refresh has every replica probed now and waits until the snapshot shows
 // what happened before the call (Snapshot.After), or ctx ends, or the
-// observer stops; it returns the snapshot then. A replica that stops
+// observer stops; it returns the snapshot then, and whether it shows that. A replica that stops
 // answering holds it up for at most the freshness window.
-func (o *Observer) Refresh(ctx context.Context) Snapshot {
+func (o *Observer) Refresh(ctx context.Context) (Snapshot, bool) {
 	from := o.now()
 	o.Poke()
 	for {
 		s := o.Snapshot()
+		if s.After(from) {
+			return s, true
+		}
 		o.mu.Lock()
 		stopped := o.stopped
 		o.mu.Unlock()
-		if s.After(from) || stopped || ctx.Err() != nil {
-			return s
+		if stopped || ctx.Err() != nil {
+			return s, false
 		}
 		select {
 		case <-ctx.Done():
@@ -335,24 +388,42 @@ const refreshPoll = 2 * time.Millisecond
 // stream the answers hold: for each replica, the longest any neighbour in
 // any of its chains reports it cannot reach it.
 func ReplicaNeighbourDown(resps map[string]*catenapb.StatusResponse) map[string]time.Duration {
-	type part struct {
-		stream    string
-		partition uint32
-	}
-	byPart := map[part]map[string]*catenapb.PartitionStatus{}
-	for id, resp := range resps {
-		for _, ps := range resp.GetPartitions() {
-			k := part{ps.GetStream(), ps.GetPartition()}
-			if byPart[k] == nil {
-				byPart[k] = map[string]*catenapb.PartitionStatus{}
-			}
-			byPart[k][id] = ps
-		}
-	}
+	byPart := IndexReports(resps)
 	out := map[string]time.Duration{}
 	for _, reports := range byPart {
-		for id, d := range NeighbourDown(reports) {
+		// Only the partition's latest epoch witnesses: a returning
+		// replica still at an old epoch retries its old links and says
+		// nothing of the chain as it is.
+		latest := LatestReport(reports).GetEpoch()
+		current := map[string]*catenapb.PartitionStatus{}
+		for id, ps := range reports {
+			if ps.GetEpoch() == latest {
+				current[id] = ps
+			}
+		}
+		for id, d := range NeighbourDown(current) {
 			out[id] = max(out[id], d)
+		}
+	}
+	return out
+}
+
+// PartitionKey names one partition of one stream.
+type PartitionKey struct {
+	Stream    string
+	Partition uint32
+}
+
+// IndexReports arranges Status answers by partition, then replica.
+func IndexReports(resps map[string]*catenapb.StatusResponse) map[PartitionKey]map[string]*catenapb.PartitionStatus {
+	out := map[PartitionKey]map[string]*catenapb.PartitionStatus{}
+	for id, resp := range resps {
+		for _, ps := range resp.GetPartitions() {
+			k := PartitionKey{ps.GetStream(), ps.GetPartition()}
+			if out[k] == nil {
+				out[k] = map[string]*catenapb.PartitionStatus{}
+			}
+			out[k][id] = ps
 		}
 	}
 	return out

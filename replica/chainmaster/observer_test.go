@@ -18,7 +18,8 @@ import (
 // it is released (a paused process).
 type statusReplica struct {
 	catenapb.UnimplementedReplicaServer
-	id string
+	id    string
+	delay time.Duration // every answer takes this long
 
 	mu      sync.Mutex
 	hung    chan struct{} // closed to release; nil: answering
@@ -29,8 +30,15 @@ type statusReplica struct {
 func (r *statusReplica) Status(ctx context.Context, _ *catenapb.StatusRequest) (*catenapb.StatusResponse, error) {
 	r.mu.Lock()
 	r.asked++
-	hung, reports := r.hung, r.reports
+	hung, reports, delay := r.hung, r.reports, r.delay
 	r.mu.Unlock()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	if hung != nil {
 		select {
 		case <-hung:
@@ -176,8 +184,8 @@ func TestObserverRefreshShowsWhatHappenedSince(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s := o.Refresh(ctx)
-	if !s.After(acted) || s.Reports["a"].GetPartitions()[0].GetEpoch() != 7 {
+	s, current := o.Refresh(ctx)
+	if !current || !s.After(acted) || s.Reports["a"].GetPartitions()[0].GetEpoch() != 7 {
 		t.Fatalf("Refresh returned a snapshot without the change: %v", s.Reports["a"])
 	}
 }
@@ -195,12 +203,34 @@ func TestObserverRefreshReturnsWhenAReplicaHangs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	s := o.Refresh(ctx)
-	if ctx.Err() != nil {
+	s, current := o.Refresh(ctx)
+	if ctx.Err() != nil || !current {
 		t.Fatalf("Refresh waited for the caller's deadline instead of the probe's")
 	}
 	if !s.After(start) {
 		t.Fatalf("Refresh returned before a probe asked after it completed")
+	}
+}
+
+// A replica whose answers take much longer than the freshness window, but
+// come steadily, stays answered and Alive: slowness is not silence.
+func TestObserverKeepsASlowSteadyReplicaAnswered(t *testing.T) {
+	slow := &statusReplica{id: "slow", delay: 250 * time.Millisecond}
+	addr := serveStatus(t, slow)
+	conns := transport.NewPool(nil)
+	defer conns.Close()
+	// Fresh would be 2×20 ms + 100 ms = 140 ms without the allowance for
+	// the replica's own latency.
+	o := NewObserver(conns, ObserverOptions{FailureTimeout: time.Second, Interval: 20 * time.Millisecond})
+	defer o.Stop()
+	o.SetReplicas(map[string]string{"slow": addr})
+	waitFor(t, "a complete snapshot", func() bool { return o.Snapshot().Complete })
+	time.Sleep(600 * time.Millisecond) // let its latency settle
+	for range 100 {
+		if s := o.Snapshot(); !s.Answered["slow"] || s.Health["slow"] != chainplan.Alive {
+			t.Fatalf("a replica answering every 250 ms: answered %v, health %v", s.Answered["slow"], s.Health["slow"])
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -242,5 +272,15 @@ func TestReplicaNeighbourDownCountsEveryChain(t *testing.T) {
 	got := ReplicaNeighbourDown(resps)
 	if got["b"] != 800*time.Millisecond || len(got) != 1 {
 		t.Fatalf("ReplicaNeighbourDown = %v, want b: 800ms only", got)
+	}
+
+	// A returning replica still at an old epoch retries its old link to
+	// c: no evidence against c, whose chain has moved on.
+	resps["d"] = &catenapb.StatusResponse{ReplicaId: "d", Partitions: []*catenapb.PartitionStatus{
+		{Stream: "s", Partition: 2, Epoch: 1, Members: chain("d", "c"), SuccessorDownMs: 5000},
+	}}
+	resps["c"].Partitions = append(resps["c"].Partitions, &catenapb.PartitionStatus{Stream: "s", Partition: 2, Epoch: 2, Members: chain("c")})
+	if got := ReplicaNeighbourDown(resps); got["c"] != 0 {
+		t.Fatalf("a report from an old epoch counted against c: %v", got)
 	}
 }
