@@ -225,7 +225,8 @@ func TestObserverKeepsASlowSteadyReplicaAnswered(t *testing.T) {
 	defer o.Stop()
 	o.SetReplicas(map[string]string{"slow": addr})
 	waitFor(t, "a complete snapshot", func() bool { return o.Snapshot().Complete })
-	time.Sleep(600 * time.Millisecond) // let its latency settle
+	// Let its smoothed latency settle over a few answers.
+	waitFor(t, "a few slow answers", func() bool { return slow.probes() >= 4 })
 	for range 100 {
 		if s := o.Snapshot(); !s.Answered["slow"] || s.Health["slow"] != chainplan.Alive {
 			t.Fatalf("a replica answering every 250 ms: answered %v, health %v", s.Answered["slow"], s.Health["slow"])
