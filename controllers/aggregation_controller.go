@@ -101,16 +101,17 @@ type AggregationReconciler struct {
 }
 
 // aggMemory is what the operator remembers of one Aggregation between
-// rounds. It is lost with the operator, which costs at most a failure
-// timeout of patience and the restoration records of moves in flight.
-// Only reconciles of its Aggregation touch it, and the work queue never
-// runs two of one key at once.
+// rounds: the evidence its failure and stall verdicts are drawn from. It
+// is lost with the operator, which costs at most a failure timeout of
+// patience: a new operator (after a restart, or a new leader) counts a
+// worker's silence and a shard's lack of progress from its own first look.
+// What it decided is in status (assignments, restoring, benched), written
+// before it acts. Only reconciles of its Aggregation touch it, and the work
+// queue never runs two of one key at once.
 type aggMemory struct {
 	lastAnswer map[string]time.Time
 	firstAsked map[string]time.Time
 	progress   map[int32]shardProgress
-	benched    map[string]time.Time // until
-	pending    map[int32]pendingRestoration
 }
 
 func (r *AggregationReconciler) now() time.Time {
@@ -130,7 +131,7 @@ func (r *AggregationReconciler) memoryOf(key types.NamespacedName) *aggMemory {
 	if m == nil {
 		m = &aggMemory{
 			lastAnswer: map[string]time.Time{}, firstAsked: map[string]time.Time{},
-			progress: map[int32]shardProgress{}, benched: map[string]time.Time{}, pending: map[int32]pendingRestoration{},
+			progress: map[int32]shardProgress{},
 		}
 		r.memory[key] = m
 	}
@@ -263,7 +264,7 @@ func (r *AggregationReconciler) Reconcile(ctx context.Context, req reconcile.Req
 // nextLook is when to probe again: soon while shards move or restore,
 // otherwise often enough to notice a silent worker within failureTimeout.
 func (r *AggregationReconciler) nextLook(s *aggScope) time.Duration {
-	if len(s.mem.pending) > 0 || len(s.plan.Moves) > 0 || !shardsRunning(s.agg.Status.Shards) {
+	if len(s.agg.Status.Restoring) > 0 || len(s.plan.Moves) > 0 || !shardsRunning(s.agg.Status.Shards) {
 		return aggBusyInterval
 	}
 	return min(maxAggProbeInterval, max(aggBusyInterval, s.timeout/4))
@@ -424,7 +425,7 @@ func (r *AggregationReconciler) probeWorkers(ctx context.Context, s *aggScope) (
 			log.FromContext(ctx).Info("Worker makes no progress on a shard", "worker", w, "partition", p,
 				"consumed", ss.GetConsumed(), "sourceCommitted", ss.GetSourceCommitted(), "reason", streamsv1alpha1.RestorationWorkerStalled)
 			s.states[w] = workerStalled
-			s.mem.benched[w] = s.now.Add(stalledBench * s.timeout)
+			s.agg.Status.Benched = benchWorker(s.agg.Status.Benched, w, s.now.Add(stalledBench*s.timeout), streamsv1alpha1.RestorationWorkerStalled)
 		}
 	}
 	return true, nil
@@ -490,14 +491,8 @@ func (r *AggregationReconciler) planAndRecord(ctx context.Context, s *aggScope) 
 			settled = false
 		}
 	}
-	benched := map[string]bool{}
-	for w, until := range s.mem.benched {
-		if s.now.Before(until) {
-			benched[w] = true
-		} else {
-			delete(s.mem.benched, w)
-		}
-	}
+	benched, kept := stillBenched(s.agg.Status.Benched, s.now)
+	s.agg.Status.Benched = kept
 	gen := s.agg.Status.AssignmentGeneration
 	for _, st := range s.reports {
 		gen = max(gen, st.GetGeneration())
@@ -523,9 +518,12 @@ func (r *AggregationReconciler) planAndRecord(ctx context.Context, s *aggScope) 
 		logger.Info("Reassigning shard", "partition", m.Partition, "from", m.From, "to", m.To,
 			"reason", moveReason(m), "generation", s.plan.Generation, "fromState", s.states[m.From].String())
 	}
-	before := s.agg.DeepCopy()
+	// The patch is relative to the Aggregation as read: it also carries
+	// the benches this round decided, which the moves follow from.
+	before := s.before
 	s.agg.Status.Assignments = s.plan.Assignments
 	s.agg.Status.AssignmentGeneration = s.plan.Generation
+	s.agg.Status.Restoring = awaitRestores(s.agg.Status.Restoring, s.plan.Moves, s.plan.Generation, s.now)
 	if err := r.Client.Status().Patch(ctx, s.agg, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		if apierrors.IsConflict(err) {
 			logger.V(1).Info("The Aggregation changed meanwhile; deciding again on its next version")
@@ -540,7 +538,6 @@ func (r *AggregationReconciler) planAndRecord(ctx context.Context, s *aggScope) 
 		if m.From == "" {
 			continue
 		}
-		s.mem.pending[m.Partition] = pendingRestoration{Move: m, At: s.now, Generation: s.plan.Generation}
 		delete(s.mem.progress, m.Partition)
 		kind := corev1.EventTypeWarning
 		if m.Reason == streamsv1alpha1.RestorationRebalanced {
@@ -648,31 +645,30 @@ func (r *AggregationReconciler) recordShards(ctx context.Context, s *aggScope) (
 	status := &s.agg.Status
 	reports := shardReports(status.Assignments, s.reports)
 	owners := ownersOf(status.Assignments)
-	for _, p := range slices.Sorted(maps.Keys(s.mem.pending)) {
-		pending := s.mem.pending[p]
-		if owners[p] != pending.Move.To {
-			if status.AssignmentGeneration >= pending.Generation {
-				delete(s.mem.pending, p) // moved again since
-			}
-			continue // or read from a cache behind the move
+	var awaited []streamsv1alpha1.ShardMove
+	for _, m := range status.Restoring {
+		if owners[m.Partition] != m.ToWorker {
+			continue // given up by its new owner since, without a restore
 		}
-		if rest, ok := completedRestoration(pending, reports[p]); ok {
+		if rest, ok := completedRestoration(m, reports[m.Partition]); ok {
 			s.restored = append(s.restored, rest)
+			continue
 		}
+		awaited = append(awaited, m)
 	}
+	status.Restoring = awaited
 	status.Restorations = appendRestorations(status.Restorations, s.restored...)
 	status.Shards = aggShards(s.source.Spec.Partitions, status.Assignments, reports, status.Shards)
 	status.StableCheckpoint = stableCheckpoint(status.Shards, s.agg.Spec.CheckpointInterval.Duration, status.StableCheckpoint)
 	return true, nil
 }
 
-// restorationsRecorded forgets the moves whose restorations status now
-// lists, and says so in the log, an Event and a metric. It runs once the
-// status is written: a restoration whose write failed stays pending and is
-// recorded on a later round.
+// restorationsRecorded says in the log, an Event and a metric that the
+// restorations status now lists are done. It runs once the status is
+// written: a restoration whose write failed stays in status.restoring and
+// is recorded on a later round, by this operator or the next.
 func (r *AggregationReconciler) restorationsRecorded(ctx context.Context, s *aggScope) {
 	for _, rest := range s.restored {
-		delete(s.mem.pending, rest.Partition)
 		from := "the start of the source"
 		if rest.Checkpoint != nil {
 			from = fmt.Sprintf("checkpoint epoch %d (source offset %d, manifest %d)", rest.Checkpoint.Epoch, rest.Checkpoint.SourceOffset, rest.Checkpoint.ManifestOffset)

@@ -3,6 +3,7 @@ package controllers
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -378,13 +379,64 @@ func splitOrdinal(name string) (string, int) {
 	return name[:i], n
 }
 
-// pendingRestoration is a shard moved to a new owner whose restore has not
-// been seen to finish.
-type pendingRestoration struct {
-	Move shardMove
-	At   time.Time
-	// Generation is the assignment generation that made the move.
-	Generation int64
+// awaitRestores is status.restoring after the moves of a new assignment
+// generation gen, made at at: each move from an owner is awaited until its
+// restore is seen, and replaces what was awaited for its shard (a shard
+// moved again is restored by its newest owner only). A shard that had no
+// owner is assigned, not restored.
+func awaitRestores(restoring []streamsv1alpha1.ShardMove, moves []shardMove, gen int64, at time.Time) []streamsv1alpha1.ShardMove {
+	byShard := map[int32]streamsv1alpha1.ShardMove{}
+	for _, m := range restoring {
+		byShard[m.Partition] = m
+	}
+	for _, m := range moves {
+		if m.From == "" {
+			delete(byShard, m.Partition)
+			continue
+		}
+		byShard[m.Partition] = streamsv1alpha1.ShardMove{
+			Partition: m.Partition, FromWorker: m.From, ToWorker: m.To, Reason: m.Reason,
+			Time: metav1.NewMicroTime(at), Generation: gen,
+		}
+	}
+	out := make([]streamsv1alpha1.ShardMove, 0, len(byShard))
+	for _, p := range slices.Sorted(maps.Keys(byShard)) {
+		out = append(out, byShard[p])
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// benchWorker is status.benched with worker given no shards until until,
+// for reason. A bench already longer is kept.
+func benchWorker(benched []streamsv1alpha1.BenchedWorker, worker string, until time.Time, reason string) []streamsv1alpha1.BenchedWorker {
+	for i, b := range benched {
+		if b.Worker == worker {
+			if b.Until.Time.Before(until) {
+				benched[i].Until, benched[i].Reason = metav1.NewTime(until), reason
+			}
+			return benched
+		}
+	}
+	benched = append(benched, streamsv1alpha1.BenchedWorker{Worker: worker, Until: metav1.NewTime(until), Reason: reason})
+	slices.SortFunc(benched, func(a, b streamsv1alpha1.BenchedWorker) int { return compareWorkers(a.Worker, b.Worker) })
+	return benched
+}
+
+// stillBenched splits status.benched at now: the workers still benched,
+// and the list without the benches that ended.
+func stillBenched(benched []streamsv1alpha1.BenchedWorker, now time.Time) (map[string]bool, []streamsv1alpha1.BenchedWorker) {
+	active := map[string]bool{}
+	var kept []streamsv1alpha1.BenchedWorker
+	for _, b := range benched {
+		if now.Before(b.Until.Time) {
+			active[b.Worker] = true
+			kept = append(kept, b)
+		}
+	}
+	return active, kept
 }
 
 // restorationClockSkew is how much earlier than the operator's clock a
@@ -392,21 +444,21 @@ type pendingRestoration struct {
 // move the operator made: the two clocks are different machines'.
 const restorationClockSkew = time.Second
 
-// completedRestoration returns the restoration a pending move led to, once
-// its new owner reports the shard Running with a restoration that started
-// at or after the move.
-func completedRestoration(pending pendingRestoration, ss *catenapb.ShardStatus) (streamsv1alpha1.AggregationRestoration, bool) {
+// completedRestoration returns the restoration an awaited move led to,
+// once its new owner reports the shard Running with a restoration that
+// started at or after the move.
+func completedRestoration(move streamsv1alpha1.ShardMove, ss *catenapb.ShardStatus) (streamsv1alpha1.AggregationRestoration, bool) {
 	r := ss.GetRestoration()
 	if ss.GetPhase() != catenapb.ShardPhase_SHARD_PHASE_RUNNING || r == nil ||
-		time.UnixMilli(r.GetStartedMs()).Before(pending.At.Add(-restorationClockSkew)) {
+		time.UnixMilli(r.GetStartedMs()).Before(move.Time.Add(-restorationClockSkew)) {
 		return streamsv1alpha1.AggregationRestoration{}, false
 	}
 	out := streamsv1alpha1.AggregationRestoration{
-		Time:               metav1.NewTime(pending.At),
-		Partition:          pending.Move.Partition,
-		FromWorker:         pending.Move.From,
-		ToWorker:           pending.Move.To,
-		Reason:             pending.Move.Reason,
+		Time:               metav1.NewTime(move.Time.Time),
+		Partition:          move.Partition,
+		FromWorker:         move.FromWorker,
+		ToWorker:           move.ToWorker,
+		Reason:             move.Reason,
 		Checkpoint:         checkpointRef(r.GetFrom()),
 		CheckpointsLoaded:  int32(r.GetCheckpointsLoaded()),
 		SkippedCheckpoints: slices.Clone(r.GetSkipped()),

@@ -2,12 +2,14 @@ package controllers
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -371,7 +373,8 @@ func TestStableCheckpoint(t *testing.T) {
 
 func TestCompletedRestoration(t *testing.T) {
 	moved := time.UnixMilli(1_000_000)
-	pending := pendingRestoration{Move: shardMove{Partition: 2, From: "a-1", To: "a-0", Reason: streamsv1alpha1.RestorationWorkerFailed}, At: moved}
+	pending := streamsv1alpha1.ShardMove{Partition: 2, FromWorker: "a-1", ToWorker: "a-0", Reason: streamsv1alpha1.RestorationWorkerFailed,
+		Time: metav1.NewMicroTime(moved), Generation: 4}
 	restoration := func(started time.Time) *catenapb.Restoration {
 		return &catenapb.Restoration{
 			Shard: 2, From: &catenapb.CheckpointRef{ManifestOffset: 40, SourceOffset: 900, Epoch: 77, Snapshot: true, TimeMs: 999_000},
@@ -508,5 +511,82 @@ func TestCompareWorkers(t *testing.T) {
 	slices.SortFunc(names, compareWorkers)
 	if want := []string{"a-1", "a-2", "a-10", "a-x", "b-0"}; !slices.Equal(names, want) {
 		t.Fatalf("sorted %v, want %v", names, want)
+	}
+}
+
+func TestAwaitRestores(t *testing.T) {
+	t0 := time.UnixMilli(1_000_000)
+	at := metav1.NewMicroTime(t0)
+	awaited := func(p int32, from, to, reason string, gen int64) streamsv1alpha1.ShardMove {
+		return streamsv1alpha1.ShardMove{Partition: p, FromWorker: from, ToWorker: to, Reason: reason, Time: at, Generation: gen}
+	}
+	earlier := streamsv1alpha1.ShardMove{Partition: 1, FromWorker: "a-2", ToWorker: "a-1", Reason: streamsv1alpha1.RestorationWorkerFailed,
+		Time: metav1.NewMicroTime(t0.Add(-time.Minute)), Generation: 3}
+	for _, tc := range []struct {
+		name      string
+		restoring []streamsv1alpha1.ShardMove
+		moves     []shardMove
+		want      []streamsv1alpha1.ShardMove
+	}{
+		{name: "nothing moves"},
+		{
+			name:  "a move from an owner is awaited, a first assignment is not",
+			moves: []shardMove{{Partition: 3, From: "a-1", To: "a-0", Reason: streamsv1alpha1.RestorationWorkerFailed}, {Partition: 0, To: "a-0"}},
+			want:  []streamsv1alpha1.ShardMove{awaited(3, "a-1", "a-0", streamsv1alpha1.RestorationWorkerFailed, 4)},
+		},
+		{
+			name:      "moves already awaited stay, in shard order",
+			restoring: []streamsv1alpha1.ShardMove{earlier},
+			moves:     []shardMove{{Partition: 0, From: "a-1", To: "a-0", Reason: streamsv1alpha1.RestorationRebalanced}},
+			want:      []streamsv1alpha1.ShardMove{awaited(0, "a-1", "a-0", streamsv1alpha1.RestorationRebalanced, 4), earlier},
+		},
+		{
+			name:      "a shard moved again is awaited on its newest owner",
+			restoring: []streamsv1alpha1.ShardMove{earlier},
+			moves:     []shardMove{{Partition: 1, From: "a-1", To: "a-0", Reason: streamsv1alpha1.RestorationWorkerStalled}},
+			want:      []streamsv1alpha1.ShardMove{awaited(1, "a-1", "a-0", streamsv1alpha1.RestorationWorkerStalled, 4)},
+		},
+		{
+			name:      "a shard that lost its owner and is assigned afresh is not awaited",
+			restoring: []streamsv1alpha1.ShardMove{earlier},
+			moves:     []shardMove{{Partition: 1, To: "a-0"}},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := awaitRestores(slices.Clone(tc.restoring), tc.moves, 4, t0)
+			if !equality.Semantic.DeepEqual(got, tc.want) {
+				t.Fatalf("got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestBenches(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	list := benchWorker(nil, "a-10", t0.Add(30*time.Second), streamsv1alpha1.RestorationWorkerStalled)
+	list = benchWorker(list, "a-2", t0.Add(10*time.Second), streamsv1alpha1.RestorationWorkerStalled)
+	// Benched again for less: the longer bench stands.
+	list = benchWorker(list, "a-10", t0.Add(20*time.Second), streamsv1alpha1.RestorationWorkerStalled)
+	if len(list) != 2 || list[0].Worker != "a-2" || list[1].Worker != "a-10" || !list[1].Until.Time.Equal(t0.Add(30*time.Second)) {
+		t.Fatalf("benched %+v, want a-2 until +10s and a-10 until +30s, in ordinal order", list)
+	}
+	// Benched again for longer: extended.
+	list = benchWorker(list, "a-2", t0.Add(40*time.Second), streamsv1alpha1.RestorationWorkerStalled)
+	if !list[0].Until.Time.Equal(t0.Add(40 * time.Second)) {
+		t.Fatalf("a-2 benched until %v, want +40s", list[0].Until)
+	}
+	for _, tc := range []struct {
+		at   time.Duration
+		want []string
+	}{
+		{0, []string{"a-10", "a-2"}},
+		{30 * time.Second, []string{"a-2"}},
+		{40 * time.Second, nil},
+	} {
+		active, kept := stillBenched(list, t0.Add(tc.at))
+		got := slices.Sorted(maps.Keys(active))
+		if !slices.Equal(got, tc.want) || len(kept) != len(tc.want) {
+			t.Errorf("at +%v: benched %v (kept %d), want %v", tc.at, got, len(kept), tc.want)
+		}
 	}
 }

@@ -192,6 +192,25 @@ type AggregationStatus struct {
 	// +kubebuilder:validation:MaxItems=32
 	Restorations []AggregationRestoration `json:"restorations,omitempty"`
 
+	// restoring are the shard moves whose restore on the new owner has not
+	// been seen to finish. A move is written here in the same write as the
+	// assignment that makes it, and leaves when its restoration is written
+	// to restorations: an operator that restarts, or a new leader, still
+	// records the restoration of a move the old one made.
+	// +optional
+	// +listType=map
+	// +listMapKey=partition
+	// +kubebuilder:validation:MaxItems=1024
+	Restoring []ShardMove `json:"restoring,omitempty"`
+
+	// benched are workers that stalled: they are given no shards until the
+	// time shown, so that balance does not hand their shards straight back.
+	// +optional
+	// +listType=map
+	// +listMapKey=worker
+	// +kubebuilder:validation:MaxItems=64
+	Benched []BenchedWorker `json:"benched,omitempty"`
+
 	// endpoint is the address of the workers' Service for
 	// `catenactl agg get|list`.
 	// +optional
@@ -281,6 +300,41 @@ type StableCheckpoint struct {
 	// +optional
 	// +listType=atomic
 	SourceOffsets []int64 `json:"sourceOffsets,omitempty"`
+}
+
+// ShardMove is a shard given to a new owner, whose restore is awaited.
+type ShardMove struct {
+	// partition (shard) moved.
+	// +kubebuilder:validation:Minimum=0
+	Partition int32 `json:"partition"`
+	// fromWorker is the owner that died, stalled or gave the shard up;
+	// toWorker the new one.
+	// +required
+	FromWorker string `json:"fromWorker"`
+	// +required
+	ToWorker string `json:"toWorker"`
+	// reason is why the shard moved: WorkerFailed, WorkerStalled,
+	// Rebalanced.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// time the new owner was assigned the shard: a restore the new owner
+	// reports as started before it is an older one.
+	Time metav1.MicroTime `json:"time"`
+	// generation is the assignment generation that made the move.
+	// +kubebuilder:validation:Minimum=1
+	Generation int64 `json:"generation"`
+}
+
+// BenchedWorker is a worker given no shards for a while.
+type BenchedWorker struct {
+	// worker is the worker's pod name.
+	// +required
+	Worker string `json:"worker"`
+	// until is when it may be given shards again.
+	Until metav1.Time `json:"until"`
+	// reason is why: WorkerStalled.
+	// +optional
+	Reason string `json:"reason,omitempty"`
 }
 
 // AggregationRestoration records one shard restored by a new owner.

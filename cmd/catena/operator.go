@@ -29,6 +29,7 @@ func newOperatorCommand() *cobra.Command {
 		leaderElect                   bool
 		verbosity                     int
 		failureTimeout                time.Duration
+		lease                         leaseTimings
 		tlsFiles                      transport.TLSFiles
 	)
 	cmd := &cobra.Command{
@@ -52,6 +53,9 @@ func newOperatorCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := lease.validate(); leaderElect && err != nil {
+				return err
+			}
 			cfg, err := ctrl.GetConfig()
 			if err != nil {
 				return fmt.Errorf("failed to find a kubeconfig: %w", err)
@@ -65,6 +69,9 @@ func newOperatorCommand() *cobra.Command {
 				// Stop reconciling as soon as leadership is lost, and let a
 				// new leader take over without waiting for the lease.
 				LeaderElectionReleaseOnCancel: true,
+				LeaseDuration:                 &lease.duration,
+				RenewDeadline:                 &lease.renewDeadline,
+				RetryPeriod:                   &lease.retryPeriod,
 				// The chain and Aggregation controllers watch replica and
 				// worker pods only: caching every pod of the cluster would
 				// cost memory for nothing.
@@ -94,9 +101,32 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address to serve Prometheus /metrics on (0: off)")
 	cmd.Flags().StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address to serve /healthz and /readyz on")
 	cmd.Flags().BoolVar(&leaderElect, "leader-elect", false, "elect a leader among operator replicas, so that only one reconciles")
+	cmd.Flags().DurationVar(&lease.duration, "leader-elect-lease-duration", 15*time.Second, "how long a standby waits after the leader last renewed its Lease before taking over")
+	cmd.Flags().DurationVar(&lease.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew its Lease before it stops reconciling")
+	cmd.Flags().DurationVar(&lease.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often operator replicas try to acquire or renew the Lease")
 	cmd.Flags().StringVar(&image, "image", "catena:dev", "container image of the pods the operator runs: replicas, ingestion and aggregator workers")
 	cmd.Flags().DurationVar(&failureTimeout, "failure-timeout", controllers.DefaultFailureTimeout, "how long a replica may stay silent, or its pod not Ready, before its chains are reordered without it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
 	return cmd
+}
+
+// leaseTimings are the leader election's timings.
+type leaseTimings struct {
+	duration, renewDeadline, retryPeriod time.Duration
+}
+
+// validate refuses timings under which two operators could both think they
+// lead: the leader must give up (renewDeadline) before a standby may take
+// over (duration), and retry more than once within its deadline.
+func (l leaseTimings) validate() error {
+	switch {
+	case l.retryPeriod <= 0:
+		return fmt.Errorf("--leader-elect-retry-period must be positive, got %v", l.retryPeriod)
+	case l.renewDeadline <= l.retryPeriod:
+		return fmt.Errorf("--leader-elect-renew-deadline (%v) must be longer than --leader-elect-retry-period (%v)", l.renewDeadline, l.retryPeriod)
+	case l.duration <= l.renewDeadline:
+		return fmt.Errorf("--leader-elect-lease-duration (%v) must be longer than --leader-elect-renew-deadline (%v)", l.duration, l.renewDeadline)
+	}
+	return nil
 }

@@ -116,6 +116,7 @@ var _ = Describe("Aggregation controller", Ordered, func() {
 		workers  *workerSet
 		ingest   string
 		producer *catena.Producer
+		op       *operatorSupervisor
 		// reference: count and sum of amount by key, over everything
 		// produced.
 		refCount = map[string]int64{}
@@ -133,11 +134,11 @@ var _ = Describe("Aggregation controller", Ordered, func() {
 			addrs = append(addrs, replicas.start(ns, fmt.Sprintf("aggpool-%d", i)).addr)
 		}
 		ingest = startIngest(addrs)
-		startOperator(controllers.Options{
+		op = superviseOperator(controllers.Options{
 			Image: testImage, ReplicaAddr: replicas.addr, FailureTimeout: failureTimeout,
 			WorkerAddr:            workers.addr,
 			AggregationIngestAddr: func(*streamsv1alpha1.Stream) string { return ingest },
-		}, ns)
+		}, false, 1, ns)
 		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "aggpool", "replicas: 2"))).To(Succeed())
 		Expect(k8s.Create(ctx, manifest(ns, "Stream", "sales", fmt.Sprintf("pool: aggpool\npartitions: %d\nreplicationFactor: 2", partitions)))).To(Succeed())
 		Eventually(func(g Gomega) {
@@ -360,6 +361,68 @@ failureTimeout: 2s`))).To(Succeed())
 		By("folding what is produced afterwards into results equal to the reference")
 		produce(40, 40)
 		Eventually(func(g Gomega) { expectResults(g, workers.get(ns, survivor)) }).WithTimeout(time.Minute).Should(Succeed())
+	})
+
+	It("records a restoration it was killed in the middle of, once restarted", func() {
+		const back, next = agg + "-aggregator-1", agg + "-aggregator-0"
+		By("taking the dead worker back, and balancing the shards over both again")
+		workers.start(ns, back, ingest)
+		createWorkerPod(ns, agg, back)
+		var before *streamsv1alpha1.Aggregation
+		Eventually(func(g Gomega) {
+			a := readAgg(g)
+			g.Expect(a.Status.Assignments).To(HaveLen(2), describeAgg(a))
+			for _, as := range a.Status.Assignments {
+				g.Expect(as.Partitions).To(HaveLen(2), describeAgg(a))
+			}
+			g.Expect(a.Status.Restoring).To(BeEmpty(), describeAgg(a))
+			for _, sh := range a.Status.Shards {
+				g.Expect(sh.Phase).To(Equal("Running"), describeAgg(a))
+				g.Expect(sh.Checkpoint).NotTo(BeNil(), describeAgg(a))
+			}
+			before = a
+		}).WithTimeout(time.Minute).Should(Succeed())
+		var moved []int32
+		for _, as := range before.Status.Assignments {
+			if as.Worker == next {
+				moved = as.Partitions
+			}
+		}
+
+		By("killing the operator right after it records the move of the dead worker's shards")
+		kills := op.killed()
+		op.killAfter(func(obj client.Object) bool {
+			a, ok := obj.(*streamsv1alpha1.Aggregation)
+			return ok && a.Namespace == ns && a.Status.AssignmentGeneration > before.Status.AssignmentGeneration &&
+				len(a.Status.Assignments) == 1 && a.Status.Assignments[0].Worker == back
+		})
+		killed := time.Now()
+		workers.get(ns, next).kill()
+		Expect(k8s.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: next}})).To(Succeed())
+		Eventually(op.killed).Should(Equal(kills+1), "the move was not recorded")
+
+		By("having the restarted operator push the move and record each restoration")
+		Eventually(func(g Gomega) {
+			a := readAgg(g)
+			restored := map[int32]streamsv1alpha1.AggregationRestoration{}
+			for _, r := range a.Status.Restorations {
+				if r.Time.Time.After(killed.Add(-time.Second)) {
+					restored[r.Partition] = r
+				}
+			}
+			for _, p := range moved {
+				r, ok := restored[p]
+				g.Expect(ok).To(BeTrue(), "no restoration of shard %d: %s", p, describeAgg(a))
+				g.Expect(r.FromWorker).To(Equal(next))
+				g.Expect(r.ToWorker).To(Equal(back))
+				g.Expect(r.Reason).To(Equal(streamsv1alpha1.RestorationWorkerFailed))
+				g.Expect(r.Checkpoint).NotTo(BeNil(), "shard %d restored without a checkpoint: %s", p, describeAgg(a))
+			}
+			g.Expect(a.Status.Restoring).To(BeEmpty(), describeAgg(a))
+			g.Expect(meta.IsStatusConditionTrue(a.Status.Conditions, streamsv1alpha1.AggregationReadyCondition)).To(BeTrue(), describeAgg(a))
+		}).WithTimeout(time.Minute).Should(Succeed())
+		produce(20, 80)
+		Eventually(func(g Gomega) { expectResults(g, workers.get(ns, back)) }).WithTimeout(time.Minute).Should(Succeed())
 	})
 
 	It("releases the Aggregation's retention holds when it is deleted, then lets it go", func() {

@@ -38,56 +38,15 @@ var _ = Describe("Chain controller", Ordered, func() {
 		startOperator(controllers.Options{Image: testImage, ReplicaAddr: replicas.addr, FailureTimeout: failureTimeout}, ns)
 	})
 
-	// chains reads the ReplicationChains of a stream, by partition.
 	chains := func(g Gomega, stream string, n int) []streamsv1alpha1.ReplicationChain {
-		out := make([]streamsv1alpha1.ReplicationChain, n)
-		for i := range n {
-			g.Expect(k8s.Get(ctx, key(ns, streamsv1alpha1.PartitionName(stream, int32(i))), &out[i])).To(Succeed())
-		}
-		return out
+		return chainsOf(g, ns, stream, n)
 	}
-	// expectInstalled asserts that every chain of stream is placed, that
-	// every member confirmed the chain's epoch, and that the replica
-	// processes run exactly that membership.
 	expectInstalled := func(g Gomega, stream string, n, rf int) []streamsv1alpha1.ReplicationChain {
-		cs := chains(g, stream, n)
-		for i := range cs {
-			c := &cs[i]
-			g.Expect(c.Status.Members).To(HaveLen(rf), describeChain(c))
-			g.Expect(meta.IsStatusConditionTrue(c.Status.Conditions, streamsv1alpha1.ReplicationChainReadyCondition)).To(BeTrue(), describeChain(c))
-			var want []string
-			for _, m := range c.Status.Members {
-				g.Expect(m.State).To(Equal(streamsv1alpha1.MemberInChain), describeChain(c))
-				g.Expect(m.ConfirmedEpoch).To(Equal(c.Status.TargetEpoch), describeChain(c))
-				want = append(want, m.Name)
-			}
-			for _, m := range c.Status.Members {
-				hosted, err := replicas.get(ns, m.Name).hosted(stream)
-				g.Expect(err).NotTo(HaveOccurred())
-				ps := hosted[uint32(*c.Spec.Partition)]
-				g.Expect(ps).NotTo(BeNil(), "%s does not host %s", m.Name, c.Name)
-				g.Expect(ps.GetEpoch()).To(Equal(uint64(c.Status.TargetEpoch)), "%s's epoch of %s", m.Name, c.Name)
-				var got []string
-				for _, pm := range ps.GetMembers() {
-					got = append(got, pm.GetId())
-				}
-				g.Expect(got).To(Equal(want), "%s's membership of %s", m.Name, c.Name)
-			}
-		}
-		return cs
+		return expectChainsInstalled(g, replicas, ns, stream, n, rf)
 	}
-
-	// appendTo writes n records to a chain's partition through its head.
 	appendTo := func(c streamsv1alpha1.ReplicationChain, n int) {
-		recs := make([]*catenapb.AppendRecord, n)
-		for i := range recs {
-			recs[i] = &catenapb.AppendRecord{Value: []byte(fmt.Sprintf("r%d", i))}
-		}
-		actx, cancelAppend := context.WithTimeout(ctx, 10*time.Second)
-		defer cancelAppend()
-		_, err := replicas.get(ns, c.Head()).client().Append(actx, &catenapb.AppendRequest{
-			Stream: c.Spec.Stream, Partition: uint32(*c.Spec.Partition), Epoch: uint64(c.Status.TargetEpoch), Records: recs})
-		ExpectWithOffset(1, err).NotTo(HaveOccurred(), "append to %s", c.Name)
+		GinkgoHelper()
+		appendRecords(replicas, ns, c, n, 0)
 	}
 	// roles counts heads, tails and memberships per pod.
 	roles := func(cs []streamsv1alpha1.ReplicationChain) (heads, tails, members map[string]int) {

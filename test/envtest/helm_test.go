@@ -95,7 +95,8 @@ var _ = Describe("Helm chart", func() {
 		Expect(c.SecurityContext.Capabilities).To(HaveValue(HaveField("Drop", ConsistOf(corev1.Capability("ALL")))))
 		Expect(c.Image).To(Equal(image))
 		Expect(c.Args).To(HaveExactElements("operator", "--image="+image, "--metrics-bind-address=:8080",
-			"--health-probe-bind-address=:8081", "--leader-elect", "--verbosity=0"))
+			"--health-probe-bind-address=:8081", "--leader-elect", "--leader-elect-lease-duration=15s",
+			"--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=2s", "--verbosity=0"))
 		Expect(c.LivenessProbe.HTTPGet).To(HaveField("Path", "/healthz"))
 		Expect(c.ReadinessProbe.HTTPGet).To(HaveField("Path", "/readyz"))
 		Expect(c.Ports).To(ContainElement(SatisfyAll(HaveField("Name", "probes"), HaveField("ContainerPort", BeEquivalentTo(8081)))))

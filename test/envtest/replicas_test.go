@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/gomega"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -112,8 +113,9 @@ func (rs *replicaSet) get(ns, pod string) *replicaProcess {
 }
 
 // start runs a replica for pod ns/pod on a free loopback port, on the data
-// directory it had before when it ran already, and waits until it answers.
-func (rs *replicaSet) start(ns, pod string) *replicaProcess {
+// directory it had before when it ran already, with the extra flags args,
+// and waits until it answers.
+func (rs *replicaSet) start(ns, pod string, args ...string) *replicaProcess {
 	rs.mu.Lock()
 	prev := rs.procs[ns+"/"+pod]
 	rs.mu.Unlock()
@@ -127,7 +129,7 @@ func (rs *replicaSet) start(ns, pod string) *replicaProcess {
 	Expect(os.MkdirAll(p.dataDir, 0o755)).To(Succeed())
 	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	Expect(err).NotTo(HaveOccurred())
-	p.cmd = exec.Command(catenaBinary(), "replica", "--id", pod, "--listen", p.addr, "--data-dir", p.dataDir)
+	p.cmd = exec.Command(catenaBinary(), append([]string{"replica", "--id", pod, "--listen", p.addr, "--data-dir", p.dataDir}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	// Safety net only: a test binary that dies must not leave servers behind.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -288,17 +290,7 @@ func startManagerWithConfig(cfg *rest.Config, setup func(context.Context, ctrl.M
 		SetDefaultEventuallyTimeout(time.Second)
 		SetDefaultEventuallyPollingInterval(10 * time.Millisecond)
 	})
-	defaults := map[string]cache.Config{}
-	for _, ns := range namespaces {
-		defaults[ns] = cache.Config{}
-	}
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 k8s.Scheme(),
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Cache:                  cache.Options{DefaultNamespaces: defaults},
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-	})
+	mgr, err := ctrl.NewManager(cfg, managerOptions(namespaces...))
 	Expect(err).NotTo(HaveOccurred())
 	mgrCtx, stop := context.WithCancel(ctx)
 	Expect(setup(mgrCtx, mgr)).To(Succeed())
@@ -315,11 +307,86 @@ func startManagerWithConfig(cfg *rest.Config, setup func(context.Context, ctrl.M
 	return mgr
 }
 
+// managerOptions are the options of the suite's managers: no metrics or
+// probe servers, a cache of namespaces only.
+func managerOptions(namespaces ...string) ctrl.Options {
+	defaults := map[string]cache.Config{}
+	for _, ns := range namespaces {
+		defaults[ns] = cache.Config{}
+	}
+	return ctrl.Options{
+		Scheme:                 k8s.Scheme(),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultNamespaces: defaults},
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	}
+}
+
 // startOperator runs every controller of the operator (startManager).
 func startOperator(opts controllers.Options, namespaces ...string) {
 	startManager(func(ctx context.Context, mgr ctrl.Manager) error {
 		return controllers.SetupWithManager(ctx, mgr, opts)
 	}, namespaces...)
+}
+
+// chainsOf reads the ReplicationChains of a stream, by partition.
+func chainsOf(g Gomega, ns, stream string, n int) []streamsv1alpha1.ReplicationChain {
+	out := make([]streamsv1alpha1.ReplicationChain, n)
+	for i := range n {
+		g.Expect(k8s.Get(ctx, key(ns, streamsv1alpha1.PartitionName(stream, int32(i))), &out[i])).To(Succeed())
+	}
+	return out
+}
+
+// expectChainsInstalled asserts that every chain of stream is placed, that
+// every member confirmed the chain's epoch, and that the replica processes
+// run exactly that membership.
+func expectChainsInstalled(g Gomega, replicas *replicaSet, ns, stream string, n, rf int) []streamsv1alpha1.ReplicationChain {
+	cs := chainsOf(g, ns, stream, n)
+	for i := range cs {
+		c := &cs[i]
+		g.Expect(c.Status.Members).To(HaveLen(rf), describeChain(c))
+		g.Expect(meta.IsStatusConditionTrue(c.Status.Conditions, streamsv1alpha1.ReplicationChainReadyCondition)).To(BeTrue(), describeChain(c))
+		var want []string
+		for _, m := range c.Status.Members {
+			g.Expect(m.State).To(Equal(streamsv1alpha1.MemberInChain), describeChain(c))
+			g.Expect(m.ConfirmedEpoch).To(Equal(c.Status.TargetEpoch), describeChain(c))
+			want = append(want, m.Name)
+		}
+		for _, m := range c.Status.Members {
+			hosted, err := replicas.get(ns, m.Name).hosted(stream)
+			g.Expect(err).NotTo(HaveOccurred())
+			ps := hosted[uint32(*c.Spec.Partition)]
+			g.Expect(ps).NotTo(BeNil(), "%s does not host %s", m.Name, c.Name)
+			g.Expect(ps.GetEpoch()).To(Equal(uint64(c.Status.TargetEpoch)), "%s's epoch of %s", m.Name, c.Name)
+			var got []string
+			for _, pm := range ps.GetMembers() {
+				got = append(got, pm.GetId())
+			}
+			g.Expect(got).To(Equal(want), "%s's membership of %s", m.Name, c.Name)
+		}
+	}
+	return cs
+}
+
+// appendRecords writes n records to a chain's partition through its head,
+// each of size bytes at least, and returns once the tail completed them.
+func appendRecords(replicas *replicaSet, ns string, c streamsv1alpha1.ReplicationChain, n, size int) {
+	GinkgoHelper()
+	recs := make([]*catenapb.AppendRecord, n)
+	for i := range recs {
+		v := []byte(fmt.Sprintf("r%d", i))
+		if len(v) < size {
+			v = append(v, make([]byte, size-len(v))...)
+		}
+		recs[i] = &catenapb.AppendRecord{Value: v}
+	}
+	actx, cancelAppend := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelAppend()
+	_, err := replicas.get(ns, c.Head()).client().Append(actx, &catenapb.AppendRequest{
+		Stream: c.Spec.Stream, Partition: uint32(*c.Spec.Partition), Epoch: uint64(c.Status.TargetEpoch), Records: recs})
+	Expect(err).NotTo(HaveOccurred(), "append to %s", c.Name)
 }
 
 // describeChain renders a chain's status for failure messages.

@@ -1,0 +1,32 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLeaseTimingsValidate(t *testing.T) {
+	s := time.Second
+	for _, tc := range []struct {
+		name            string
+		lease           leaseTimings
+		wantErrContains string
+	}{
+		{"the defaults", leaseTimings{15 * s, 10 * s, 2 * s}, ""},
+		{"a fast hand-over", leaseTimings{3 * s, 2 * s, s / 2}, ""},
+		{"no retry period", leaseTimings{15 * s, 10 * s, 0}, "--leader-elect-retry-period must be positive"},
+		{"a deadline within one retry", leaseTimings{15 * s, 2 * s, 2 * s}, "--leader-elect-renew-deadline (2s) must be longer than --leader-elect-retry-period (2s)"},
+		{"a lease a standby could take while the leader still renews", leaseTimings{10 * s, 10 * s, 2 * s}, "--leader-elect-lease-duration (10s) must be longer than --leader-elect-renew-deadline (10s)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.lease.validate()
+			switch {
+			case tc.wantErrContains == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.wantErrContains != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErrContains)):
+				t.Fatalf("got %v, want an error containing %q", err, tc.wantErrContains)
+			}
+		})
+	}
+}
