@@ -265,11 +265,11 @@ func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.Repl
 			delete(r.placed[poolKey], name)
 			continue
 		}
-		addPlacement(load, members)
+		load.Add(members)
 	}
 	r.mu.Unlock()
 
-	members := placeChain(pods, load, int(chain.Spec.ReplicationFactor))
+	members := chainplan.Place(pods, load, int(chain.Spec.ReplicationFactor))
 	if len(members) == 0 {
 		return reconcile.Result{RequeueAfter: chainResyncInterval}, nil
 	}

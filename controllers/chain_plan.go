@@ -10,8 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -22,85 +24,18 @@ import (
 // ReplicationChain and its Partition. The reconciler reads, calls these and
 // replica/chainmaster, and writes.
 
-// podLoad is how many chains of a pool a replica pod serves, by role.
-type podLoad struct {
-	Members, Heads, Tails int
-}
-
 // poolLoad counts, per pod, the memberships of chains on the pool. Chains
 // without members yet count nothing.
-func poolLoad(chains []streamsv1alpha1.ReplicationChain) map[string]podLoad {
-	out := map[string]podLoad{}
+func poolLoad(chains []streamsv1alpha1.ReplicationChain) chainplan.Load {
+	load := chainplan.Load{}
 	for i := range chains {
-		ms := chains[i].Status.Members
-		for j, m := range ms {
-			l := out[m.Name]
-			l.Members++
-			if j == 0 {
-				l.Heads++
-			}
-			if j == len(ms)-1 {
-				l.Tails++
-			}
-			out[m.Name] = l
+		var members []string
+		for _, m := range chains[i].Status.Members {
+			members = append(members, m.Name)
 		}
+		load.Add(members)
 	}
-	return out
-}
-
-// placeChain picks the members of a new chain of length rf, head first, from
-// the pool's pods in ordinal order. It balances the chains of every stream
-// on the pool: a chain is a ring segment of rf consecutive pods, and the
-// segment chosen is the one whose head heads the fewest chains plus whose
-// tail ends the fewest (then whose pods serve the fewest, then the lowest
-// ordinal). Ring segments keep the roles balanced together, which picking
-// each role greedily does not (the last chain can find the only pod short
-// of a tail already taken as its head), and weighing head and tail at once
-// keeps tails even when streams of different replication factors share
-// the pool. The pool's StatefulSet spreads consecutive pods across nodes
-// and zones. It returns fewer than rf members only when the pool has fewer
-// pods.
-func placeChain(pods []string, load map[string]podLoad, rf int) []string {
-	n := len(pods)
-	rf = min(rf, n)
-	if rf <= 0 {
-		return nil
-	}
-	cost := func(start int) (roles, members int) {
-		h, tl := load[pods[start]].Heads, load[pods[(start+rf-1)%n]].Tails
-		roles = (h+1)*(h+1) + (tl+1)*(tl+1)
-		for k := range rf {
-			members += load[pods[(start+k)%n]].Members
-		}
-		return roles, members
-	}
-	best := 0
-	bestRoles, bestMembers := cost(0)
-	for start := 1; start < n; start++ {
-		if r, m := cost(start); r < bestRoles || (r == bestRoles && m < bestMembers) {
-			best, bestRoles, bestMembers = start, r, m
-		}
-	}
-	chosen := make([]string, rf)
-	for k := range rf {
-		chosen[k] = pods[(best+k)%n]
-	}
-	return chosen
-}
-
-// addPlacement records a placed chain in load.
-func addPlacement(load map[string]podLoad, members []string) {
-	for i, m := range members {
-		l := load[m]
-		l.Members++
-		if i == 0 {
-			l.Heads++
-		}
-		if i == len(members)-1 {
-			l.Tails++
-		}
-		load[m] = l
-	}
+	return load
 }
 
 // memberHealth is what the failure detector (probed: the replica's
@@ -138,45 +73,40 @@ func memberHealth(pod *corev1.Pod, probed chainplan.Health, now time.Time, timeo
 	return chainplan.Unknown
 }
 
-// streamConfig is the config every member of the Stream's chains runs.
+// streamConfig is the config the Stream's members run
+// (chainmaster.StreamConfig, as catena dev's).
 func streamConfig(stream *streamsv1alpha1.Stream) *catenapb.StreamConfig {
-	cfg := &catenapb.StreamConfig{
-		Partitions:     uint32(stream.Spec.Partitions),
-		Durability:     catenapb.Durability_DURABILITY_FSYNC,
-		MinChainLength: uint32(minChainLength(stream)),
+	set := chainmaster.StreamSettings{
+		Partitions:  int(stream.Spec.Partitions),
+		Replication: int(stream.Spec.ReplicationFactor),
+		// Negative (refused by the schema) is the default, as 0.
+		MinChainLength: max(int(ptr.Deref(stream.Spec.MinChainLength, 0)), 0),
+		Interval:       stream.Spec.Durability.Mode == streamsv1alpha1.DurabilityInterval,
 	}
-	if stream.Spec.Durability.Mode == streamsv1alpha1.DurabilityInterval {
-		cfg.Durability = catenapb.Durability_DURABILITY_INTERVAL
-		if d := stream.Spec.Durability.FsyncInterval; d != nil {
-			cfg.FsyncIntervalMs = uint32(max(d.Duration.Milliseconds(), 1))
-		}
+	if d := stream.Spec.Durability.FsyncInterval; d != nil {
+		set.FsyncInterval = d.Duration
 	}
 	if r := stream.Spec.Retention; r != nil {
 		if r.Time != nil {
-			cfg.RetentionMs = r.Time.Duration.Milliseconds()
+			set.RetentionTime = r.Time.Duration
 		}
 		if r.Bytes != nil {
-			cfg.RetentionBytes = r.Bytes.Value()
+			set.RetentionBytes = r.Bytes.Value()
 		}
 		if r.HardTime != nil {
-			cfg.HardRetentionMs = r.HardTime.Duration.Milliseconds()
+			set.HardRetentionTime = r.HardTime.Duration
 		}
 		if r.HardBytes != nil {
-			cfg.HardRetentionBytes = r.HardBytes.Value()
+			set.HardRetentionBytes = r.HardBytes.Value()
 		}
 	}
-	return cfg
+	return chainmaster.StreamConfig(set)
 }
 
 // minChainLength is the fewest full copies a partition of the Stream must
-// have to take writes: spec.minChainLength, or a majority of the
-// replication factor, so that an acknowledged record is on at least two
-// members whenever the factor is three or more.
+// have to take writes (chainplan.MinChainLength).
 func minChainLength(stream *streamsv1alpha1.Stream) int {
-	if n := stream.Spec.MinChainLength; n != nil && *n >= 1 {
-		return int(min(*n, max(stream.Spec.ReplicationFactor, 1)))
-	}
-	return int(stream.Spec.ReplicationFactor)/2 + 1
+	return chainplan.MinChainLength(int(stream.Spec.ReplicationFactor), int(ptr.Deref(stream.Spec.MinChainLength, 0)))
 }
 
 // chainRecord is the master's record of the chain, from its status: nil

@@ -79,7 +79,11 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 	f.IntVar(&spec.Replication, "replication", 3, "chain length of each partition")
 	f.StringVar(&durability, "durability", "fsync", "fsync (fsync on every member before the ack) or interval")
 	f.Uint32Var(&spec.FsyncMs, "fsync-interval-ms", 0, "fsync interval with --durability interval (default 100)")
-	f.IntVar(&spec.MinChainLength, "min-chain-length", 1, "fewest chain members a partition needs to take writes; shorter chains refuse appends")
+	f.IntVar(&spec.MinChainLength, "min-chain-length", 0, "fewest chain members a partition needs to take writes (0: a majority of --replication); shorter chains refuse appends")
+	f.DurationVar(&spec.RetentionTime, "retention", 0, "delete records older than this once no consumer holds them (0: keep)")
+	f.Int64Var(&spec.RetentionBytes, "retention-bytes", 0, "keep at most this many bytes per partition once no consumer holds the rest (0: no limit)")
+	f.DurationVar(&spec.HardRetentionTime, "hard-retention", 0, "delete records older than this whatever the consumer holds (0: keep)")
+	f.Int64Var(&spec.HardRetentionBytes, "hard-retention-bytes", 0, "keep at most this many bytes per partition whatever the consumer holds (0: no limit)")
 	f.DurationVar(&spec.FailureTimeout, "failure-timeout", devcluster.DefaultFailureTimeout, "how long a replica may not answer before the master removes it from its chains")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	return cmd

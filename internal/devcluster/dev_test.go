@@ -192,6 +192,59 @@ func produce(t *testing.T, p *client.Producer, prefix string, n int) []ackedReco
 	return out
 }
 
+// expectOneConfigAndPlacement checks what dev installed, as the operator
+// would from a Stream: the default minimum chain length is a majority (2
+// of 3), the retention given is carried, and the heads and tails of every
+// stream's chains are spread over the replicas together.
+func expectOneConfigAndPlacement(t *testing.T, ctx context.Context, pool *transport.Pool, replicas []ReplicaState, streams map[string]int) {
+	t.Helper()
+	heads, tails := map[string]int{}, map[string]int{}
+	chains := 0
+	for _, r := range replicas {
+		conn, err := pool.Get(r.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{})
+		if err != nil {
+			t.Fatalf("status of %s: %v", r.ID, err)
+		}
+		for _, ps := range resp.GetPartitions() {
+			if _, ok := streams[ps.GetStream()]; !ok {
+				continue
+			}
+			cfg := ps.GetConfig()
+			if cfg.GetMinChainLength() != 2 || cfg.GetRetentionMs() != time.Hour.Milliseconds() {
+				t.Errorf("%s/%d on %s runs min_chain_length %d and retention_ms %d, want 2 (a majority) and 3600000",
+					ps.GetStream(), ps.GetPartition(), r.ID, cfg.GetMinChainLength(), cfg.GetRetentionMs())
+			}
+			switch ps.GetRole() {
+			case catenapb.Role_ROLE_HEAD:
+				heads[r.ID]++
+				chains++
+			case catenapb.Role_ROLE_TAIL:
+				tails[r.ID]++
+			}
+		}
+	}
+	want := 0
+	for _, n := range streams {
+		want += n
+	}
+	if chains != want {
+		t.Fatalf("%d chains have a head, want %d", chains, want)
+	}
+	for _, counts := range []map[string]int{heads, tails} {
+		lo, hi := want, 0
+		for _, r := range replicas {
+			lo, hi = min(lo, counts[r.ID]), max(hi, counts[r.ID])
+		}
+		if hi-lo > 1 {
+			t.Errorf("roles not spread over the replicas: heads %v, tails %v", heads, tails)
+		}
+	}
+}
+
 // TestDevRepairsEveryStream runs catena dev with two streams of different
 // partition counts, produces to both through the ingestion endpoint,
 // SIGKILLs a replica (a member of every chain) and checks that the master
@@ -208,7 +261,7 @@ func TestDevRepairsEveryStream(t *testing.T) {
 	streams := map[string]int{"demo": 3, "demo-checkpoints": 2}
 	bin := buildCatena(t)
 	dataDir := t.TempDir()
-	d := startDevProc(t, bin, dataDir, "--stream", "demo", "--stream", "demo-checkpoints:2", "--partitions", "3")
+	d := startDevProc(t, bin, dataDir, "--stream", "demo", "--stream", "demo-checkpoints:2", "--partitions", "3", "--retention", "1h")
 
 	if d.state.Stream != "demo" || !slices.Equal(d.state.Streams, []string{"demo", "demo-checkpoints"}) {
 		t.Fatalf("%s: stream %q streams %q, want demo and [demo demo-checkpoints]", StateFile, d.state.Stream, d.state.Streams)
@@ -218,6 +271,10 @@ func TestDevRepairsEveryStream(t *testing.T) {
 	}
 
 	ctx := context.Background()
+	pool := transport.NewPool(nil)
+	defer pool.Close()
+	expectOneConfigAndPlacement(t, ctx, pool, d.state.Replicas, streams)
+
 	c, err := client.Dial(ctx, d.state.Ingest)
 	if err != nil {
 		t.Fatal(err)
@@ -250,8 +307,6 @@ func TestDevRepairsEveryStream(t *testing.T) {
 		return nil
 	})
 
-	pool := transport.NewPool(nil)
-	defer pool.Close()
 	eventually(t, repairTime, func() error {
 		return chainsRepaired(ctx, pool, d.state.Replicas, streams, replicas)
 	})

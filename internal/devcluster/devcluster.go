@@ -31,6 +31,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/replica/chainmaster"
+	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
 )
@@ -56,8 +58,15 @@ type Spec struct {
 	Durability  catenapb.Durability
 	FsyncMs     uint32
 	// MinChainLength is the fewest members a chain must have for its head
-	// to take writes (0: 1); shorter chains refuse appends.
+	// to take writes (0: a majority of Replication, as the operator's
+	// default); shorter chains refuse appends.
 	MinChainLength int
+	// Retention of every stream (0: none), as a Stream's spec.retention:
+	// records older than RetentionTime or beyond RetentionBytes per
+	// partition go once no consumer hold needs them; the Hard limits apply
+	// whatever the holds.
+	RetentionTime, HardRetentionTime   time.Duration
+	RetentionBytes, HardRetentionBytes int64
 	// FailureTimeout is how long a replica may not answer Status before the
 	// master removes it from its chains (0: DefaultFailureTimeout).
 	FailureTimeout time.Duration
@@ -122,7 +131,9 @@ func (s *Spec) Validate() error {
 	case s.Replication < 1 || s.Replication > s.Replicas:
 		return fmt.Errorf("--replication %d must be between 1 and --replicas (%d)", s.Replication, s.Replicas)
 	case s.MinChainLength < 0 || s.MinChainLength > s.Replication:
-		return fmt.Errorf("--min-chain-length %d must be between 1 and --replication (%d)", s.MinChainLength, s.Replication)
+		return fmt.Errorf("--min-chain-length %d must be between 1 and --replication (%d), or 0 for a majority", s.MinChainLength, s.Replication)
+	case s.RetentionTime < 0 || s.HardRetentionTime < 0 || s.RetentionBytes < 0 || s.HardRetentionBytes < 0:
+		return errors.New("--retention, --retention-bytes, --hard-retention and --hard-retention-bytes must not be negative (0: no limit)")
 	case s.FailureTimeout != 0 && (s.FailureTimeout < minFailureTimeout || s.FailureTimeout > maxFailureTimeout):
 		return fmt.Errorf("--failure-timeout %s must be between %s and %s", s.FailureTimeout, minFailureTimeout, maxFailureTimeout)
 	}
@@ -137,7 +148,6 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	if err := spec.Validate(); err != nil {
 		return err
 	}
-	spec.MinChainLength = max(spec.MinChainLength, 1)
 	spec.Streams = resolveStreams(spec.Streams, spec.Partitions)
 	if spec.FailureTimeout == 0 {
 		spec.FailureTimeout = DefaultFailureTimeout
@@ -193,8 +203,11 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	if err := waitReady(ctx, pool, children); err != nil {
 		return err
 	}
+	// Placements count every chain placed before them, of any stream, as
+	// the operator's count every chain of the pool.
+	load := chainplan.Load{}
 	for _, s := range spec.Streams {
-		if err := ensureStream(ctx, pool, spec, s, children, log); err != nil {
+		if err := ensureStream(ctx, pool, spec, s, children, load, log); err != nil {
 			return err
 		}
 	}
@@ -237,9 +250,9 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	}
 	var streams []*masterStream
 	for _, s := range spec.Streams {
-		streams = append(streams, newMasterStream(s.Name, s.Partitions))
+		streams = append(streams, newMasterStream(s.Name, s.Partitions, spec.streamConfig(s.Partitions)))
 	}
-	m := newMaster(pool, log.WithValues("component", "master"), addrs, spec.Replication, spec.MinChainLength, spec.FailureTimeout, streams...)
+	m := newMaster(pool, log.WithValues("component", "master"), addrs, spec.Replication, spec.FailureTimeout, streams...)
 	defer m.stop()
 	for _, c := range children {
 		m.obs.Started(c.ID)
@@ -533,9 +546,23 @@ func waitReady(ctx context.Context, pool *transport.Pool, children []*child) err
 	return nil
 }
 
-// ensureStream creates the stream, or re-installs its chains under a new
-// epoch when members' addresses changed since they were last configured.
-func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, stream StreamSpec, children []*child, log logr.Logger) error {
+// streamConfig is the config every chain of a stream of partitions runs:
+// chainmaster.StreamConfig, as the operator's from a Stream.
+func (s Spec) streamConfig(partitions int) *catenapb.StreamConfig {
+	return chainmaster.StreamConfig(chainmaster.StreamSettings{
+		Partitions: partitions, Replication: s.Replication, MinChainLength: s.MinChainLength,
+		Interval: s.Durability == catenapb.Durability_DURABILITY_INTERVAL, FsyncInterval: time.Duration(s.FsyncMs) * time.Millisecond,
+		RetentionTime: s.RetentionTime, RetentionBytes: s.RetentionBytes,
+		HardRetentionTime: s.HardRetentionTime, HardRetentionBytes: s.HardRetentionBytes,
+	})
+}
+
+// ensureStream creates the stream, placing each new chain with
+// chainplan.Place over load (the chains already placed, which it counts
+// its own in), or re-installs its chains: under a new epoch when members'
+// addresses changed since they were last configured, under the same one
+// when only the config did.
+func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, stream StreamSpec, children []*child, load chainplan.Load, log logr.Logger) error {
 	byID := map[string]*child{}
 	ids := make([]string, len(children))
 	for i, c := range children {
@@ -557,9 +584,7 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, stream S
 			installed[ps.GetPartition()] = append(installed[ps.GetPartition()], ps)
 		}
 	}
-	placement := Placement(stream.Partitions, spec.Replication, ids)
-	minLen := uint32(max(spec.MinChainLength, 1))
-	cfg := &catenapb.StreamConfig{Partitions: uint32(stream.Partitions), Durability: spec.Durability, FsyncIntervalMs: spec.FsyncMs, MinChainLength: minLen}
+	cfg := spec.streamConfig(stream.Partitions)
 	for p := range stream.Partitions {
 		var latest *catenapb.PartitionStatus
 		for _, ps := range installed[uint32(p)] {
@@ -567,30 +592,25 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, stream S
 				latest = ps
 			}
 		}
-		memberIDs := placement[p]
+		var memberIDs []string
 		epoch := uint64(1)
 		if latest != nil && latest.GetEpoch() > 0 {
-			memberIDs = memberIDs[:0:0]
 			for _, m := range latest.GetMembers() {
 				memberIDs = append(memberIDs, m.GetId())
 			}
+			load.Add(memberIDs)
 			epoch = latest.GetEpoch()
-			if latest.GetConfig() != nil {
-				cfg = latest.GetConfig()
-			}
-			// The minimum chain length is this master's setting: re-sent
-			// under the same epoch when it changed (members accept a new
-			// config with an installed membership).
-			sameMin := cfg.GetMinChainLength() == minLen
-			if !sameMin {
-				cfg = proto.Clone(cfg).(*catenapb.StreamConfig)
-				cfg.MinChainLength = minLen
-			}
+			// The config is this master's: re-sent under the same epoch
+			// when it changed (members accept a new config with an
+			// installed membership).
 			if !upToDate(latest, installed[uint32(p)], byID) {
 				epoch++
-			} else if sameMin {
+			} else if proto.Equal(latest.GetConfig(), cfg) {
 				continue
 			}
+		} else {
+			memberIDs = chainplan.Place(ids, load, spec.Replication)
+			load.Add(memberIDs)
 		}
 		members := make([]*catenapb.Member, 0, len(memberIDs))
 		for _, id := range memberIDs {

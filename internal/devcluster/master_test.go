@@ -75,7 +75,7 @@ func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 	}
 	// A failure timeout no test reaches: only the exits the test reports
 	// count.
-	m := newMaster(pool, logr.Discard(), map[string]string{"a": a.addr, "b": b.addr, "c": c.addr}, 3, 0, time.Hour, newMasterStream("s", 1))
+	m := newMaster(pool, logr.Discard(), map[string]string{"a": a.addr, "b": b.addr, "c": c.addr}, 3, time.Hour, newMasterStream("s", 1, nil))
 	defer m.stop()
 	chains := m.streams[0].chains
 	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
@@ -230,7 +230,7 @@ func TestMasterRepairsEveryStream(t *testing.T) {
 		addrs[n.id] = n.addr
 		members = append(members, &catenapb.Member{Id: n.id, Addr: n.addr})
 	}
-	m := newMaster(pool, logr.Discard(), addrs, 3, 0, time.Hour, newMasterStream("demo", 2), newMasterStream("demo-checkpoints", 1))
+	m := newMaster(pool, logr.Discard(), addrs, 3, time.Hour, newMasterStream("demo", 2, nil), newMasterStream("demo-checkpoints", 1, nil))
 	defer m.stop()
 	for _, s := range m.streams {
 		cfg := &catenapb.StreamConfig{Partitions: uint32(s.partitions), Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}

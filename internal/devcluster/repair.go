@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
@@ -29,7 +28,11 @@ type repairInput struct {
 	Stream      string
 	Partitions  int
 	Replication int
-	MinLength   int
+	// Config is the stream's config as this master installs it
+	// (chainmaster.StreamConfig: what the heads enforce, the minimum chain
+	// length among it); nil: the config of the latest report, as the
+	// members run it.
+	Config *catenapb.StreamConfig
 	// Addrs of every replica this master runs, by id.
 	Addrs map[string]string
 	// Failed replicas: their process exited and has not come back yet, or
@@ -60,16 +63,13 @@ func planRepairs(in repairInput) ([]*chainmaster.Repair, error) {
 	var out []*chainmaster.Repair
 	for p := range uint32(in.Partitions) {
 		reports := chainmaster.PartitionReports(in.Reports, in.Stream, p)
-		// The stream config: from the report of the highest epoch, with
-		// this master's minimum chain length (what the heads enforce).
 		latest := chainmaster.LatestReport(reports)
 		if latest == nil {
 			continue // not configured yet: ensureStream's job
 		}
-		cfg := latest.GetConfig()
-		if in.MinLength > 0 && cfg.GetMinChainLength() != uint32(in.MinLength) {
-			cfg = proto.Clone(cfg).(*catenapb.StreamConfig)
-			cfg.MinChainLength = uint32(in.MinLength)
+		cfg := in.Config
+		if cfg == nil {
+			cfg = latest.GetConfig()
 		}
 		agreements := map[string]chainmaster.Agreement{}
 		for k, a := range in.Agreements {
@@ -82,7 +82,7 @@ func planRepairs(in repairInput) ([]*chainmaster.Repair, error) {
 			chain = &c
 		}
 		r, err := chainmaster.Plan(chainmaster.Input{
-			Stream: in.Stream, Partition: p, Config: cfg, Replication: in.Replication, MinLength: in.MinLength,
+			Stream: in.Stream, Partition: p, Config: cfg, Replication: in.Replication, MinLength: int(max(cfg.GetMinChainLength(), 1)),
 			Addrs: in.Addrs, Failed: in.Failed, Reports: reports, Answered: answered, Chain: chain, Agreements: agreements,
 			LinkTimeoutMs: in.LinkTimeoutMs,
 		})
@@ -101,7 +101,6 @@ func planRepairs(in repairInput) ([]*chainmaster.Repair, error) {
 type master struct {
 	streams     []*masterStream
 	replication int
-	minLength   int // fewest members that take writes (0: 1)
 	pool        *transport.Pool
 	log         logr.Logger
 	// obs probes the replicas and decides the failure of those that stop
@@ -118,9 +117,9 @@ type master struct {
 
 // newMaster returns a master of streams on the replicas at addrs, which it
 // starts probing.
-func newMaster(pool *transport.Pool, log logr.Logger, addrs map[string]string, replication, minLength int, failureTimeout time.Duration, streams ...*masterStream) *master {
+func newMaster(pool *transport.Pool, log logr.Logger, addrs map[string]string, replication int, failureTimeout time.Duration, streams ...*masterStream) *master {
 	m := &master{
-		streams: streams, replication: replication, minLength: minLength, pool: pool, log: log,
+		streams: streams, replication: replication, pool: pool, log: log,
 		addrs: maps.Clone(addrs), failed: map[string]bool{},
 		obs: chainmaster.NewObserver(pool, chainmaster.ObserverOptions{
 			FailureTimeout: failureTimeout, Interval: probeInterval, CallTimeout: probeTimeout,
@@ -137,12 +136,14 @@ func (m *master) stop() { m.obs.Stop() }
 type masterStream struct {
 	name       string
 	partitions int
+	// config is what every install carries (nil: the members' own).
+	config     *catenapb.StreamConfig
 	chains     map[uint32]chainplan.Chain
 	agreements map[agreeKey]chainmaster.Agreement
 }
 
-func newMasterStream(name string, partitions int) *masterStream {
-	return &masterStream{name: name, partitions: partitions, chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]chainmaster.Agreement{}}
+func newMasterStream(name string, partitions int, config *catenapb.StreamConfig) *masterStream {
+	return &masterStream{name: name, partitions: partitions, config: config, chains: map[uint32]chainplan.Chain{}, agreements: map[agreeKey]chainmaster.Agreement{}}
 }
 
 const (
@@ -220,7 +221,7 @@ func (m *master) repair(ctx context.Context) {
 // on.
 func (m *master) repairStream(ctx context.Context, s *masterStream, answered, failed map[string]bool) bool {
 	repairs, err := planRepairs(repairInput{
-		Stream: s.name, Partitions: s.partitions, Replication: m.replication, MinLength: max(m.minLength, 1),
+		Stream: s.name, Partitions: s.partitions, Replication: m.replication, Config: s.config,
 		Addrs: m.addrs, Failed: failed, Reports: m.reports, Answered: answered, Chains: s.chains, Agreements: s.agreements,
 		LinkTimeoutMs: m.linkTimeoutMs(),
 	})

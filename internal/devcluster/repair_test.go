@@ -50,7 +50,7 @@ func describe(prs []*chainmaster.Repair) string {
 func TestPlanRepairsKilledHeadRejoins(t *testing.T) {
 	abc := []string{"r0", "r1", "r2"}
 	in := repairInput{
-		Stream: "s", Partitions: 1, Replication: 3, MinLength: 1,
+		Stream: "s", Partitions: 1, Replication: 3,
 		Addrs:      map[string]string{"r0": "r0:1", "r1": "r1:1", "r2": "r2:1"},
 		Failed:     map[string]bool{},
 		Chains:     map[uint32]chainplan.Chain{},
@@ -112,7 +112,7 @@ func TestPlanRepairsKilledHeadRejoins(t *testing.T) {
 func TestPlanRepairsSlowReplicaIsNotRemoved(t *testing.T) {
 	abc := []string{"r0", "r1", "r2"}
 	in := repairInput{
-		Stream: "s", Partitions: 1, Replication: 3, MinLength: 1,
+		Stream: "s", Partitions: 1, Replication: 3,
 		Addrs:  map[string]string{"r0": "r0:1", "r1": "r1:1", "r2": "r2:1"},
 		Failed: map[string]bool{},
 		// r1 did not answer in time: in doubt, not failed.
@@ -131,7 +131,7 @@ func TestPlanRepairsRemovesAFailedMemberNextToOneInDoubt(t *testing.T) {
 	// could hold the master up); it gets the epoch when it answers again.
 	abc := []string{"r1", "r0", "r2"}
 	in := repairInput{
-		Stream: "s", Partitions: 1, Replication: 3, MinLength: 1,
+		Stream: "s", Partitions: 1, Replication: 3,
 		Addrs:  map[string]string{"r0": "r0:1", "r1": "r1:1", "r2": "r2:1"},
 		Failed: map[string]bool{"r0": true},
 		Reports: map[string]*catenapb.StatusResponse{
@@ -151,7 +151,7 @@ func TestPlanRepairsRemovesAFailedMemberNextToOneInDoubt(t *testing.T) {
 func TestPlanRepairsFinishesAHalfInstalledEpoch(t *testing.T) {
 	// The master recorded epoch 2 and only the tail installed it.
 	in := repairInput{
-		Stream: "s", Partitions: 1, Replication: 2, MinLength: 1,
+		Stream: "s", Partitions: 1, Replication: 2,
 		Addrs:  map[string]string{"r0": "r0:1", "r1": "r1:1", "r2": "r2:1"},
 		Failed: map[string]bool{"r2": true},
 		Chains: map[uint32]chainplan.Chain{0: {Epoch: 2, Members: []string{"r0", "r1"}}},
@@ -169,12 +169,14 @@ func TestPlanRepairsFinishesAHalfInstalledEpoch(t *testing.T) {
 	}
 }
 
-// The master's minimum chain length is what every install carries, so the
-// heads refuse writes below it (replica/server enforces it).
+// The master's config is what every install carries, so the heads refuse
+// writes below its minimum chain length (replica/server enforces it): a
+// majority of the replication factor by default, as in the operator.
 func TestPlanRepairsCarriesMinChainLength(t *testing.T) {
 	abc := []string{"r0", "r1", "r2"}
 	in := repairInput{
-		Stream: "s", Partitions: 1, Replication: 3, MinLength: 2,
+		Stream: "s", Partitions: 1, Replication: 3,
+		Config: chainmaster.StreamConfig(chainmaster.StreamSettings{Partitions: 1, Replication: 3}),
 		Addrs:  map[string]string{"r0": "r0:1", "r1": "r1:1", "r2": "r2:1"},
 		Failed: map[string]bool{"r0": true, "r1": true},
 		Reports: map[string]*catenapb.StatusResponse{

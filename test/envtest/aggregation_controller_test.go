@@ -203,6 +203,32 @@ var _ = Describe("Aggregation controller", Ordered, func() {
 		return string(b)
 	}
 
+	// expectRestored asserts that status records the restoration of each
+	// moved shard, from a worker killed at killed to the one given, from
+	// a checkpoint, that none is still awaited and that the Aggregation
+	// is Ready; it returns the restorations by shard.
+	expectRestored := func(g Gomega, a *streamsv1alpha1.Aggregation, moved []int32, from, to string, killed time.Time) map[int32]streamsv1alpha1.AggregationRestoration {
+		restored := map[int32]streamsv1alpha1.AggregationRestoration{}
+		for _, r := range a.Status.Restorations {
+			if !r.Time.Time.Before(killed.Add(-time.Second)) {
+				restored[r.Partition] = r
+			}
+		}
+		out := map[int32]streamsv1alpha1.AggregationRestoration{}
+		for _, p := range moved {
+			r, ok := restored[p]
+			g.Expect(ok).To(BeTrue(), "no restoration of shard %d since the kill: %s", p, describeAgg(a))
+			g.Expect(r.FromWorker).To(Equal(from))
+			g.Expect(r.ToWorker).To(Equal(to))
+			g.Expect(r.Reason).To(Equal(streamsv1alpha1.RestorationWorkerFailed))
+			g.Expect(r.Checkpoint).NotTo(BeNil(), "shard %d restored without a checkpoint: %s", p, describeAgg(a))
+			out[p] = r
+		}
+		g.Expect(a.Status.Restoring).To(BeEmpty(), describeAgg(a))
+		g.Expect(meta.IsStatusConditionTrue(a.Status.Conditions, streamsv1alpha1.AggregationReadyCondition)).To(BeTrue(), describeAgg(a))
+		return out
+	}
+
 	It("creates the checkpoint Stream and the workers, assigns every shard and matches the reference", func() {
 		produce(40, 0)
 		for _, pod := range workerPods {
@@ -325,22 +351,10 @@ failureTimeout: 2s`))).To(Succeed())
 		By("recording each restoration with the checkpoint it loaded")
 		Eventually(func(g Gomega) {
 			a := readAgg(g)
-			restored := map[int32]streamsv1alpha1.AggregationRestoration{}
-			for _, r := range a.Status.Restorations {
-				restored[r.Partition] = r
-			}
-			for _, p := range moved {
-				r, ok := restored[p]
-				g.Expect(ok).To(BeTrue(), "no restoration of shard %d: %s", p, describeAgg(a))
-				g.Expect(r.FromWorker).To(Equal(victim))
-				g.Expect(r.ToWorker).To(Equal(survivor))
-				g.Expect(r.Reason).To(Equal(streamsv1alpha1.RestorationWorkerFailed))
-				g.Expect(r.Checkpoint).NotTo(BeNil(), "shard %d restored without a checkpoint: %s", p, describeAgg(a))
+			for p, r := range expectRestored(g, a, moved, victim, survivor, killed) {
 				g.Expect(r.Checkpoint.SourceOffset).To(Equal(checkpoints[p]), "shard %d", p)
 				g.Expect(r.CheckpointsLoaded).To(BeNumerically(">=", 1))
-				g.Expect(r.Time.Time).To(BeTemporally(">=", killed.Add(-time.Second)))
 			}
-			g.Expect(meta.IsStatusConditionTrue(a.Status.Conditions, streamsv1alpha1.AggregationReadyCondition)).To(BeTrue(), describeAgg(a))
 		}).WithTimeout(time.Minute).Should(Succeed())
 		GinkgoWriter.Printf("restored on %s within %v of the kill\n", survivor, time.Since(killed).Round(time.Millisecond))
 
@@ -403,23 +417,7 @@ failureTimeout: 2s`))).To(Succeed())
 
 		By("having the restarted operator push the move and record each restoration")
 		Eventually(func(g Gomega) {
-			a := readAgg(g)
-			restored := map[int32]streamsv1alpha1.AggregationRestoration{}
-			for _, r := range a.Status.Restorations {
-				if r.Time.Time.After(killed.Add(-time.Second)) {
-					restored[r.Partition] = r
-				}
-			}
-			for _, p := range moved {
-				r, ok := restored[p]
-				g.Expect(ok).To(BeTrue(), "no restoration of shard %d: %s", p, describeAgg(a))
-				g.Expect(r.FromWorker).To(Equal(next))
-				g.Expect(r.ToWorker).To(Equal(back))
-				g.Expect(r.Reason).To(Equal(streamsv1alpha1.RestorationWorkerFailed))
-				g.Expect(r.Checkpoint).NotTo(BeNil(), "shard %d restored without a checkpoint: %s", p, describeAgg(a))
-			}
-			g.Expect(a.Status.Restoring).To(BeEmpty(), describeAgg(a))
-			g.Expect(meta.IsStatusConditionTrue(a.Status.Conditions, streamsv1alpha1.AggregationReadyCondition)).To(BeTrue(), describeAgg(a))
+			expectRestored(g, readAgg(g), moved, next, back, killed)
 		}).WithTimeout(time.Minute).Should(Succeed())
 		produce(20, 80)
 		Eventually(func(g Gomega) { expectResults(g, workers.get(ns, back)) }).WithTimeout(time.Minute).Should(Succeed())
