@@ -2,8 +2,6 @@ package controllers
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -60,10 +58,6 @@ const (
 	// no shards for: without shards it shows no lack of progress, and
 	// balance alone would hand its shards straight back.
 	stalledBench = 3
-	// specHashAnnotation is the hash of what the operator last applied to
-	// an Aggregation's child: the child is applied again only when it
-	// changes, not on every probe round.
-	specHashAnnotation = "streams.catena.io/applied-hash"
 )
 
 // aggSourceIndex indexes Aggregations by their source Stream.
@@ -335,19 +329,10 @@ func (r *AggregationReconciler) applyObjects(ctx context.Context, s *aggScope) (
 // of that name the Aggregation does not control is left alone, and so
 // reported as not found.
 func (r *AggregationReconciler) applyChanged(ctx context.Context, agg *streamsv1alpha1.Aggregation, desired, current client.Object) (bool, error) {
-	b, err := json.Marshal(desired)
+	hash, err := stampHash(desired)
 	if err != nil {
-		return false, fmt.Errorf("failed to encode %s %s: %w", kindOf(desired), desired.GetName(), err)
+		return false, err
 	}
-	sum := sha256.Sum256(b)
-	hash := hex.EncodeToString(sum[:8])
-	ann := maps.Clone(desired.GetAnnotations())
-	if ann == nil {
-		ann = map[string]string{}
-	}
-	ann[specHashAnnotation] = hash
-	desired.SetAnnotations(ann)
-
 	err = r.Client.Get(ctx, client.ObjectKeyFromObject(desired), current)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -357,7 +342,7 @@ func (r *AggregationReconciler) applyChanged(ctx context.Context, agg *streamsv1
 	case !metav1.IsControlledBy(current, agg):
 		log.FromContext(ctx).Info("The name of an Aggregation's object is taken", "object", kindOf(desired)+" "+desired.GetName())
 		return false, nil
-	case current.GetAnnotations()[specHashAnnotation] == hash:
+	case appliedAlready(current, hash):
 		return true, nil
 	}
 	if err := applyOwned(ctx, r.Client, r.Scheme, agg, desired); err != nil {

@@ -2,7 +2,11 @@ package controllers
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"maps"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -48,4 +52,35 @@ func kindOf(obj client.Object) string {
 		return k
 	}
 	return fmt.Sprintf("%T", obj)
+}
+
+// specHashAnnotation is the hash of what the operator last applied to an
+// object: it is applied again only when that changes (or, for a Stream's
+// objects, at the periodic re-apply), not on every reconcile.
+const specHashAnnotation = "streams.catena.io/applied-hash"
+
+// stampHash sets desired's specHashAnnotation to the hash of desired
+// without it, and returns the hash.
+func stampHash(desired client.Object) (string, error) {
+	ann := maps.Clone(desired.GetAnnotations())
+	delete(ann, specHashAnnotation)
+	desired.SetAnnotations(ann)
+	b, err := json.Marshal(desired)
+	if err != nil {
+		return "", fmt.Errorf("failed to encode %s %s: %w", kindOf(desired), desired.GetName(), err)
+	}
+	sum := sha256.Sum256(b)
+	hash := hex.EncodeToString(sum[:8])
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[specHashAnnotation] = hash
+	desired.SetAnnotations(ann)
+	return hash, nil
+}
+
+// appliedAlready reports whether current carries hash: it is what the
+// operator would apply.
+func appliedAlready(current client.Object, hash string) bool {
+	return current.GetAnnotations()[specHashAnnotation] == hash
 }

@@ -95,6 +95,9 @@ type ChainReconciler struct {
 	// acted is when each chain's master last called its replicas: it
 	// decides again only from a snapshot that shows the outcome.
 	acted map[types.NamespacedName]time.Time
+	// progressWritten is when each Partition's status was last written
+	// (see partitionProgressInterval).
+	progressWritten map[types.NamespacedName]time.Time
 }
 
 // DefaultChainWorkers is how many chains the operator reconciles at once: a
@@ -369,9 +372,15 @@ func (r *ChainReconciler) writeStatus(ctx context.Context, chain *streamsv1alpha
 	if equality.Semantic.DeepEqual(pbefore.Status, part.Status) {
 		return nil
 	}
+	key := client.ObjectKeyFromObject(part)
+	now := r.now()
+	if progressOnly(pbefore.Status, part.Status) && now.Sub(r.progressWrittenAt(key)) < partitionProgressInterval {
+		return nil
+	}
 	if err := r.Client.Status().Patch(ctx, part, client.MergeFrom(pbefore)); err != nil {
 		return fmt.Errorf("failed to patch the status of partition %s: %w", part.Name, err)
 	}
+	r.setProgressWritten(key, now)
 	return nil
 }
 
@@ -420,6 +429,21 @@ func (r *ChainReconciler) setActed(key types.NamespacedName, at time.Time) {
 	r.acted[key] = at
 }
 
+func (r *ChainReconciler) progressWrittenAt(key types.NamespacedName) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.progressWritten[key]
+}
+
+func (r *ChainReconciler) setProgressWritten(key types.NamespacedName, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.progressWritten == nil {
+		r.progressWritten = map[types.NamespacedName]time.Time{}
+	}
+	r.progressWritten[key] = at
+}
+
 func (r *ChainReconciler) agreementsOf(key types.NamespacedName) map[string]chainmaster.Agreement {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -452,6 +476,7 @@ func (r *ChainReconciler) forget(key types.NamespacedName) {
 	defer r.mu.Unlock()
 	delete(r.agreements, key)
 	delete(r.acted, key)
+	delete(r.progressWritten, key)
 	for pool, placed := range r.placed {
 		if pool.Namespace == key.Namespace {
 			delete(placed, key.Name)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -375,4 +376,21 @@ func partitionStatus(part *streamsv1alpha1.Partition, chain streamsv1alpha1.Repl
 	}
 	meta.SetStatusCondition(&status.Conditions, cond)
 	return status
+}
+
+// partitionProgressInterval is how often a Partition's progress alone (its
+// committed offset, log start and consumer holds, which move with every
+// write and read) is written to the API: under traffic a chain's status
+// round runs every second, and writing each partition's offsets that often
+// would load the API server and etcd with hundreds of writes a second.
+const partitionProgressInterval = 10 * time.Second
+
+// progressOnly reports whether next differs from prev only in a
+// Partition's progress (see partitionProgressInterval), which may wait.
+func progressOnly(prev, next streamsv1alpha1.PartitionStatus) bool {
+	strip := func(s streamsv1alpha1.PartitionStatus) streamsv1alpha1.PartitionStatus {
+		s.CommittedOffset, s.LogStartOffset, s.Consumers, s.ConsumersTruncated = 0, 0, nil, false
+		return s
+	}
+	return equality.Semantic.DeepEqual(strip(prev), strip(next))
 }

@@ -435,3 +435,34 @@ func TestPartitionStatusConsumerHolds(t *testing.T) {
 		})
 	}
 }
+
+func TestProgressOnly(t *testing.T) {
+	base := streamsv1alpha1.PartitionStatus{
+		Head: "p-0", Tail: "p-2", ChainEpoch: 3, CommittedOffset: 100, LogStartOffset: 10,
+		Consumers:  []streamsv1alpha1.ConsumerHold{{Consumer: "c", Offset: 50}},
+		Conditions: []metav1.Condition{{Type: streamsv1alpha1.PartitionReadyCondition, Status: metav1.ConditionTrue, Reason: "ChainReady"}},
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*streamsv1alpha1.PartitionStatus)
+		want   bool
+	}{
+		{"records committed", func(s *streamsv1alpha1.PartitionStatus) { s.CommittedOffset = 900 }, true},
+		{"retention trimmed", func(s *streamsv1alpha1.PartitionStatus) { s.LogStartOffset = 60 }, true},
+		{"a consumer read on", func(s *streamsv1alpha1.PartitionStatus) { s.Consumers[0].Offset = 80 }, true},
+		{"a new epoch", func(s *streamsv1alpha1.PartitionStatus) { s.ChainEpoch = 4 }, false},
+		{"a new head", func(s *streamsv1alpha1.PartitionStatus) { s.Head = "p-1" }, false},
+		{"no longer Ready", func(s *streamsv1alpha1.PartitionStatus) { s.Conditions[0].Status = metav1.ConditionFalse }, false},
+		{"a hard limit trimmed past a hold", func(s *streamsv1alpha1.PartitionStatus) {
+			s.ForcedTrims = []streamsv1alpha1.ForcedTrim{{Consumer: "c"}}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			next := *base.DeepCopy()
+			tc.change(&next)
+			if got := progressOnly(base, next); got != tc.want {
+				t.Fatalf("progressOnly = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -18,8 +20,11 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -48,6 +53,53 @@ type StreamReconciler struct {
 	// is Delete has its partitions dropped from its shared pool's replicas.
 	Conns       *transport.Pool
 	ReplicaAddr ReplicaAddrFunc
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+
+	mu sync.Mutex
+	// applied is when each Stream's pool and ingestion objects were last
+	// applied whatever their hash: between such re-applies (every
+	// reapplyInterval, and at the operator's start) an object is applied
+	// only when what the operator would apply changed. A Stream reconciles
+	// on every change of its chains' conditions: a failover of hundreds
+	// of chains must not cost four applies each time.
+	applied map[types.NamespacedName]time.Time
+}
+
+// reapplyInterval bounds how long a hand edit of a field the operator owns
+// on a Stream's pool, ingestion Deployment, Service or PodDisruptionBudget
+// stays before the operator applies the field back.
+const reapplyInterval = 5 * time.Minute
+
+func (r *StreamReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// reapplyDue reports whether the Stream's objects are due an apply whatever
+// their hash.
+func (r *StreamReconciler) reapplyDue(key types.NamespacedName) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.applied[key]
+	return !ok || r.now().Sub(at) >= reapplyInterval
+}
+
+func (r *StreamReconciler) reapplied(key types.NamespacedName, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.applied == nil {
+		r.applied = map[types.NamespacedName]time.Time{}
+	}
+	r.applied[key] = at
+}
+
+func (r *StreamReconciler) forget(key types.NamespacedName) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.applied, key)
 }
 
 func (r *StreamReconciler) event(stream *streamsv1alpha1.Stream, eventType, reason, action, note string, args ...any) {
@@ -76,6 +128,9 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 
 	stream := &streamsv1alpha1.Stream{}
 	if err := r.Client.Get(ctx, req.NamespacedName, stream); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !stream.DeletionTimestamp.IsZero() {
@@ -100,6 +155,8 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	}()
 
 	desired := desiredStreamChildren(stream)
+	started := r.now()
+	obs.reapply = r.reapplyDue(req.NamespacedName)
 	pool, err := r.reconcilePool(ctx, stream, desired.Pool, &obs)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -113,7 +170,10 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if err := r.reconcileIngestion(ctx, stream, desiredIngestion(stream, pool, r.Image), &obs); err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{}, nil
+	if obs.reapply {
+		r.reapplied(req.NamespacedName, started)
+	}
+	return reconcile.Result{RequeueAfter: reapplyInterval}, nil
 }
 
 // reconcilePool applies the Stream's own pool, unless its name is taken by
@@ -137,8 +197,14 @@ func (r *StreamReconciler) reconcilePool(ctx context.Context, stream *streamsv1a
 		if !found {
 			log.FromContext(ctx).Info("Creating own pool", "replicaPool", key.Name)
 		}
-		if err := applyOwned(ctx, r.Client, r.Scheme, stream, own); err != nil {
+		hash, err := stampHash(own)
+		if err != nil {
 			return nil, err
+		}
+		if !found || obs.reapply || !appliedAlready(pool, hash) {
+			if err := applyOwned(ctx, r.Client, r.Scheme, stream, own); err != nil {
+				return nil, err
+			}
 		}
 		if !found {
 			pool = own // applied just now: no status yet
@@ -267,6 +333,13 @@ func (r *StreamReconciler) applyUnlessTaken(ctx context.Context, stream *streams
 	if !exists {
 		log.FromContext(ctx).Info("Creating the Stream's ingestion "+kind, "name", key.Name)
 	}
+	hash, err := stampHash(desired)
+	if err != nil {
+		return false, err
+	}
+	if exists && !obs.reapply && appliedAlready(current, hash) {
+		return true, nil
+	}
 	if err := applyOwned(ctx, r.Client, r.Scheme, stream, desired); err != nil {
 		return false, err
 	}
@@ -314,8 +387,19 @@ func (r *StreamReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&streamsv1alpha1.Stream{}).
-		Owns(&streamsv1alpha1.Partition{}).
-		Owns(&streamsv1alpha1.ReplicationChain{}).
+		// Partitions and chains change status as they run (offsets,
+		// holds, every confirmation of a failover): the Stream looks only
+		// at the changes its status is made of.
+		Owns(&streamsv1alpha1.Partition{}, builder.WithPredicates(predicate.TypedFuncs[client.Object]{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return partitionChangeMatters(e.ObjectOld.(*streamsv1alpha1.Partition), e.ObjectNew.(*streamsv1alpha1.Partition))
+			},
+		})).
+		Owns(&streamsv1alpha1.ReplicationChain{}, builder.WithPredicates(predicate.TypedFuncs[client.Object]{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return chainChangeMatters(e.ObjectOld.(*streamsv1alpha1.ReplicationChain), e.ObjectNew.(*streamsv1alpha1.ReplicationChain))
+			},
+		})).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 )
@@ -100,6 +102,9 @@ type streamObservation struct {
 	// Degraded condition is True), each as "<name>: <its message>", in name
 	// order; Reconfiguring the chains whose Progressing condition is True.
 	ShortChains, Reconfiguring []string
+	// reapply is set when this round applies the Stream's objects whatever
+	// their hash.
+	reapply bool
 }
 
 // streamStatus is the Stream's status given what was observed. Like
@@ -212,4 +217,40 @@ func joinList(items []string) string {
 		out += ", " + it
 	}
 	return out + " and " + items[len(items)-1]
+}
+
+// partitionChangeMatters reports whether an update of a Partition changes
+// what its Stream's status is made of (whether it is Ready): its offsets
+// and consumer holds, written as the chain runs, do not.
+func partitionChangeMatters(old, cur *streamsv1alpha1.Partition) bool {
+	return ownedChangeMatters(old, cur) || old.IsReady() != cur.IsReady()
+}
+
+// chainChangeMatters reports whether an update of a ReplicationChain
+// changes what its Stream's status is made of: whether it is short (and
+// the Degraded message saying how), and whether it is reconfiguring. A
+// failover changes each chain's status several times (the new epoch, each
+// member's confirmation); the Stream looks at the ones that matter only.
+func chainChangeMatters(old, cur *streamsv1alpha1.ReplicationChain) bool {
+	if ownedChangeMatters(old, cur) {
+		return true
+	}
+	summary := func(c *streamsv1alpha1.ReplicationChain) (metav1.ConditionStatus, string, bool) {
+		d := meta.FindStatusCondition(c.Status.Conditions, streamsv1alpha1.ReplicationChainDegradedCondition)
+		progressing := meta.IsStatusConditionTrue(c.Status.Conditions, streamsv1alpha1.ReplicationChainProgressingCondition)
+		if d == nil {
+			return "", "", progressing
+		}
+		return d.Status, d.Message, progressing
+	}
+	os, om, op := summary(old)
+	cs, cm, cp := summary(cur)
+	return os != cs || om != cm || op != cp
+}
+
+// ownedChangeMatters: a change of an owned object's spec, owners or
+// deletion always matters to its Stream.
+func ownedChangeMatters(old, cur client.Object) bool {
+	return old.GetGeneration() != cur.GetGeneration() || old.GetDeletionTimestamp().IsZero() != cur.GetDeletionTimestamp().IsZero() ||
+		!equality.Semantic.DeepEqual(old.GetOwnerReferences(), cur.GetOwnerReferences())
 }

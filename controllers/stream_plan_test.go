@@ -244,3 +244,66 @@ func TestJoinList(t *testing.T) {
 		}
 	}
 }
+
+func TestStreamLooksOnlyAtChildChangesThatMatter(t *testing.T) {
+	cond := func(typ string, s metav1.ConditionStatus, msg string) metav1.Condition {
+		return metav1.Condition{Type: typ, Status: s, Reason: "R", Message: msg}
+	}
+	chain := func(epoch int64, conds ...metav1.Condition) *streamsv1alpha1.ReplicationChain {
+		c := &streamsv1alpha1.ReplicationChain{}
+		c.Generation = 1
+		c.Status.TargetEpoch = epoch
+		c.Status.Conditions = conds
+		return c
+	}
+	degraded := func(msg string) metav1.Condition {
+		return cond(streamsv1alpha1.ReplicationChainDegradedCondition, metav1.ConditionTrue, msg)
+	}
+	progressing := cond(streamsv1alpha1.ReplicationChainProgressingCondition, metav1.ConditionTrue, "epoch 3")
+	for _, tc := range []struct {
+		name     string
+		old, cur *streamsv1alpha1.ReplicationChain
+		want     bool
+	}{
+		{"a member confirms, nothing else changes", chain(3, progressing), chain(3, progressing), false},
+		{"a new epoch while still reconfiguring", chain(3, progressing), chain(4, cond(streamsv1alpha1.ReplicationChainProgressingCondition, metav1.ConditionTrue, "epoch 4")), false},
+		{"reconfiguring starts", chain(3), chain(4, progressing), true},
+		{"the chain becomes short", chain(3), chain(4, degraded("2 of 3 members in chain")), true},
+		{"how short it is changes", chain(3, degraded("2 of 3 members in chain")), chain(4, degraded("1 of 3 members in chain")), true},
+		{"its spec changes", chain(3), func() *streamsv1alpha1.ReplicationChain { c := chain(3); c.Generation = 2; return c }(), true},
+		{"it is being deleted", chain(3), func() *streamsv1alpha1.ReplicationChain {
+			c := chain(3)
+			now := metav1.Now()
+			c.DeletionTimestamp = &now
+			return c
+		}(), true},
+	} {
+		t.Run("chain: "+tc.name, func(t *testing.T) {
+			if got := chainChangeMatters(tc.old, tc.cur); got != tc.want {
+				t.Fatalf("chainChangeMatters = %v, want %v", got, tc.want)
+			}
+		})
+	}
+
+	part := func(committed int64, ready metav1.ConditionStatus) *streamsv1alpha1.Partition {
+		p := &streamsv1alpha1.Partition{}
+		p.Status.CommittedOffset = committed
+		p.Status.Conditions = []metav1.Condition{cond(streamsv1alpha1.PartitionReadyCondition, ready, "")}
+		return p
+	}
+	for _, tc := range []struct {
+		name     string
+		old, cur *streamsv1alpha1.Partition
+		want     bool
+	}{
+		{"offsets move", part(10, metav1.ConditionTrue), part(900, metav1.ConditionTrue), false},
+		{"it stops being Ready", part(10, metav1.ConditionTrue), part(10, metav1.ConditionFalse), true},
+		{"it becomes Ready", part(10, metav1.ConditionFalse), part(10, metav1.ConditionTrue), true},
+	} {
+		t.Run("partition: "+tc.name, func(t *testing.T) {
+			if got := partitionChangeMatters(tc.old, tc.cur); got != tc.want {
+				t.Fatalf("partitionChangeMatters = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
