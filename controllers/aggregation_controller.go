@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -89,23 +90,25 @@ type AggregationReconciler struct {
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 
+	// workers probe each Aggregation's workers outside the reconciles.
+	workers *workerObservers
+
 	mu sync.Mutex
 	// memory of each Aggregation, by namespace/name.
 	memory map[types.NamespacedName]*aggMemory
 }
 
 // aggMemory is what the operator remembers of one Aggregation between
-// rounds: the evidence its failure and stall verdicts are drawn from. It
-// is lost with the operator, which costs at most a failure timeout of
+// rounds besides its workers' probes (workerObservers): each shard's
+// progress, which its stall verdicts are drawn from. Both are evidence,
+// lost with the operator, which costs at most a failure timeout of
 // patience: a new operator (after a restart, or a new leader) counts a
 // worker's silence and a shard's lack of progress from its own first look.
 // What it decided is in status (assignments, restoring, benched), written
 // before it acts. Only reconciles of its Aggregation touch it, and the work
 // queue never runs two of one key at once.
 type aggMemory struct {
-	lastAnswer map[string]time.Time
-	firstAsked map[string]time.Time
-	progress   map[int32]shardProgress
+	progress map[int32]shardProgress
 }
 
 func (r *AggregationReconciler) now() time.Time {
@@ -123,10 +126,7 @@ func (r *AggregationReconciler) memoryOf(key types.NamespacedName) *aggMemory {
 	}
 	m := r.memory[key]
 	if m == nil {
-		m = &aggMemory{
-			lastAnswer: map[string]time.Time{}, firstAsked: map[string]time.Time{},
-			progress: map[int32]shardProgress{},
-		}
+		m = &aggMemory{progress: map[int32]shardProgress{}}
 		r.memory[key] = m
 	}
 	return m
@@ -136,6 +136,9 @@ func (r *AggregationReconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.memory, key)
+	if r.workers != nil {
+		r.workers.forget(key)
+	}
 }
 
 func (r *AggregationReconciler) event(agg *streamsv1alpha1.Aggregation, eventType, reason, action, note string, args ...any) {
@@ -181,6 +184,11 @@ type aggScope struct {
 	// one: nothing is recorded, the change that made it so brings the
 	// next round.
 	stale bool
+	// requeue, when set, is the next look of a round that decided
+	// nothing: it waits for its workers' first probes.
+	requeue time.Duration
+	// workers are the Aggregation's worker probes.
+	workers *observedWorkers
 }
 
 // Reconcile takes one step of one Aggregation.
@@ -249,7 +257,7 @@ func (r *AggregationReconciler) Reconcile(ctx context.Context, req reconcile.Req
 			return reconcile.Result{}, fmt.Errorf("failed to %s of Aggregation %s: %w", p.name, agg.Name, err)
 		}
 		if !cont {
-			return reconcile.Result{}, nil
+			return reconcile.Result{RequeueAfter: s.requeue}, nil
 		}
 	}
 	return reconcile.Result{RequeueAfter: r.nextLook(s)}, nil
@@ -351,8 +359,9 @@ func (r *AggregationReconciler) applyChanged(ctx context.Context, agg *streamsv1
 	return true, nil
 }
 
-// probeWorkers reads the worker pods, asks every one Aggregator.Status,
-// and decides each worker's state.
+// probeWorkers reads the worker pods and their latest answers (the
+// workers' observer asks them, outside the reconcile), and decides each
+// worker's state. It decides nothing until every worker has been asked.
 func (r *AggregationReconciler) probeWorkers(ctx context.Context, s *aggScope) (bool, error) {
 	var list corev1.PodList
 	if err := r.Client.List(ctx, &list, client.InNamespace(s.agg.Namespace), client.MatchingLabels(aggSelectorLabels(s.agg))); err != nil {
@@ -362,15 +371,19 @@ func (r *AggregationReconciler) probeWorkers(ctx context.Context, s *aggScope) (
 	if addrOf == nil {
 		addrOf = WorkerDNSAddr
 	}
-	s.pods, s.addrs = map[string]*corev1.Pod{}, map[string]string{}
+	s.pods = map[string]*corev1.Pod{}
 	for i := range list.Items {
-		p := &list.Items[i]
-		s.pods[p.Name] = p
-		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodFailed && p.Status.Phase != corev1.PodSucceeded {
-			s.addrs[p.Name] = addrOf(p)
-		}
+		s.pods[list.Items[i].Name] = &list.Items[i]
 	}
-	s.reports = r.gather(ctx, s.addrs, s.agg)
+	s.addrs = runnableWorkerAddrs(list.Items, addrOf)
+	s.workers = r.workers.workers(client.ObjectKeyFromObject(s.agg), s.timeout, s.addrs)
+	view := s.workers.view(s.now)
+	if !view.Complete {
+		// A worker not asked yet is not a silent one.
+		s.stale, s.requeue = true, workerObserveInterval
+		return false, nil
+	}
+	s.reports = view.Reports
 
 	names := map[string]bool{}
 	for _, w := range desiredWorkerNames(s.agg) {
@@ -385,13 +398,11 @@ func (r *AggregationReconciler) probeWorkers(ctx context.Context, s *aggScope) (
 	s.states = map[string]workerState{}
 	for w := range names {
 		_, answered := s.reports[w]
-		if answered {
-			s.mem.lastAnswer[w] = s.now
+		first := view.FirstAsked[w]
+		if first.IsZero() {
+			first = s.now // not probed: no pod that may run
 		}
-		if s.mem.firstAsked[w].IsZero() {
-			s.mem.firstAsked[w] = s.now
-		}
-		s.states[w] = workerHealth(s.pods[w], answered, s.mem.lastAnswer[w], s.mem.firstAsked[w], s.now, s.timeout)
+		s.states[w] = workerHealth(s.pods[w], answered, view.LastAnswer[w], first, s.now, s.timeout)
 		if s.states[w] == workerLive {
 			s.obs.Live++
 		}
@@ -566,8 +577,9 @@ func (r *AggregationReconciler) pushAssignments(ctx context.Context, s *aggScope
 		}
 	}
 	var (
-		mu sync.Mutex
-		wg sync.WaitGroup
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		sent bool
 	)
 	for _, w := range slices.Sorted(maps.Keys(s.reports)) {
 		st := s.reports[w]
@@ -586,6 +598,7 @@ func (r *AggregationReconciler) pushAssignments(ctx context.Context, s *aggScope
 			CheckpointStream: s.agg.CheckpointStreamName(),
 			Consumer:         s.agg.ConsumerName(),
 		}
+		sent = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -603,6 +616,11 @@ func (r *AggregationReconciler) pushAssignments(ctx context.Context, s *aggScope
 		}()
 	}
 	wg.Wait()
+	if sent {
+		// The next look wants the workers' answers to what they were
+		// sent.
+		s.workers.probes.Poke()
+	}
 	return true, nil
 }
 
@@ -677,6 +695,7 @@ func (r *AggregationReconciler) finalize(ctx context.Context, agg *streamsv1alph
 	if !controllerutil.ContainsFinalizer(agg, AggregationFinalizer) {
 		return reconcile.Result{}, nil
 	}
+	r.workers.forget(client.ObjectKeyFromObject(agg))
 	logger := log.FromContext(ctx)
 	sts := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: agg.Namespace, Name: agg.WorkersName()}}
 	if err := r.Client.Delete(ctx, sts); client.IgnoreNotFound(err) != nil {
@@ -845,8 +864,13 @@ func (r *AggregationReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	}); err != nil {
 		return fmt.Errorf("failed to index Aggregations by source: %w", err)
 	}
+	r.workers = newWorkerObservers(mgr.GetClient(), r.Conns, r.WorkerAddr, r.Now)
+	if err := mgr.Add(r.workers); err != nil {
+		return fmt.Errorf("failed to register the Aggregations' worker observer: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&streamsv1alpha1.Aggregation{}).
+		WatchesRawSource(source.Channel(r.workers.Wake, &handler.EnqueueRequestForObject{})).
 		Owns(&streamsv1alpha1.Stream{}).
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).

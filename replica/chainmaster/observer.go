@@ -5,11 +5,13 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/probe"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -23,14 +25,12 @@ import (
 // interval however many chains it holds, and deciding never waits on a
 // replica.
 type Observer struct {
-	conns *transport.Pool
-	opts  ObserverOptions
-	now   func() time.Time
+	probes *probe.Set[*catenapb.StatusResponse]
+	opts   ObserverOptions
+	now    func() time.Time
 
 	mu       sync.Mutex
 	detector *Detector
-	probers  map[string]*prober
-	stopped  bool
 }
 
 // ObserverOptions configure an Observer.
@@ -60,20 +60,6 @@ const (
 	defaultObserverInterval       = 100 * time.Millisecond
 )
 
-// prober is one replica's probe loop and what it last learned.
-type prober struct {
-	id, addr string
-	cancel   context.CancelFunc
-	poke     chan struct{}
-	added    time.Time
-
-	resp     *catenapb.StatusResponse // latest answer (nil: none yet)
-	askedOK  time.Time                // when the latest answer was asked for
-	gotOK    time.Time                // when it arrived
-	askedEnd time.Time                // when the latest completed probe (answered or not) was asked for
-	latency  time.Duration            // smoothed time its answers take
-}
-
 // NewObserver returns an observer without replicas; SetReplicas gives it
 // some.
 func NewObserver(conns *transport.Pool, opts ObserverOptions) *Observer {
@@ -89,10 +75,11 @@ func NewObserver(conns *transport.Pool, opts ObserverOptions) *Observer {
 	if opts.Fresh <= 0 {
 		opts.Fresh = 2*opts.Interval + 100*time.Millisecond
 	}
-	o := &Observer{conns: conns, opts: opts, now: opts.Now, detector: NewDetector(opts.FailureTimeout), probers: map[string]*prober{}}
+	o := &Observer{opts: opts, now: opts.Now, detector: NewDetector(opts.FailureTimeout)}
 	if o.now == nil {
 		o.now = time.Now
 	}
+	o.probes = probe.NewSet(conns, askStatus, probe.Options{Interval: opts.Interval, CallTimeout: opts.CallTimeout, Now: o.now})
 	return o
 }
 
@@ -100,75 +87,19 @@ func NewObserver(conns *transport.Pool, opts ObserverOptions) *Observer {
 func (o *Observer) Options() ObserverOptions { return o.opts }
 
 // SetReplicas makes the observer probe exactly addrs (replica id to
-// address): probers start for new replicas or new addresses, and stop for
+// address): probes start for new replicas or new addresses, and stop for
 // replicas no longer listed (the detector forgets nothing: a replica that
 // comes back is judged on its history).
-func (o *Observer) SetReplicas(addrs map[string]string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.stopped {
-		return
-	}
-	for id, p := range o.probers {
-		if addr, ok := addrs[id]; !ok || addr != p.addr {
-			p.cancel()
-			delete(o.probers, id)
-		}
-	}
-	for id, addr := range addrs {
-		if _, ok := o.probers[id]; !ok {
-			o.startLocked(id, addr)
-		}
-	}
-}
+func (o *Observer) SetReplicas(addrs map[string]string) { o.probes.SetTargets(addrs) }
 
 // AddReplicas makes the observer probe addrs too, keeping the others.
-func (o *Observer) AddReplicas(addrs map[string]string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for id, addr := range addrs {
-		if p, ok := o.probers[id]; ok && p.addr == addr {
-			continue
-		}
-		o.startLocked(id, addr)
-	}
-}
-
-// startLocked (re)starts id's prober at addr; o.mu is held.
-func (o *Observer) startLocked(id, addr string) {
-	if o.stopped {
-		return
-	}
-	if p, ok := o.probers[id]; ok {
-		p.cancel()
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &prober{id: id, addr: addr, cancel: cancel, poke: make(chan struct{}, 1), added: o.now()}
-	o.probers[id] = p
-	go o.run(ctx, p)
-}
+func (o *Observer) AddReplicas(addrs map[string]string) { o.probes.AddTargets(addrs) }
 
 // Replicas is the set of replicas probed, with their addresses.
-func (o *Observer) Replicas() map[string]string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	out := make(map[string]string, len(o.probers))
-	for id, p := range o.probers {
-		out[id] = p.addr
-	}
-	return out
-}
+func (o *Observer) Replicas() map[string]string { return o.probes.Targets() }
 
 // Stop ends every probe; the observer probes nothing afterwards.
-func (o *Observer) Stop() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.stopped = true
-	for id, p := range o.probers {
-		p.cancel()
-		delete(o.probers, id)
-	}
-}
+func (o *Observer) Stop() { o.probes.Stop() }
 
 // Started and Exited tell the detector of a process start or exit the
 // master saw (catena dev runs the processes; the operator does not know).
@@ -187,69 +118,13 @@ func (o *Observer) Exited(id string) {
 
 // Poke has every replica probed now, not at its next interval: a master
 // that just acted wants to see the outcome.
-func (o *Observer) Poke() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, p := range o.probers {
-		select {
-		case p.poke <- struct{}{}:
-		default:
-		}
-	}
-}
+func (o *Observer) Poke() { o.probes.Poke() }
 
-func (o *Observer) run(ctx context.Context, p *prober) {
-	rc := func() (catenapb.ReplicaClient, error) {
-		conn, err := o.conns.Get(p.addr)
-		if err != nil {
-			return nil, err
-		}
-		return catenapb.NewReplicaClient(conn), nil
-	}
-	for {
-		start, asked := time.Now(), o.now()
-		resp, err := o.ask(ctx, rc, p.id)
-		if ctx.Err() != nil {
-			return
-		}
-		o.mu.Lock()
-		if err == nil {
-			p.resp, p.askedOK, p.gotOK = resp, asked, o.now()
-			took := p.gotOK.Sub(asked)
-			if p.latency == 0 {
-				p.latency = took
-			} else {
-				p.latency += (took - p.latency) / 4
-			}
-		} else {
-			p.gotOK = time.Time{} // a refusal ends the answer's freshness at once; a hang only when it runs out
-		}
-		p.askedEnd = asked
-		o.mu.Unlock()
-
-		t := time.NewTimer(max(time.Until(start.Add(o.opts.Interval)), 0))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-p.poke:
-			t.Stop()
-		case <-t.C:
-		}
-	}
-}
-
-// ask makes one Status probe. NotFound is an answer (the replica hosts
-// nothing); an answer from another replica than the one asked for (its
-// address reused by another process) is none.
-func (o *Observer) ask(ctx context.Context, rc func() (catenapb.ReplicaClient, error), id string) (*catenapb.StatusResponse, error) {
-	c, err := rc()
-	if err != nil {
-		return nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, o.opts.CallTimeout)
-	defer cancel()
-	resp, err := c.Status(cctx, &catenapb.StatusRequest{})
+// askStatus makes one Status probe. NotFound is an answer (the replica
+// hosts nothing); an answer from another replica than the one asked for
+// (its address reused by another process) is none.
+func askStatus(ctx context.Context, conn *grpc.ClientConn, id string) (*catenapb.StatusResponse, error) {
+	resp, err := catenapb.NewReplicaClient(conn).Status(ctx, &catenapb.StatusRequest{})
 	if status.Code(err) == codes.NotFound {
 		return &catenapb.StatusResponse{ReplicaId: id}, nil
 	}
@@ -314,6 +189,8 @@ func (s Snapshot) AnsweredReports() map[string]*catenapb.StatusResponse {
 // Snapshot records a detector round at now from the probes' latest
 // outcomes and returns what the master knows.
 func (o *Observer) Snapshot() Snapshot {
+	results := o.probes.Results()
+	stopped := o.probes.Stopped()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	now := o.now()
@@ -322,28 +199,28 @@ func (o *Observer) Snapshot() Snapshot {
 		Health: map[string]chainplan.Health{}, SilentFor: map[string]time.Duration{},
 		askedOK: map[string]time.Time{}, Complete: true,
 	}
-	ids := make([]string, 0, len(o.probers))
+	ids := make([]string, 0, len(results))
 	heard := map[string]time.Time{}
-	for id, p := range o.probers {
+	for id, r := range results {
 		ids = append(ids, id)
-		if p.askedEnd.IsZero() || p.askedEnd.Before(p.added) {
+		if !r.Probed() {
 			s.Complete = false
 		}
-		if p.resp == nil {
+		if !r.Answered {
 			continue
 		}
-		s.Reports[id] = p.resp
-		s.askedOK[id] = p.askedOK
+		s.Reports[id] = r.Resp
+		s.askedOK[id] = r.AskedOK
 		// Every answer proves the replica alive when it was asked, fresh
 		// or not: the detector learns of it even when no snapshot was
 		// taken while it was fresh.
-		o.detector.Heard(id, p.askedOK)
-		if !p.gotOK.IsZero() && now.Sub(p.gotOK) <= o.opts.Fresh+2*p.latency {
+		o.detector.Heard(id, r.AskedOK)
+		if r.Fresh(now, o.opts.Fresh) {
 			s.Answered[id] = true
-			heard[id] = p.askedOK
+			heard[id] = r.AskedOK
 		}
 	}
-	if o.stopped {
+	if stopped {
 		s.Complete = false // it sees nothing any more
 	}
 	o.detector.Round(now, ids, heard)
@@ -367,10 +244,7 @@ func (o *Observer) Refresh(ctx context.Context) (Snapshot, bool) {
 		if s.After(from) {
 			return s, true
 		}
-		o.mu.Lock()
-		stopped := o.stopped
-		o.mu.Unlock()
-		if stopped || ctx.Err() != nil {
+		if o.probes.Stopped() || ctx.Err() != nil {
 			return s, false
 		}
 		select {
