@@ -577,9 +577,10 @@ func (r *AggregationReconciler) pushAssignments(ctx context.Context, s *aggScope
 		}
 	}
 	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		sent bool
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		sent    bool
+		answers = map[string]*catenapb.AggregatorStatus{}
 	)
 	for _, w := range slices.Sorted(maps.Keys(s.reports)) {
 		st := s.reports[w]
@@ -612,10 +613,11 @@ func (r *AggregationReconciler) pushAssignments(ctx context.Context, s *aggScope
 				aggAssignErrors.WithLabelValues(s.agg.Namespace).Inc()
 				return
 			}
-			s.reports[w] = resp
+			answers[w] = resp
 		}()
 	}
 	wg.Wait()
+	maps.Copy(s.reports, answers)
 	if sent {
 		// The next look wants the workers' answers to what they were
 		// sent.

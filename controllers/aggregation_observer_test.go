@@ -40,7 +40,9 @@ func TestWorkersDigestChangesWithWhatTheReconcileDecidesFrom(t *testing.T) {
 		view    workerView
 		changes bool
 	}{
-		{"offsets move", with(func(v workerView) { v.Reports["a-0"].Shards[0].Consumed, v.Reports["a-0"].Shards[0].SourceCommitted = 12, 40 }), false},
+		{"offsets move", with(func(v workerView) {
+			v.Reports["a-0"].Shards[0].Consumed, v.Reports["a-0"].Shards[0].SourceCommitted = 12, 40
+		}), false},
 		{"a worker stops answering", with(func(v workerView) { delete(v.Reports, "a-1") }), true},
 		{"a worker takes a new generation", with(func(v workerView) { v.Reports["a-1"].Generation = 4 }), true},
 		{"a shard starts restoring", with(func(v workerView) {
