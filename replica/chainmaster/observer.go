@@ -2,6 +2,9 @@ package chainmaster
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +34,31 @@ type Observer struct {
 
 	mu       sync.Mutex
 	detector *Detector
+	// ndKey names the fresh answers nd was computed from: masters take a
+	// snapshot in every decision, and reading every partition of every
+	// answer again when no answer changed cost the operator half of its
+	// CPU in a failover of hundreds of chains.
+	ndKey string
+	nd    map[string]time.Duration
+}
+
+// neighbourDown is ReplicaNeighbourDown of s's fresh answers, computed
+// again only when they changed; o.mu is held. The map is shared by the
+// snapshots taken from the same answers: it is read-only.
+func (o *Observer) neighbourDown(s Snapshot) map[string]time.Duration {
+	ids := make([]string, 0, len(s.Answered))
+	for id := range s.Answered {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var b strings.Builder
+	for _, id := range ids {
+		fmt.Fprintf(&b, "%s@%d;", id, s.askedOK[id].UnixNano())
+	}
+	if key := b.String(); key != o.ndKey || o.nd == nil {
+		o.ndKey, o.nd = key, ReplicaNeighbourDown(s.AnsweredReports())
+	}
+	return o.nd
 }
 
 // ObserverOptions configure an Observer.
@@ -151,7 +179,8 @@ type Snapshot struct {
 	Health map[string]chainplan.Health
 	// NeighbourDown is, for each replica, the longest a neighbour that
 	// answered reports it cannot reach it, in any chain (a replica is one
-	// process: it fails for all its chains at once).
+	// process: it fails for all its chains at once). Read-only: snapshots
+	// of the same answers share it.
 	NeighbourDown map[string]time.Duration
 	// SilentFor is how long each replica has not answered, as the
 	// detector counts it.
@@ -224,7 +253,7 @@ func (o *Observer) Snapshot() Snapshot {
 		s.Complete = false // it sees nothing any more
 	}
 	o.detector.Round(now, ids, heard)
-	s.NeighbourDown = ReplicaNeighbourDown(s.AnsweredReports())
+	s.NeighbourDown = o.neighbourDown(s)
 	for _, id := range ids {
 		s.Health[id] = o.detector.Health(id, now, s.NeighbourDown[id])
 		s.SilentFor[id] = o.detector.SilentFor(id, now)
