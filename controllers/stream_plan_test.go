@@ -3,10 +3,12 @@ package controllers
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
@@ -305,5 +307,27 @@ func TestStreamLooksOnlyAtChildChangesThatMatter(t *testing.T) {
 				t.Fatalf("partitionChangeMatters = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestStreamReapplyDue(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	r := &StreamReconciler{Now: func() time.Time { return now }}
+	key := types.NamespacedName{Namespace: "ns", Name: "orders"}
+	if !r.reapplyDue(key) {
+		t.Fatal("a Stream never applied by this operator is not due an apply (an operator start must apply everything once)")
+	}
+	r.reapplied(key, now)
+	now = now.Add(reapplyInterval - time.Second)
+	if r.reapplyDue(key) {
+		t.Fatal("due again before reapplyInterval")
+	}
+	now = now.Add(time.Second)
+	if !r.reapplyDue(key) {
+		t.Fatal("not due after reapplyInterval: a hand edit would stay")
+	}
+	r.forget(key)
+	if !r.reapplyDue(key) {
+		t.Fatal("a forgotten Stream is not due")
 	}
 }
