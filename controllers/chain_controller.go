@@ -84,6 +84,12 @@ type ChainReconciler struct {
 	observers *poolObservers
 	// placeMu serialises placements: each counts the ones before it.
 	placeMu sync.Mutex
+	// acted is when each chain's master last called its replicas: it
+	// decides again only from a snapshot that shows the outcome.
+	acted stamps
+	// progressWritten is when each Partition's status was last written
+	// (see partitionProgressInterval).
+	progressWritten stamps
 
 	mu sync.Mutex
 	// agreements of returning replicas, by chain and replica.
@@ -92,12 +98,6 @@ type ChainReconciler struct {
 	// pool, then chain: a chain placed a moment ago counts in the next
 	// chain's placement.
 	placed map[types.NamespacedName]map[string][]string
-	// acted is when each chain's master last called its replicas: it
-	// decides again only from a snapshot that shows the outcome.
-	acted map[types.NamespacedName]time.Time
-	// progressWritten is when each Partition's status was last written
-	// (see partitionProgressInterval).
-	progressWritten map[types.NamespacedName]time.Time
 }
 
 // DefaultChainWorkers is how many chains the operator reconciles at once: a
@@ -173,7 +173,7 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	key := client.ObjectKeyFromObject(chain)
 	obs := r.observers.observer(client.ObjectKeyFromObject(pool), addrs)
 	snap := obs.Snapshot()
-	if !snap.Complete || !snap.After(r.actedAt(key)) {
+	if !snap.Complete || !snap.After(r.acted.get(key)) {
 		// Not every replica has been asked yet (a replica not asked is not
 		// one that holds nothing), or the replicas have not shown the
 		// outcome of this master's last calls (it poked them when it
@@ -218,7 +218,7 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		found, err := chainmaster.Executor{Conns: r.Conns, Log: logger, CallTimeout: chainCallTimeout}.Execute(ctx, stream.Name, repair)
 		// What the replicas run changed: the next look waits for probes
 		// asked from now on.
-		r.setActed(key, r.now())
+		r.acted.set(key, r.now())
 		obs.Poke()
 		r.keepAgreements(key, found)
 		if err != nil {
@@ -374,13 +374,13 @@ func (r *ChainReconciler) writeStatus(ctx context.Context, chain *streamsv1alpha
 	}
 	key := client.ObjectKeyFromObject(part)
 	now := r.now()
-	if progressOnly(pbefore.Status, part.Status) && now.Sub(r.progressWrittenAt(key)) < partitionProgressInterval {
+	if progressOnly(pbefore.Status, part.Status) && now.Sub(r.progressWritten.get(key)) < partitionProgressInterval {
 		return nil
 	}
 	if err := r.Client.Status().Patch(ctx, part, client.MergeFrom(pbefore)); err != nil {
 		return fmt.Errorf("failed to patch the status of partition %s: %w", part.Name, err)
 	}
-	r.setProgressWritten(key, now)
+	r.progressWritten.set(key, now)
 	return nil
 }
 
@@ -414,36 +414,6 @@ func (r *ChainReconciler) health(addrs map[string]string, snap chainmaster.Snaps
 	return health, failed
 }
 
-func (r *ChainReconciler) actedAt(key types.NamespacedName) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.acted[key]
-}
-
-func (r *ChainReconciler) setActed(key types.NamespacedName, at time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.acted == nil {
-		r.acted = map[types.NamespacedName]time.Time{}
-	}
-	r.acted[key] = at
-}
-
-func (r *ChainReconciler) progressWrittenAt(key types.NamespacedName) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.progressWritten[key]
-}
-
-func (r *ChainReconciler) setProgressWritten(key types.NamespacedName, at time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.progressWritten == nil {
-		r.progressWritten = map[types.NamespacedName]time.Time{}
-	}
-	r.progressWritten[key] = at
-}
-
 func (r *ChainReconciler) agreementsOf(key types.NamespacedName) map[string]chainmaster.Agreement {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -472,11 +442,11 @@ func (r *ChainReconciler) keepAgreements(key types.NamespacedName, found map[str
 }
 
 func (r *ChainReconciler) forget(key types.NamespacedName) {
+	r.acted.forget(key)
+	r.progressWritten.forget(key)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.agreements, key)
-	delete(r.acted, key)
-	delete(r.progressWritten, key)
 	for pool, placed := range r.placed {
 		if pool.Namespace == key.Namespace {
 			delete(placed, key.Name)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -56,14 +55,13 @@ type StreamReconciler struct {
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 
-	mu sync.Mutex
 	// applied is when each Stream's pool and ingestion objects were last
 	// applied whatever their hash: between such re-applies (every
 	// reapplyInterval, and at the operator's start) an object is applied
 	// only when what the operator would apply changed. A Stream reconciles
 	// on every change of its chains' conditions: a failover of hundreds
 	// of chains must not cost four applies each time.
-	applied map[types.NamespacedName]time.Time
+	applied stamps
 }
 
 // reapplyInterval bounds how long a hand edit of a field the operator owns
@@ -81,25 +79,8 @@ func (r *StreamReconciler) now() time.Time {
 // reapplyDue reports whether the Stream's objects are due an apply whatever
 // their hash.
 func (r *StreamReconciler) reapplyDue(key types.NamespacedName) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	at, ok := r.applied[key]
-	return !ok || r.now().Sub(at) >= reapplyInterval
-}
-
-func (r *StreamReconciler) reapplied(key types.NamespacedName, at time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.applied == nil {
-		r.applied = map[types.NamespacedName]time.Time{}
-	}
-	r.applied[key] = at
-}
-
-func (r *StreamReconciler) forget(key types.NamespacedName) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.applied, key)
+	at := r.applied.get(key)
+	return at.IsZero() || r.now().Sub(at) >= reapplyInterval
 }
 
 func (r *StreamReconciler) event(stream *streamsv1alpha1.Stream, eventType, reason, action, note string, args ...any) {
@@ -129,7 +110,7 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	stream := &streamsv1alpha1.Stream{}
 	if err := r.Client.Get(ctx, req.NamespacedName, stream); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.forget(req.NamespacedName)
+			r.applied.forget(req.NamespacedName)
 		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
@@ -171,7 +152,7 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 		return reconcile.Result{}, err
 	}
 	if obs.reapply {
-		r.reapplied(req.NamespacedName, started)
+		r.applied.set(req.NamespacedName, started)
 	}
 	return reconcile.Result{RequeueAfter: reapplyInterval}, nil
 }

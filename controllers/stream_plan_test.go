@@ -317,7 +317,7 @@ func TestStreamReapplyDue(t *testing.T) {
 	if !r.reapplyDue(key) {
 		t.Fatal("a Stream never applied by this operator is not due an apply (an operator start must apply everything once)")
 	}
-	r.reapplied(key, now)
+	r.applied.set(key, now)
 	now = now.Add(reapplyInterval - time.Second)
 	if r.reapplyDue(key) {
 		t.Fatal("due again before reapplyInterval")
@@ -326,7 +326,7 @@ func TestStreamReapplyDue(t *testing.T) {
 	if !r.reapplyDue(key) {
 		t.Fatal("not due after reapplyInterval: a hand edit would stay")
 	}
-	r.forget(key)
+	r.applied.forget(key)
 	if !r.reapplyDue(key) {
 		t.Fatal("a forgotten Stream is not due")
 	}
