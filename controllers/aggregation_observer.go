@@ -73,9 +73,8 @@ type workerObservers struct {
 // observedWorkers are one Aggregation's worker probes and the view it was
 // last woken for.
 type observedWorkers struct {
-	probes   *probe.Set[*catenapb.AggregatorStatus]
-	interval time.Duration
-	digest   string
+	probes *probe.Set[*catenapb.AggregatorStatus]
+	digest string
 }
 
 func newWorkerObservers(c client.Client, conns *transport.Pool, addr WorkerAddrFunc, now func() time.Time) *workerObservers {
@@ -101,15 +100,15 @@ func askWorker(name string) probe.Ask[*catenapb.AggregatorStatus] {
 	}
 }
 
-// workers returns the Aggregation's probes, started on demand with the
-// probe interval of timeout, probing at least addrs.
+// workers returns the Aggregation's probes, started on demand, probing at
+// least addrs at the probe interval of timeout (an Aggregation's
+// failureTimeout may change: the interval follows it).
 func (w *workerObservers) workers(agg types.NamespacedName, timeout time.Duration, addrs map[string]string) *observedWorkers {
+	interval := workerProbeInterval(timeout)
 	w.mu.Lock()
 	ow := w.aggs[agg]
 	if ow == nil {
-		interval := workerProbeInterval(timeout)
 		ow = &observedWorkers{
-			interval: interval,
 			probes: probe.NewSet(w.Conns, askWorker(agg.Namespace+"/"+agg.Name), probe.Options{
 				Interval: interval, CallTimeout: statusProbeTimeout, Now: w.Now,
 			}),
@@ -124,6 +123,7 @@ func (w *workerObservers) workers(agg types.NamespacedName, timeout time.Duratio
 		w.aggs[agg] = ow
 	}
 	w.mu.Unlock()
+	ow.probes.SetInterval(interval)
 	ow.probes.AddTargets(addrs)
 	return ow
 }
@@ -154,6 +154,7 @@ type workerView struct {
 func (ow *observedWorkers) view(now time.Time) workerView {
 	v := workerView{Complete: !ow.probes.Stopped(), Reports: map[string]*catenapb.AggregatorStatus{},
 		LastAnswer: map[string]time.Time{}, FirstAsked: map[string]time.Time{}}
+	fresh := workerFresh(ow.probes.Interval())
 	for id, r := range ow.probes.Results() {
 		v.FirstAsked[id] = r.Added
 		if !r.Probed() {
@@ -162,7 +163,7 @@ func (ow *observedWorkers) view(now time.Time) workerView {
 		if r.Answered {
 			v.LastAnswer[id] = r.AskedOK
 		}
-		if r.Fresh(now, workerFresh(ow.interval)) {
+		if r.Fresh(now, fresh) {
 			v.Reports[id] = r.Resp
 		}
 	}

@@ -176,6 +176,26 @@ func (s *Set[R]) Poke() {
 	}
 }
 
+// Interval is the time between the starts of two probes of one server.
+func (s *Set[R]) Interval() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opts.Interval
+}
+
+// SetInterval changes the time between probes. Each server is probed at
+// once, then on the new cadence: a prober waiting out a long old interval
+// does not hold a shorter new one back.
+func (s *Set[R]) SetInterval(d time.Duration) {
+	s.mu.Lock()
+	changed := d != s.opts.Interval
+	s.opts.Interval = d
+	s.mu.Unlock()
+	if changed {
+		s.Poke()
+	}
+}
+
 // Stop ends every probe; the Set probes nothing afterwards.
 func (s *Set[R]) Stop() {
 	s.mu.Lock()
@@ -220,7 +240,7 @@ func (s *Set[R]) run(ctx context.Context, id string, p *prober[R]) {
 			s.opts.Probed(id)
 		}
 
-		t := time.NewTimer(max(time.Until(start.Add(s.opts.Interval)), 0))
+		t := time.NewTimer(max(time.Until(start.Add(s.Interval())), 0))
 		select {
 		case <-ctx.Done():
 			t.Stop()
