@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -15,9 +16,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -47,9 +52,11 @@ const (
 	// mid-step fails the step, which the next round plans again without
 	// it, instead of holding the chain.
 	chainCallTimeout = 2 * time.Second
-	// chainResyncInterval is how often a settled chain is probed: it is how
-	// quickly a silent replica is noticed when no pod event says so.
-	chainResyncInterval = time.Second
+	// chainResyncInterval is how often a settled chain is looked at when
+	// nothing wakes it: to record its members' progress (offsets, which
+	// do not wake it). Whatever its master decides from wakes it through
+	// the pool's observer, and a pod's change through its watch.
+	chainResyncInterval = 5 * time.Second
 	// chainBusyInterval is the next look at a chain still converging.
 	chainBusyInterval = 200 * time.Millisecond
 	// chainWaitInterval is the next look at a chain whose master waits for
@@ -236,10 +243,40 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	}
 	if busy || !chain.Converged() {
 		// The observer wakes the chain as soon as the members report a
-		// change; this is the fallback.
-		return reconcile.Result{RequeueAfter: chainBusyInterval}, nil
+		// change; this is the fallback. Whatever woke this reconcile, the
+		// next look is ordinary work.
+		return reconcile.Result{RequeueAfter: chainBusyInterval, Priority: ptr.To(0)}, nil
 	}
-	return reconcile.Result{RequeueAfter: chainResyncInterval}, nil
+	// A settled chain's resync goes after every chain with work to do,
+	// and chains placed together do not resync together.
+	return reconcile.Result{RequeueAfter: resyncAfter(key), Priority: ptr.To(handler.LowPriority)}, nil
+}
+
+// resyncAfter is when a settled chain is next looked at: the resync
+// interval plus up to a fifth of it, fixed per chain, so that the chains
+// of a Stream, all placed at once, spread their resyncs.
+func resyncAfter(key types.NamespacedName) time.Duration {
+	h := fnv.New32a()
+	h.Write([]byte(key.String()))
+	return chainResyncInterval + time.Duration(h.Sum32()%1000)*chainResyncInterval/5000
+}
+
+// urgentPriority is the work queue priority of a chain with a failed
+// member: above the default (0) of every other reason to reconcile.
+const urgentPriority = 100
+
+// enqueueAt enqueues the object of a generic event at priority, on a
+// priority queue (controller-runtime's default); on another queue, as
+// usual.
+func enqueueAt(priority int) handler.EventHandler {
+	return handler.Funcs{GenericFunc: func(_ context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		req := reconcile.Request{NamespacedName: client.ObjectKeyFromObject(e.Object)}
+		if pq, ok := q.(priorityqueue.PriorityQueue[reconcile.Request]); ok {
+			pq.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(priority)}, req)
+			return
+		}
+		q.Add(req)
+	}}
 }
 
 // place puts a chain without members on the pool's pods and writes the
@@ -299,8 +336,8 @@ func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.Repl
 	}
 	r.placed[poolKey][chain.Name] = members
 	r.mu.Unlock()
+	// Its Event is recorded when the members confirm it (newlyConfirmed).
 	log.FromContext(ctx).Info("Placed chain", "members", members, "epoch", 1)
-	r.event(chain, corev1.EventTypeNormal, string(streamsv1alpha1.ReconfigurationCreated), "Place", "%s at epoch 1", msg)
 	chainReconfigurations.WithLabelValues(string(streamsv1alpha1.ReconfigurationCreated)).Inc()
 	return reconcile.Result{RequeueAfter: time.Millisecond}, nil
 }
@@ -310,6 +347,11 @@ func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.Repl
 // chain must not overwrite a newer decision.
 func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, repair *chainmaster.Repair, now time.Time, seen chainObservation) error {
 	before := chain.DeepCopy()
+	// The members may have confirmed the previous reconfiguration in the
+	// reports this one is decided from (a spare is added as soon as a
+	// failed member's removal is installed): its Event is due with this
+	// write, which stores the confirmation.
+	previous := newlyConfirmed(before.Status, chainStatus(before, seen))
 	prev := map[string]streamsv1alpha1.ChainMember{}
 	for _, m := range chain.Status.Members {
 		prev[m.Name] = m
@@ -340,11 +382,9 @@ func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *stre
 	log.FromContext(ctx).Info("Reordering chain", "reason", reason, "from", repair.Chain.Members, "fromEpoch", repair.Chain.Epoch,
 		"members", repair.Plan.Members, "epoch", repair.Plan.Epoch, "writesAllowed", repair.Plan.WritesAllowed,
 		"actions", chainmaster.ActionStrings(repair.Plan.Actions))
-	kind := corev1.EventTypeNormal
-	if reason != streamsv1alpha1.ReconfigurationMemberReturned && reason != streamsv1alpha1.ReconfigurationMemberReplaced {
-		kind = corev1.EventTypeWarning
-	}
-	r.event(chain, kind, string(reason), "Reconfigure", "%s", msg)
+	r.confirmedEvent(chain, previous)
+	// Its own Event is recorded when the members confirm it
+	// (newlyConfirmed).
 	chainReconfigurations.WithLabelValues(string(reason)).Inc()
 	return nil
 }
@@ -358,6 +398,9 @@ func (r *ChainReconciler) writeStatus(ctx context.Context, chain *streamsv1alpha
 		if err := r.Client.Status().Patch(ctx, chain, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 			return fmt.Errorf("failed to patch the status of chain %s: %w", chain.Name, err)
 		}
+		// Only once the confirmation is stored: a stale copy's patch
+		// fails above and records nothing twice.
+		r.confirmedEvent(chain, newlyConfirmed(before.Status, chain.Status))
 	}
 	if !partition {
 		return nil
@@ -454,6 +497,19 @@ func (r *ChainReconciler) forget(key types.NamespacedName) {
 	}
 }
 
+// confirmedEvent records the Event of a reconfiguration every member has
+// confirmed (rc nil: none).
+func (r *ChainReconciler) confirmedEvent(chain *streamsv1alpha1.ReplicationChain, rc *streamsv1alpha1.Reconfiguration) {
+	if rc == nil {
+		return
+	}
+	action := "Reconfigure"
+	if rc.Reason == streamsv1alpha1.ReconfigurationCreated {
+		action = "Place"
+	}
+	r.event(chain, reconfigurationEventType(rc.Reason), string(rc.Reason), action, "%s (epoch %d, confirmed by every member)", rc.Message, rc.Epoch)
+}
+
 func (r *ChainReconciler) event(chain *streamsv1alpha1.ReplicationChain, eventType, reason, action, note string, args ...any) {
 	if r.Recorder != nil {
 		r.Recorder.Eventf(chain, nil, eventType, reason, action, note, args...)
@@ -481,6 +537,7 @@ func (r *ChainReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager
 		For(&streamsv1alpha1.ReplicationChain{}).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.chainsOnPodsPool)).
 		WatchesRawSource(source.Channel(r.observers.Wake, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(r.observers.Urgent, enqueueAt(urgentPriority))).
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Named("replicationchain").
 		Complete(r)

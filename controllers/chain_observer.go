@@ -2,9 +2,9 @@ package controllers
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
-	"slices"
-	"strings"
+	"hash/maphash"
 	"sync"
 	"time"
 
@@ -23,8 +23,13 @@ import (
 // Timing of the pools' observation.
 const (
 	// observeInterval is how often each replica of a pool is asked for
-	// its Status, and how often the observer looks for chains to wake.
+	// its Status.
 	observeInterval = 100 * time.Millisecond
+	// wakeInterval is how often the observer looks for chains to wake: a
+	// replica judged failed wakes its chains at most this long after. A
+	// look is cheap (the chains come from the cache, their digests are
+	// hashes), cheaper than a probe.
+	wakeInterval = 50 * time.Millisecond
 )
 
 // poolObservers keeps one chainmaster.Observer per ReplicaPool, the same
@@ -42,8 +47,12 @@ type poolObservers struct {
 	ReplicaAddr ReplicaAddrFunc
 	// FailureTimeout is the detector's.
 	FailureTimeout time.Duration
-	// Wake receives a chain whose view changed.
-	Wake chan event.GenericEvent
+	// Wake receives a chain whose view changed; Urgent one whose
+	// membership holds a failed replica. Its removal is what writes wait
+	// for, so it is reconciled before the rest (confirmations, growth,
+	// resyncs): when a replica under hundreds of chains goes dark, the
+	// last of them is reordered sooner.
+	Wake, Urgent chan event.GenericEvent
 
 	// Now is the clock of the observers (nil: time.Now); the chain
 	// reconciles stamp their actions with it too.
@@ -58,13 +67,14 @@ type poolObservers struct {
 // last woken for.
 type observedPool struct {
 	obs     *chainmaster.Observer
-	digests map[string]string
+	digests map[string]uint64
 }
 
 func newPoolObservers(c client.Client, conns *transport.Pool, addr ReplicaAddrFunc, timeout time.Duration, now func() time.Time) *poolObservers {
 	return &poolObservers{
 		Client: c, Conns: conns, ReplicaAddr: addr, FailureTimeout: timeout, Now: now,
-		Wake: make(chan event.GenericEvent, 1024), pools: map[types.NamespacedName]*observedPool{},
+		Wake: make(chan event.GenericEvent, 1024), Urgent: make(chan event.GenericEvent, 1024),
+		pools: map[types.NamespacedName]*observedPool{},
 	}
 }
 
@@ -79,7 +89,7 @@ func (p *poolObservers) observer(pool types.NamespacedName, addrs map[string]str
 			obs: chainmaster.NewObserver(p.Conns, chainmaster.ObserverOptions{
 				FailureTimeout: p.FailureTimeout, Interval: observeInterval, Now: p.Now,
 			}),
-			digests: map[string]string{},
+			digests: map[string]uint64{},
 		}
 		if p.closed {
 			// A reconcile finishing after shutdown: it sees an observer
@@ -97,7 +107,7 @@ func (p *poolObservers) observer(pool types.NamespacedName, addrs map[string]str
 
 // Start runs the loop until ctx ends, then stops every probe.
 func (p *poolObservers) Start(ctx context.Context) error {
-	t := time.NewTicker(observeInterval)
+	t := time.NewTicker(wakeInterval)
 	defer t.Stop()
 	defer func() {
 		p.mu.Lock()
@@ -158,15 +168,20 @@ func (p *poolObservers) round(ctx context.Context) error {
 			if c.Spec.Partition == nil {
 				continue
 			}
-			d := chainDigest(snap.Health, idx[chainmaster.PartitionKey{Stream: c.Spec.Stream, Partition: uint32(*c.Spec.Partition)}])
+			reports := idx[chainmaster.PartitionKey{Stream: c.Spec.Stream, Partition: uint32(*c.Spec.Partition)}]
+			d := chainDigest(snap.Health, reports, c)
 			if op.digests[c.Name] == d {
 				continue
 			}
 			op.digests[c.Name] = d
 			wake := &streamsv1alpha1.ReplicationChain{}
 			wake.Namespace, wake.Name = c.Namespace, c.Name
+			to := p.Wake
+			if hasFailedMember(snap.Health, reports, c) {
+				to = p.Urgent
+			}
 			select {
-			case p.Wake <- event.GenericEvent{Object: wake}:
+			case to <- event.GenericEvent{Object: wake}:
 			case <-ctx.Done():
 				return nil
 			}
@@ -189,33 +204,112 @@ func (p *poolObservers) round(ctx context.Context) error {
 }
 
 // chainDigest sums up what a chain's master decides from, except offsets:
-// the health of every replica of the pool, and each member's report of the
-// chain (epoch, membership, role, errors and link reports). A change wakes
-// the chain's reconcile; offsets alone do not (the chain's resync records
-// them), or every write would wake every chain.
-func chainDigest(health map[string]chainplan.Health, reports map[string]*catenapb.PartitionStatus) string {
-	var b strings.Builder
-	ids := make([]string, 0, len(health))
-	for id := range health {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		fmt.Fprintf(&b, "%s=%d;", id, health[id])
-	}
-	ids = ids[:0]
-	for id := range reports {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		ps := reports[id]
-		fmt.Fprintf(&b, "|%s e%d r%d l%d", id, ps.GetEpoch(), ps.GetRole(), ps.GetLastLogEpoch())
-		for _, m := range ps.GetMembers() {
-			fmt.Fprintf(&b, " %s", m.GetId())
+// the health of the replicas that matter to the chain, and each member's
+// report of the chain (epoch, membership, role, errors and link reports,
+// whether it lacks what the chain committed: when a member has caught up).
+// A change wakes the chain's reconcile; offsets alone do not (the chain's
+// resync records them), or every write would wake every chain, and neither
+// does the health of a replica the chain has no use for, or a replica
+// going dark would wake every chain of its pool, not only its own.
+//
+// The replicas that matter are the chain's members (as the chain records
+// them and as their reports name them) and the replicas holding a copy;
+// every replica of the pool when the chain is short of its replication
+// factor (its master picks a spare from them) or not placed yet.
+//
+// It is a sum of one hash per fact, so that no map needs sorting: the
+// observer computes it for every chain of a pool every round.
+func chainDigest(health map[string]chainplan.Health, reports map[string]*catenapb.PartitionStatus, chain *streamsv1alpha1.ReplicationChain) uint64 {
+	var h maphash.Hash
+	h.SetSeed(digestSeed)
+	var sum uint64
+	healthOf := func(id string) {
+		hv, ok := health[id]
+		if !ok {
+			hv = chainplan.Unknown
 		}
-		fmt.Fprintf(&b, " d%t s%t h%t x%t err=%q", ps.GetSuccessorDownMs() > 0, ps.GetSuccessorStalledMs() > 0,
-			ps.GetHeadUnreachableMs() > 0, ps.GetRestored(), ps.GetError())
+		h.Reset()
+		h.WriteByte('h')
+		h.WriteString(id)
+		h.WriteByte(0)
+		digestUint(&h, uint64(hv))
+		sum += h.Sum64()
 	}
-	return b.String()
+	if len(chain.Status.Members) < int(chain.Spec.ReplicationFactor) {
+		for id := range health {
+			healthOf(id)
+		}
+	}
+	for _, m := range chain.Status.Members {
+		healthOf(m.Name)
+	}
+	var committed uint64
+	for _, ps := range reports {
+		committed = max(committed, ps.GetCommitted())
+	}
+	for id, ps := range reports {
+		healthOf(id)
+		h.Reset()
+		h.WriteByte('r')
+		h.WriteString(id)
+		h.WriteByte(0)
+		digestUint(&h, ps.GetEpoch())
+		digestUint(&h, uint64(ps.GetRole()))
+		digestUint(&h, ps.GetLastLogEpoch())
+		for _, m := range ps.GetMembers() {
+			h.WriteString(m.GetId())
+			h.WriteByte(0)
+		}
+		var flags uint64
+		for i, set := range []bool{ps.GetSuccessorDownMs() > 0, ps.GetSuccessorStalledMs() > 0, ps.GetHeadUnreachableMs() > 0, ps.GetRestored(),
+			ps.GetDurable() < ps.GetCommittedNotice(), ps.GetDurable() < committed} {
+			if set {
+				flags |= 1 << i
+			}
+		}
+		digestUint(&h, flags)
+		h.WriteString(ps.GetError())
+		sum += h.Sum64()
+		for _, m := range ps.GetMembers() {
+			healthOf(m.GetId())
+		}
+	}
+	return sum
+}
+
+// digestSeed seeds the chain digests: they are compared within one process
+// only.
+var digestSeed = maphash.MakeSeed()
+
+func digestUint(h *maphash.Hash, v uint64) {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], v)
+	h.Write(b[:])
+}
+
+// chainMemberIDs are the chain's members as its status records them and as
+// its members' reports name them (another epoch may be installed than the
+// one recorded).
+func chainMemberIDs(reports map[string]*catenapb.PartitionStatus, chain *streamsv1alpha1.ReplicationChain) map[string]bool {
+	ids := map[string]bool{}
+	for _, m := range chain.Status.Members {
+		ids[m.Name] = true
+	}
+	for _, ps := range reports {
+		for _, m := range ps.GetMembers() {
+			ids[m.GetId()] = true
+		}
+	}
+	return ids
+}
+
+// hasFailedMember reports whether a member of the chain is judged failed:
+// the chain waits for its removal (writes are stalled on that member).
+func hasFailedMember(health map[string]chainplan.Health, reports map[string]*catenapb.PartitionStatus, chain *streamsv1alpha1.ReplicationChain) bool {
+	for id := range chainMemberIDs(reports, chain) {
+		if health[id] == chainplan.Failed {
+			return true
+		}
+	}
+	return false
 }

@@ -152,6 +152,46 @@ func reconfigurationReason(prev, next []string, planReason string) streamsv1alph
 	return streamsv1alpha1.ReconfigurationRebalanced
 }
 
+// reconfigurationEventType is the Event type of a reconfiguration: a
+// Warning when a member was lost, Normal when the chain was placed or
+// grew.
+func reconfigurationEventType(reason streamsv1alpha1.ReconfigurationReason) string {
+	switch reason {
+	case streamsv1alpha1.ReconfigurationCreated, streamsv1alpha1.ReconfigurationMemberReturned, streamsv1alpha1.ReconfigurationMemberReplaced:
+		return corev1.EventTypeNormal
+	}
+	return corev1.EventTypeWarning
+}
+
+// newlyConfirmed is the reconfiguration that a status change from before
+// to after shows confirmed by every member for the first time (nil:
+// none). Its Event is recorded then, not when it was decided: during a
+// failover the decisions of hundreds of chains are what writes wait for,
+// and their Events would share the API server with them. Derived from
+// status alone, so an operator restarted between the decision and the
+// confirmation records the Event all the same.
+func newlyConfirmed(before, after streamsv1alpha1.ReplicationChainStatus) *streamsv1alpha1.Reconfiguration {
+	rc := after.LastReconfiguration
+	if rc == nil || rc.Epoch != after.TargetEpoch || !allConfirmed(after) {
+		return nil
+	}
+	if before.TargetEpoch == after.TargetEpoch && allConfirmed(before) {
+		return nil
+	}
+	return rc
+}
+
+// allConfirmed: the chain has members and every one confirmed its target
+// epoch.
+func allConfirmed(s streamsv1alpha1.ReplicationChainStatus) bool {
+	for _, m := range s.Members {
+		if m.ConfirmedEpoch != s.TargetEpoch {
+			return false
+		}
+	}
+	return len(s.Members) > 0
+}
+
 // chainObservation is what the chain controller learnt of a chain's
 // members this round.
 type chainObservation struct {

@@ -466,3 +466,63 @@ func TestProgressOnly(t *testing.T) {
 		})
 	}
 }
+
+func TestNewlyConfirmed(t *testing.T) {
+	member := func(name string, confirmed int64) streamsv1alpha1.ChainMember {
+		return streamsv1alpha1.ChainMember{Name: name, State: streamsv1alpha1.MemberInChain, ConfirmedEpoch: confirmed}
+	}
+	reorder := &streamsv1alpha1.Reconfiguration{Epoch: 5, Reason: streamsv1alpha1.ReconfigurationHeadFailed, Message: "HeadFailed: [a b c] at epoch 4 -> [b c] at epoch 5"}
+	status := func(target int64, rc *streamsv1alpha1.Reconfiguration, members ...streamsv1alpha1.ChainMember) streamsv1alpha1.ReplicationChainStatus {
+		return streamsv1alpha1.ReplicationChainStatus{TargetEpoch: target, LastReconfiguration: rc, Members: members}
+	}
+	for _, tc := range []struct {
+		name          string
+		before, after streamsv1alpha1.ReplicationChainStatus
+		want          *streamsv1alpha1.Reconfiguration
+	}{
+		{"decided, nobody confirmed yet",
+			status(4, nil, member("a", 4), member("b", 4), member("c", 4)),
+			status(5, reorder, member("b", 4), member("c", 4)), nil},
+		{"one of two confirmed",
+			status(5, reorder, member("b", 4), member("c", 4)),
+			status(5, reorder, member("b", 4), member("c", 5)), nil},
+		{"the last one confirms",
+			status(5, reorder, member("b", 4), member("c", 5)),
+			status(5, reorder, member("b", 5), member("c", 5)), reorder},
+		{"both confirm in one round",
+			status(5, reorder, member("b", 4), member("c", 4)),
+			status(5, reorder, member("b", 5), member("c", 5)), reorder},
+		{"already confirmed: a later status change records nothing",
+			status(5, reorder, member("b", 5), member("c", 5)),
+			status(5, reorder, member("b", 5), member("c", 5)), nil},
+		// An operator restarted after the decision finds the confirmation
+		// to make in status, and records the Event then.
+		{"decided by an earlier operator, confirmed now",
+			status(5, reorder, member("b", 5), member("c", 4)),
+			status(5, reorder, member("b", 5), member("c", 5)), reorder},
+		{"the record is of an older epoch than the target",
+			status(6, reorder, member("b", 5), member("c", 5)),
+			status(6, reorder, member("b", 6), member("c", 6)), nil},
+		{"no members", status(5, reorder), status(5, reorder), nil},
+	} {
+		if got := newlyConfirmed(tc.before, tc.after); got != tc.want {
+			t.Errorf("%s: newlyConfirmed = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestReconfigurationEventType(t *testing.T) {
+	for reason, want := range map[streamsv1alpha1.ReconfigurationReason]string{
+		streamsv1alpha1.ReconfigurationCreated:        corev1.EventTypeNormal,
+		streamsv1alpha1.ReconfigurationMemberReturned: corev1.EventTypeNormal,
+		streamsv1alpha1.ReconfigurationMemberReplaced: corev1.EventTypeNormal,
+		streamsv1alpha1.ReconfigurationHeadFailed:     corev1.EventTypeWarning,
+		streamsv1alpha1.ReconfigurationMiddleFailed:   corev1.EventTypeWarning,
+		streamsv1alpha1.ReconfigurationTailFailed:     corev1.EventTypeWarning,
+		streamsv1alpha1.ReconfigurationRebalanced:     corev1.EventTypeWarning,
+	} {
+		if got := reconfigurationEventType(reason); got != want {
+			t.Errorf("%s: %s, want %s", reason, got, want)
+		}
+	}
+}
