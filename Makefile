@@ -139,7 +139,7 @@ bench-restore: ## Restore an aggregation shard of 1M keys (snapshot + 2 incremen
 
 .PHONY: bench-operator
 bench-operator: build envtest-assets ## Fail over 8, 64 and 256 chains on pools of 3 and 6 real replicas through the operator against a real API server: time to reorder (first, p50, last), to whole again, API writes (CATENA_BENCH_REPLICAS, CATENA_BENCH_CHAINS).
-	CATENA_BENCH_OPERATOR=1 KUBEBUILDER_ASSETS=$$(hack/k8s-binaries.sh | tail -1) $(GO) test -count=1 -timeout 60m ./test/envtest/ -ginkgo.label-filter=bench
+	CATENA_BENCH_OPERATOR=1 KUBEBUILDER_ASSETS=$$(hack/k8s-binaries.sh | tail -1) $(GO) test -v -count=1 -timeout 60m ./test/envtest/ -ginkgo.label-filter=bench
 
 .PHONY: bench-micro
 bench-micro: ## Run Go micro-benchmarks of the storage and chain paths.
