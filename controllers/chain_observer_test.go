@@ -1,12 +1,18 @@
 package controllers
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/replica/chainplan"
@@ -174,5 +180,34 @@ func TestResyncAfterSpreadsChains(t *testing.T) {
 	}
 	if len(seen) < 32 {
 		t.Fatalf("64 chains resync at only %d distinct delays", len(seen))
+	}
+}
+
+func TestEnqueueAtPutsUrgentChainsFirst(t *testing.T) {
+	q := priorityqueue.New[reconcile.Request]("test")
+	defer q.ShutDown()
+	chain := func(name string) event.GenericEvent {
+		c := &streamsv1alpha1.ReplicationChain{}
+		c.Namespace, c.Name = "ns", name
+		return event.GenericEvent{Object: c}
+	}
+	ordinary := &handler.EnqueueRequestForObject{}
+	urgent := enqueueAt(urgentPriority)
+	ctx := context.Background()
+	ordinary.Generic(ctx, chain("settled-0"), q)
+	ordinary.Generic(ctx, chain("settled-1"), q)
+	urgent.Generic(ctx, chain("failed-member"), q)
+	// Already queued at the ordinary priority, then found urgent: raised.
+	urgent.Generic(ctx, chain("settled-1"), q)
+
+	var order []string
+	for range 3 {
+		req, prio, _ := q.GetWithPriority()
+		order = append(order, fmt.Sprintf("%s@%d", req.Name, prio))
+		q.Done(req)
+	}
+	want := []string{"failed-member@100", "settled-1@100", "settled-0@0"}
+	if !slices.Equal(order, want) {
+		t.Fatalf("dequeued %v, want %v", order, want)
 	}
 }
