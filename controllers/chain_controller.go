@@ -117,12 +117,11 @@ type ChainReconciler struct {
 	epochs *epochRanges
 }
 
-// installed is a membership installed under a new epoch, with what it was
-// decided from, for its record.
+// installed is a membership installed under a new epoch, and when it was
+// decided, for its record.
 type installed struct {
 	repair *chainmaster.Repair
 	at     time.Time
-	seen   chainObservation
 }
 
 // DefaultChainWorkers is how many chains the operator reconciles at once: a
@@ -197,9 +196,6 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 
 	partition := uint32(*chain.Spec.Partition)
 	key := client.ObjectKeyFromObject(chain)
-	if err := r.recordInstalled(ctx, key, chain); err != nil {
-		return reconcile.Result{}, err
-	}
 	obs := r.observers.observer(client.ObjectKeyFromObject(pool), addrs)
 	snap := obs.Snapshot()
 	if !snap.Complete || !snap.After(r.acted.get(key)) {
@@ -212,6 +208,13 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	reports := chainmaster.PartitionReports(snap.AnsweredReports(), stream.Name, partition)
 	now := r.now()
 	health, failed := r.health(addrs, snap, pods, now)
+	minLen := minChainLength(stream)
+	// A membership this operator installed is recorded from the first
+	// probes that show its outcome: with what the members confirmed, in
+	// one write.
+	if err := r.recordInstalled(ctx, key, chain, chainObservation{Reports: reports, Health: health, MinLength: minLen}); err != nil {
+		return reconcile.Result{}, err
+	}
 
 	if chainRecord(chain) == nil && chainmaster.LatestReport(reports) == nil {
 		return r.place(ctx, chain, pool, names)
@@ -221,7 +224,6 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{}, err
 	}
 	cfg := streamConfig(stream)
-	minLen := minChainLength(stream)
 	repair, err := chainmaster.Plan(chainmaster.Input{
 		Stream: stream.Name, Partition: partition, Config: cfg,
 		Replication: int(chain.Spec.ReplicationFactor), MinLength: minLen,
@@ -268,10 +270,10 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		if repair.Plan.Changed {
 			// Recorded whatever the calls did, as the new target epoch:
 			// members that did not confirm it get it again. The record
-			// and the chain's other status go in one write, in the next
-			// reconcile, which comes after the urgent installs of other
-			// chains.
-			r.setUnrecorded(key, installed{repair: repair, at: now, seen: seen})
+			// and what the members confirmed go in one write, in the
+			// next reconcile, which comes after the urgent installs of
+			// other chains.
+			r.setUnrecorded(key, installed{repair: repair, at: now})
 			return reconcile.Result{RequeueAfter: time.Millisecond, Priority: ptr.To(0)}, nil
 		}
 	}
@@ -381,8 +383,9 @@ func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.Repl
 }
 
 // recordInstalled writes the membership this operator installed last in
-// chain (if it has not been written yet) to its status.
-func (r *ChainReconciler) recordInstalled(ctx context.Context, key types.NamespacedName, chain *streamsv1alpha1.ReplicationChain) error {
+// chain (if it has not been written yet) to its status, with what seen
+// shows of it.
+func (r *ChainReconciler) recordInstalled(ctx context.Context, key types.NamespacedName, chain *streamsv1alpha1.ReplicationChain, seen chainObservation) error {
 	r.mu.Lock()
 	in, ok := r.unrecorded[key]
 	r.mu.Unlock()
@@ -390,7 +393,8 @@ func (r *ChainReconciler) recordInstalled(ctx context.Context, key types.Namespa
 		return nil
 	}
 	if uint64(chain.Status.TargetEpoch) < in.repair.Plan.Epoch {
-		if err := r.recordReconfiguration(ctx, chain, in.repair, in.at, in.seen); err != nil {
+		seen.WritesAllowed = in.repair.Plan.WritesAllowed
+		if err := r.recordReconfiguration(ctx, chain, in.repair, in.at, seen); err != nil {
 			// Kept for the retry: a conflict means the copy was stale.
 			return err
 		}
@@ -467,7 +471,9 @@ func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *stre
 		"members", repair.Plan.Members, "epoch", repair.Plan.Epoch, "because", repair.Plan.Reason)
 	r.confirmedEvent(chain, previous)
 	// Its own Event is recorded when the members confirm it
-	// (newlyConfirmed).
+	// (newlyConfirmed): maybe in this write, which records an install
+	// from the probes that show its outcome.
+	r.confirmedEvent(chain, newlyConfirmed(before.Status, chain.Status))
 	chainReconfigurations.WithLabelValues(string(reason)).Inc()
 	return nil
 }
