@@ -302,8 +302,13 @@ func resyncAfter(key types.NamespacedName) time.Duration {
 }
 
 // urgentPriority is the work queue priority of a chain with a failed
-// member: above the default (0) of every other reason to reconcile.
-const urgentPriority = 100
+// member: above the default (0) of every other reason to reconcile;
+// headFailedPriority of one whose head failed, above that (see
+// poolObservers.HeadFailed).
+const (
+	urgentPriority     = 100
+	headFailedPriority = urgentPriority + 1
+)
 
 // enqueueAt enqueues the object of a generic event at priority, on a
 // priority queue (controller-runtime's default); on another queue, as
@@ -629,6 +634,7 @@ func (r *ChainReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.chainsOnPodsPool)).
 		WatchesRawSource(source.Channel(r.observers.Wake, &handler.EnqueueRequestForObject{})).
 		WatchesRawSource(source.Channel(r.observers.Urgent, enqueueAt(urgentPriority))).
+		WatchesRawSource(source.Channel(r.observers.HeadFailed, enqueueAt(headFailedPriority))).
 		WithOptions(controller.Options{MaxConcurrentReconciles: workers}).
 		Named("replicationchain").
 		Complete(r)

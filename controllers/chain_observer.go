@@ -48,11 +48,15 @@ type poolObservers struct {
 	// FailureTimeout is the detector's.
 	FailureTimeout time.Duration
 	// Wake receives a chain whose view changed; Urgent one whose
-	// membership holds a failed replica. Its removal is what writes wait
-	// for, so it is reconciled before the rest (confirmations, growth,
-	// resyncs): when a replica under hundreds of chains goes dark, the
-	// last of them is reordered sooner.
-	Wake, Urgent chan event.GenericEvent
+	// membership holds a failed replica, HeadFailed one whose head
+	// failed. A removal is what writes wait for, so it is reconciled
+	// before the rest (confirmations, growth, resyncs): when a replica
+	// under hundreds of chains goes dark, the last of them is reordered
+	// sooner. Heads go first: a chain whose middle or tail is removed
+	// completes its producers' writes as soon as the predecessor links
+	// to its new successor, while one whose head is removed makes them
+	// wait further, for ingestion to learn the new head and send again.
+	Wake, Urgent, HeadFailed chan event.GenericEvent
 
 	// Now is the clock of the observers (nil: time.Now); the chain
 	// reconciles stamp their actions with it too.
@@ -73,7 +77,7 @@ type observedPool struct {
 func newPoolObservers(c client.Client, conns *transport.Pool, addr ReplicaAddrFunc, timeout time.Duration, now func() time.Time) *poolObservers {
 	return &poolObservers{
 		Client: c, Conns: conns, ReplicaAddr: addr, FailureTimeout: timeout, Now: now,
-		Wake: make(chan event.GenericEvent, 1024), Urgent: make(chan event.GenericEvent, 1024),
+		Wake: make(chan event.GenericEvent, 1024), Urgent: make(chan event.GenericEvent, 1024), HeadFailed: make(chan event.GenericEvent, 1024),
 		pools: map[types.NamespacedName]*observedPool{},
 	}
 }
@@ -177,7 +181,10 @@ func (p *poolObservers) round(ctx context.Context) error {
 			wake := &streamsv1alpha1.ReplicationChain{}
 			wake.Namespace, wake.Name = c.Namespace, c.Name
 			to := p.Wake
-			if hasFailedMember(snap.Health, reports, c) {
+			switch failed, head := failedMember(snap.Health, reports, c); {
+			case head:
+				to = p.HeadFailed
+			case failed:
 				to = p.Urgent
 			}
 			select {
@@ -303,13 +310,22 @@ func chainMemberIDs(reports map[string]*catenapb.PartitionStatus, chain *streams
 	return ids
 }
 
-// hasFailedMember reports whether a member of the chain is judged failed:
-// the chain waits for its removal (writes are stalled on that member).
-func hasFailedMember(health map[string]chainplan.Health, reports map[string]*catenapb.PartitionStatus, chain *streamsv1alpha1.ReplicationChain) bool {
-	for id := range chainMemberIDs(reports, chain) {
-		if health[id] == chainplan.Failed {
-			return true
+// failedMember reports whether a member of the chain as it runs is judged
+// failed (the chain waits for its removal: writes are stalled on that
+// member), and whether its head is. The chain as it runs is the newest of
+// the record and what the members report (chainmaster.Current): once the
+// removal is installed the chain is no longer urgent, though its record
+// still names the failed member until the next reconcile writes it, and
+// that write waits behind the other chains' removals.
+func failedMember(health map[string]chainplan.Health, reports map[string]*catenapb.PartitionStatus, chain *streamsv1alpha1.ReplicationChain) (failed, head bool) {
+	cur, ok := chainmaster.Current(chainRecord(chain), reports)
+	if !ok {
+		return false, false
+	}
+	for _, m := range cur.Members {
+		if health[m] == chainplan.Failed {
+			failed = true
 		}
 	}
-	return false
+	return failed, failed && health[cur.Members[0]] == chainplan.Failed
 }

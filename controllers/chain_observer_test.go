@@ -26,6 +26,9 @@ func testChain(rf int32, members ...string) *streamsv1alpha1.ReplicationChain {
 	for _, m := range members {
 		c.Status.Members = append(c.Status.Members, streamsv1alpha1.ChainMember{Name: m, State: streamsv1alpha1.MemberInChain})
 	}
+	if len(members) > 0 {
+		c.Status.TargetEpoch = 1
+	}
 	return c
 }
 
@@ -130,24 +133,31 @@ func TestChainDigestOfAShortChainWatchesThePool(t *testing.T) {
 	}
 }
 
-func TestHasFailedMember(t *testing.T) {
+func TestFailedMember(t *testing.T) {
 	abc := []*catenapb.Member{{Id: "a"}, {Id: "b"}, {Id: "c"}}
+	dbc := []*catenapb.Member{{Id: "d"}, {Id: "b"}, {Id: "c"}}
 	for _, tc := range []struct {
-		name    string
-		health  map[string]chainplan.Health
-		reports map[string]*catenapb.PartitionStatus
-		chain   *streamsv1alpha1.ReplicationChain
-		want    bool
+		name             string
+		health           map[string]chainplan.Health
+		reports          map[string]*catenapb.PartitionStatus
+		chain            *streamsv1alpha1.ReplicationChain
+		wantFailed, head bool
 	}{
-		{"all alive", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Alive, "c": chainplan.Alive}, nil, testChain(3, "a", "b", "c"), false},
-		{"a recorded member failed", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Failed, "c": chainplan.Alive}, nil, testChain(3, "a", "b", "c"), true},
-		{"a member in doubt is not yet failed", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Unknown, "c": chainplan.Alive}, nil, testChain(3, "a", "b", "c"), false},
-		{"another replica of the pool failed", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Alive, "c": chainplan.Alive, "d": chainplan.Failed}, nil, testChain(3, "a", "b", "c"), false},
+		{"all alive", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Alive, "c": chainplan.Alive}, nil, testChain(3, "a", "b", "c"), false, false},
+		{"a recorded middle failed", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Failed, "c": chainplan.Alive}, nil, testChain(3, "a", "b", "c"), true, false},
+		{"the recorded head failed", map[string]chainplan.Health{"a": chainplan.Failed, "b": chainplan.Alive, "c": chainplan.Alive}, nil, testChain(3, "a", "b", "c"), true, true},
+		{"a member in doubt is not yet failed", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Unknown, "c": chainplan.Alive}, nil, testChain(3, "a", "b", "c"), false, false},
+		{"another replica of the pool failed", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Alive, "c": chainplan.Alive, "d": chainplan.Failed}, nil, testChain(3, "a", "b", "c"), false, false},
 		{"a member only the reports name failed", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Alive, "c": chainplan.Failed},
-			map[string]*catenapb.PartitionStatus{"a": {ReplicaId: "a", Members: abc}}, testChain(3, "a", "b"), true},
+			map[string]*catenapb.PartitionStatus{"a": {ReplicaId: "a", Epoch: 2, Members: abc}}, testChain(3, "a", "b"), true, false},
+		{"a removal installed and not yet recorded: no longer waiting", map[string]chainplan.Health{"a": chainplan.Failed, "b": chainplan.Alive, "c": chainplan.Alive},
+			map[string]*catenapb.PartitionStatus{"b": {ReplicaId: "b", Epoch: 1027, Members: abc[1:]}, "c": {ReplicaId: "c", Epoch: 1027, Members: abc[1:]}}, testChain(3, "a", "b", "c"), false, false},
+		{"the head of an epoch not yet recorded failed", map[string]chainplan.Health{"a": chainplan.Alive, "b": chainplan.Alive, "c": chainplan.Alive, "d": chainplan.Failed},
+			map[string]*catenapb.PartitionStatus{"b": {ReplicaId: "b", Epoch: 1027, Members: dbc}}, testChain(3, "a", "b", "c"), true, true},
 	} {
-		if got := hasFailedMember(tc.health, tc.reports, tc.chain); got != tc.want {
-			t.Errorf("%s: hasFailedMember = %v, want %v", tc.name, got, tc.want)
+		failed, head := failedMember(tc.health, tc.reports, tc.chain)
+		if failed != tc.wantFailed || head != tc.head {
+			t.Errorf("%s: failedMember = %v, %v, want %v, %v", tc.name, failed, head, tc.wantFailed, tc.head)
 		}
 	}
 }
