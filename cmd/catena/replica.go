@@ -24,6 +24,7 @@ func newReplicaCommand() *cobra.Command {
 		id, listen, dataDir, metricsAddr string
 		verbosity, catchUpRate           int
 		tlsFiles                         transport.TLSFiles
+		allow                            *allowFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "replica",
@@ -38,6 +39,10 @@ func newReplicaCommand() *cobra.Command {
 			ctx, cancel := signalContext()
 			defer cancel()
 			reg := newRegistry()
+			authz, err := allow.serverOptions(tlsConfig != nil, server.MethodClasses(), reg)
+			if err != nil {
+				return err
+			}
 			if catchUpRate < 0 {
 				return fmt.Errorf("--catch-up-rate must be 0 (no cap) or a positive number of MiB/s, got %d", catchUpRate)
 			}
@@ -59,7 +64,7 @@ func newReplicaCommand() *cobra.Command {
 			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
 				return err
 			}
-			g := grpc.NewServer(transport.ServerOptions(tlsConfig)...)
+			g := grpc.NewServer(append(transport.ServerOptions(tlsConfig), authz...)...)
 			srv.Register(g)
 			logger.Info("Replica serving", "addr", lis.Addr().String(), "dataDir", dataDir)
 			return serveGRPC(ctx, lis, g, time.Second)
@@ -72,6 +77,7 @@ func newReplicaCommand() *cobra.Command {
 	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", 0, "MiB/s at most that this replica copies a partition it catches up on outside the chain (0: no cap)")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
+	allow = addAllowFlags(cmd, "replica", server.MethodClasses())
 	_ = cmd.MarkFlagRequired("id")
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd

@@ -6,9 +6,7 @@ package transport
 
 import (
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -22,49 +20,6 @@ import (
 // MaxMessageBytes bounds one gRPC message in either direction. Batches are
 // bounded well below it (partlog.MaxFrameBytes); the margin covers framing.
 const MaxMessageBytes = 64 << 20
-
-// TLSFiles names PEM files for mutual TLS. All empty means plaintext, which
-// is meant for development on loopback only.
-type TLSFiles struct {
-	CertFile     string // this process's certificate
-	KeyFile      string
-	ClientCAFile string // CA that peers' certificates must chain to
-}
-
-// Enabled reports whether any TLS file is set.
-func (f TLSFiles) Enabled() bool {
-	return f.CertFile != "" || f.KeyFile != "" || f.ClientCAFile != ""
-}
-
-// Config builds a tls.Config usable on both sides of a link: it presents
-// the certificate and requires and verifies the peer's against the CA.
-func (f TLSFiles) Config() (*tls.Config, error) {
-	if !f.Enabled() {
-		return nil, nil
-	}
-	if f.CertFile == "" || f.KeyFile == "" || f.ClientCAFile == "" {
-		return nil, fmt.Errorf("tls needs a certificate, a key and a CA file together (got cert=%q key=%q ca=%q)", f.CertFile, f.KeyFile, f.ClientCAFile)
-	}
-	cert, err := tls.LoadX509KeyPair(f.CertFile, f.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("failed to load tls key pair %s, %s: %w", f.CertFile, f.KeyFile, err)
-	}
-	caPEM, err := os.ReadFile(f.ClientCAFile)
-	if err != nil {
-		return nil, fmt.Errorf("failed to read tls CA %s: %w", f.ClientCAFile, err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("tls CA file %s holds no PEM certificate", f.ClientCAFile)
-	}
-	return &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		RootCAs:      pool,
-		ClientCAs:    pool,
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		MinVersion:   tls.VersionTLS13,
-	}, nil
-}
 
 // ServerOptions returns the options every Catena gRPC server uses.
 func ServerOptions(tlsConfig *tls.Config) []grpc.ServerOption {

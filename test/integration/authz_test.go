@@ -1,0 +1,162 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+	"github.com/catena-streams/catena/rpc/transport/transporttest"
+)
+
+// TestReplicaAdminNeedsTheOperatorsIdentity is issue 18's measurement turned
+// into a test: a caller with no credential, or with a certificate of the
+// cluster's CA that is not the operator's, could call Drop on a replica and
+// erase every copy of a partition. With mutual TLS and --allow-admin, the
+// replica refuses it before any handler runs (PermissionDenied naming the
+// identity, counted in catena_rpc_refused_total), and the partition and its
+// records are intact; the operator's identity is let through.
+func TestReplicaAdminNeedsTheOperatorsIdentity(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := transporttest.NewCA("catena-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		operator = "spiffe://catena/ns/authz/operator"
+		pool     = "spiffe://catena/ns/authz/pool/secure"
+		ingest   = "spiffe://catena/ns/authz/ingest/ledger"
+	)
+	files := func(name, identity string) transport.TLSFiles {
+		f, err := ca.WriteFiles(dir, name, identity, ca.PEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	rf := files("replica", pool)
+	addr, metricsAddr := freeAddr(t), freeAddr(t)
+	logPath := filepath.Join(dir, "replica.log")
+	p := startProc(t, "secure replica", logPath, "replica", "--id", "r0", "--listen", addr, "--data-dir", filepath.Join(dir, "data"),
+		"--metrics-listen", metricsAddr,
+		"--tls-cert", rf.CertFile, "--tls-key", rf.KeyFile, "--tls-ca", rf.ClientCAFile,
+		"--allow-admin", operator, "--allow-replication", pool, "--allow-data", ingest+","+operator)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("---- replica log\n%s", tailFile(logPath, 3000))
+		}
+	})
+	t.Cleanup(func() { p.stop(10 * time.Second) })
+
+	client := func(f transport.TLSFiles) catenapb.ReplicaClient {
+		cfg, err := f.Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := transport.Dial(addr, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return catenapb.NewReplicaClient(conn)
+	}
+	op, producer, intruder := client(files("operator", operator)), client(files("ingest", ingest)), client(files("intruder", "spiffe://catena/ns/other/ingest/x"))
+
+	eventually(t, 30*time.Second, func() error {
+		if p.exited() {
+			t.Fatalf("the replica exited: %v\n%s", p.err, tailFile(logPath, 3000))
+		}
+		_, err := op.Status(ctxT(t, time.Second), &catenapb.StatusRequest{})
+		return err
+	})
+	cfg := &catenapb.StreamConfig{Partitions: 1}
+	members := []*catenapb.Member{{Id: "r0", Addr: addr}}
+	if _, err := op.Configure(ctxT(t, 10*time.Second), &catenapb.ConfigureRequest{Stream: "ledger", Epoch: 1, Members: members, Config: cfg}); err != nil {
+		t.Fatalf("the operator's Configure: %v", err)
+	}
+	req := &catenapb.AppendRequest{Stream: "ledger", Epoch: 1}
+	for i := range 25 {
+		req.Records = append(req.Records, &catenapb.AppendRecord{Value: []byte(fmt.Sprint("record ", i))})
+	}
+	eventually(t, 20*time.Second, func() error {
+		_, err := producer.Append(ctxT(t, 10*time.Second), req)
+		return err
+	})
+	before, err := partStatus(ctxT(t, 5*time.Second), op, "ledger", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Every admin call of a certificate the CA signed for someone else.
+	st := wantCode(t, dropErr(intruder), codes.PermissionDenied, "the intruder's Drop")
+	if !strings.Contains(st.Message(), `identity "spiffe://catena/ns/other/ingest/x" may not call /catena.v1.Replica/Drop`) {
+		t.Errorf("the refusal does not say who and what: %q", st.Message())
+	}
+	_, err = intruder.Configure(ctxT(t, 5*time.Second), &catenapb.ConfigureRequest{Stream: "ledger", Epoch: 9, Members: members, Config: cfg})
+	wantCode(t, err, codes.PermissionDenied, "the intruder's Configure")
+	_, err = intruder.Truncate(ctxT(t, 5*time.Second), &catenapb.TruncateRequest{Stream: "ledger", To: 0})
+	wantCode(t, err, codes.PermissionDenied, "the intruder's Truncate")
+	_, err = intruder.Append(ctxT(t, 5*time.Second), req)
+	wantCode(t, err, codes.PermissionDenied, "the intruder's Append")
+	// Even the producer's ingestion identity may not administer.
+	wantCode(t, dropErr(producer), codes.PermissionDenied, "ingestion's Drop")
+
+	// No credential at all: no TLS session, no call.
+	plain := replicaClient(t, addr)
+	if _, err := plain.Drop(ctxT(t, 5*time.Second), &catenapb.DropRequest{Stream: "ledger", Epoch: 1}); err == nil {
+		t.Fatal("a plaintext Drop was answered")
+	}
+
+	after, err := partStatus(ctxT(t, 5*time.Second), op, "ledger", 0)
+	if err != nil {
+		t.Fatalf("the partition after the refused calls: %v", err)
+	}
+	if after.GetEpoch() != before.GetEpoch() || after.GetLogEnd() != before.GetLogEnd() || after.GetLogEnd() != 25 || after.GetCommitted() != 25 {
+		t.Errorf("refused calls changed the partition: before epoch %d end %d, after epoch %d end %d committed %d",
+			before.GetEpoch(), before.GetLogEnd(), after.GetEpoch(), after.GetLogEnd(), after.GetCommitted())
+	}
+
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	for _, want := range []string{
+		`catena_rpc_refused_total{class="admin",code="PermissionDenied",method="/catena.v1.Replica/Drop"} 2`,
+		`catena_rpc_refused_total{class="data",code="PermissionDenied",method="/catena.v1.Replica/Append"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
+	// The operator's own Drop goes through.
+	if err := dropErr(op); err != nil {
+		t.Fatalf("the operator's Drop: %v", err)
+	}
+	hosted, err := op.Status(ctxT(t, 5*time.Second), &catenapb.StatusRequest{Stream: "ledger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(hosted.GetPartitions()); n != 0 {
+		t.Errorf("the operator's Drop left %d partitions of ledger", n)
+	}
+}
+
+func dropErr(rc catenapb.ReplicaClient) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// stream_deleted: drop even a member's copy, the call that erased
+	// every copy in the issue's measurement.
+	_, err := rc.Drop(ctx, &catenapb.DropRequest{Stream: "ledger", Epoch: 1, StreamDeleted: true})
+	return err
+}
