@@ -23,9 +23,9 @@ import (
 
 func newAggregatorCommand() *cobra.Command {
 	var (
-		id, listen, ingestAddr, specFile, ckptStream, shardList, metricsAddr string
-		verbosity                                                            int
-		tlsFiles                                                             transport.TLSFiles
+		id, listen, ingestAddr, specFile, ckptStream, shardList, metricsAddr, pprofAddr string
+		verbosity                                                                       int
+		tlsFiles                                                                        transport.TLSFiles
 	)
 	cmd := &cobra.Command{
 		Use:   "aggregator",
@@ -61,6 +61,9 @@ source from the offsets recorded there.`,
 			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
 				return err
 			}
+			if err := servePprof(ctx, pprofAddr, logger); err != nil {
+				return err
+			}
 			w := aggregator.NewWorker(aggregator.Options{ID: id, Ingest: ingestAddr, TLS: tlsConfig, Logger: logger, Registerer: reg})
 			defer w.Close()
 			if specFile != "" {
@@ -86,6 +89,7 @@ source from the offsets recorded there.`,
 	f.StringVar(&specFile, "spec", "", "standalone: an Aggregation manifest to run without an operator")
 	f.StringVar(&ckptStream, "checkpoint-stream", "", "standalone: the stream to checkpoint into (default <name>-checkpoints)")
 	f.StringVar(&metricsAddr, "metrics-listen", "", "address to serve Prometheus /metrics on (empty: off)")
+	pprofFlag(cmd, &pprofAddr)
 	f.StringVar(&shardList, "shards", "", "standalone: the source partitions to run, comma-separated (default all)")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)

@@ -16,6 +16,7 @@ func newDevCommand() *cobra.Command {
 		verbosity  int
 		durability string
 		streams    []string
+		pprofAddr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -54,6 +55,9 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 			defer cancel()
 			reg := newRegistry()
 			spec.ServeMetrics = func(addr string) error { return serveMetrics(ctx, addr, reg, spec.Logger) }
+			if err := servePprof(ctx, pprofAddr, spec.Logger); err != nil {
+				return err
+			}
 			spec.Registerer = reg
 			out := cmd.OutOrStdout()
 			return devcluster.Run(ctx, spec, func(st devcluster.State) {
@@ -71,6 +75,7 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 		},
 	}
 	f := cmd.Flags()
+	pprofFlag(cmd, &pprofAddr)
 	f.StringVar(&spec.DataDir, "data-dir", ".catena-dev", "directory for every replica's data and dev.json")
 	f.StringVar(&spec.Listen, "listen", "127.0.0.1:7070", "ingestion address; replicas use the following ports")
 	f.IntVar(&spec.Replicas, "replicas", 3, "replica processes to run")

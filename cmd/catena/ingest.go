@@ -14,10 +14,10 @@ import (
 
 func newIngestCommand() *cobra.Command {
 	var (
-		listen, metricsAddr string
-		replicas            []string
-		verbosity           int
-		tlsFiles            transport.TLSFiles
+		listen, metricsAddr, pprofAddr string
+		replicas                       []string
+		verbosity                      int
+		tlsFiles                       transport.TLSFiles
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest",
@@ -40,6 +40,9 @@ func newIngestCommand() *cobra.Command {
 			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
 				return err
 			}
+			if err := servePprof(ctx, pprofAddr, logger); err != nil {
+				return err
+			}
 			lis, err := net.Listen("tcp", listen)
 			if err != nil {
 				return fmt.Errorf("failed to listen on %s: %w", listen, err)
@@ -53,6 +56,7 @@ func newIngestCommand() *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7070", "gRPC listen address")
 	cmd.Flags().StringSliceVar(&replicas, "replicas", nil, "replica addresses to discover chains from (comma-separated, required)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "address to serve Prometheus /metrics on (empty: off)")
+	pprofFlag(cmd, &pprofAddr)
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
 	_ = cmd.MarkFlagRequired("replicas")

@@ -12,6 +12,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -96,25 +97,49 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	// Profiles of a live replica are how hot paths get fixed; the
-	// endpoint is only as exposed as the metrics address.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	serveHTTP(ctx, lis, mux, "Metrics", logger)
+	return nil
+}
+
+// pprofFlag adds --pprof-listen: Go profiles are off unless it is set, and
+// then served on their own address, apart from metrics (a profile reads the
+// process's memory and costs CPU: not for whoever may scrape metrics).
+func pprofFlag(cmd *cobra.Command, addr *string) {
+	cmd.Flags().StringVar(addr, "pprof-listen", "", "address to serve Go profiles (/debug/pprof/) on, e.g. 127.0.0.1:6060 (empty: off)")
+}
+
+// servePprof serves /debug/pprof/ on addr (empty: disabled).
+func servePprof(ctx context.Context, addr string, logger logr.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("failed to listen for profiles on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	serveHTTP(ctx, lis, mux, "Profile", logger)
+	return nil
+}
+
+// serveHTTP serves h on lis until ctx ends.
+func serveHTTP(ctx context.Context, lis net.Listener, h http.Handler, what string, logger logr.Logger) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, "Metrics server stopped")
+			logger.Error(err, what+" server stopped")
 		}
 	}()
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	logger.Info("Serving metrics", "addr", lis.Addr().String())
-	return nil
+	logger.Info("Serving "+strings.ToLower(what)+"s", "addr", lis.Addr().String())
 }
 
 func newRegistry() *prometheus.Registry {

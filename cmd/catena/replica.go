@@ -21,10 +21,10 @@ var replicaFS func() partlog.FS
 
 func newReplicaCommand() *cobra.Command {
 	var (
-		id, listen, dataDir, metricsAddr string
-		verbosity, catchUpRate           int
-		tlsFiles                         transport.TLSFiles
-		allow                            *allowFlags
+		id, listen, dataDir, metricsAddr, pprofAddr string
+		verbosity, catchUpRate                      int
+		tlsFiles                                    transport.TLSFiles
+		allow                                       *allowFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "replica",
@@ -64,6 +64,9 @@ func newReplicaCommand() *cobra.Command {
 			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
 				return err
 			}
+			if err := servePprof(ctx, pprofAddr, logger); err != nil {
+				return err
+			}
 			g := grpc.NewServer(append(transport.ServerOptions(tlsConfig), authz...)...)
 			srv.Register(g)
 			logger.Info("Replica serving", "addr", lis.Addr().String(), "dataDir", dataDir)
@@ -74,6 +77,7 @@ func newReplicaCommand() *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7071", "gRPC listen address")
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for partition logs (required)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "address to serve Prometheus /metrics on (empty: off)")
+	pprofFlag(cmd, &pprofAddr)
 	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", 0, "MiB/s at most that this replica copies a partition it catches up on outside the chain (0: no cap)")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+
+	"github.com/catena-streams/catena/replica/server"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func status(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode
+}
+
+// Profiles are never on the metrics address: only on --pprof-listen.
+func TestProfilesAreApartFromMetrics(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	metrics, profiles := freeAddr(t), freeAddr(t)
+	if err := serveMetrics(ctx, metrics, newRegistry(), logr.Discard()); err != nil {
+		t.Fatal(err)
+	}
+	if err := servePprof(ctx, profiles, logr.Discard()); err != nil {
+		t.Fatal(err)
+	}
+	for url, want := range map[string]int{
+		"http://" + metrics + "/metrics":       http.StatusOK,
+		"http://" + metrics + "/debug/pprof/":  http.StatusNotFound,
+		"http://" + profiles + "/debug/pprof/": http.StatusOK,
+		"http://" + profiles + "/metrics":      http.StatusNotFound,
+	} {
+		if got := status(t, url); got != want {
+			t.Errorf("GET %s: %d, want %d", url, got, want)
+		}
+	}
+	if err := servePprof(ctx, "", logr.Discard()); err != nil {
+		t.Errorf("profiles off: %v", err)
+	}
+}
+
+func TestAllowFlagsNeedTLS(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		tls  bool
+		want string // error substring; empty: accepted
+		opts int    // server options returned
+	}{
+		{"defaults, plaintext", nil, false, "", 0},
+		{"defaults, TLS", nil, true, "", 2},
+		{"a list without TLS", []string{"--allow-admin", "spiffe://catena/ns/x/operator"}, false, "--allow-admin needs TLS", 0},
+		{"a list with TLS", []string{"--allow-admin", "spiffe://catena/ns/x/operator"}, true, "", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := &cobra.Command{}
+			a := addAllowFlags(cmd, "replica", server.MethodClasses())
+			if err := cmd.ParseFlags(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			opts, err := a.serverOptions(tc.tls, server.MethodClasses(), nil)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+			if len(opts) != tc.opts {
+				t.Errorf("%d server options, want %d", len(opts), tc.opts)
+			}
+		})
+	}
+}
