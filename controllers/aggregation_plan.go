@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -640,6 +641,8 @@ func aggregationStatus(agg *streamsv1alpha1.Aggregation, obs aggObservation) str
 	status := *agg.Status.DeepCopy()
 	status.ObservedGeneration = agg.Generation
 	status.CheckpointStream = agg.CheckpointStreamName()
+	status.Workers = int32(obs.Live)
+	status.Selector = labels.SelectorFromSet(aggSelectorLabels(agg)).String()
 	if obs.WorkersFound {
 		status.Endpoint = aggEndpoint(agg)
 	}

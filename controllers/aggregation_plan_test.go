@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -501,6 +502,10 @@ func TestAggregationConditions(t *testing.T) {
 			check(streamsv1alpha1.AggregationDegradedCondition, tc.degraded, tc.degradedWhy)
 			if st.ObservedGeneration != 3 || st.CheckpointStream != "totals-checkpoints" {
 				t.Errorf("status %+v", st)
+			}
+			// The scale subresource's current count and selector.
+			if st.Workers != int32(tc.obs.Live) || st.Selector != labels.SelectorFromSet(aggSelectorLabels(a)).String() {
+				t.Errorf("workers %d selector %q, want %d and the worker pods' labels", st.Workers, st.Selector, tc.obs.Live)
 			}
 		})
 	}

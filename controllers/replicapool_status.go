@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 )
@@ -28,6 +29,7 @@ func poolStatus(pool *streamsv1alpha1.ReplicaPool, sts *appsv1.StatefulSet, usag
 	status := *pool.Status.DeepCopy()
 	status.ObservedGeneration = pool.Generation
 	status.Streams, status.Chains = usage.Streams, usage.Chains
+	status.Selector = labels.SelectorFromSet(poolSelectorLabels(pool)).String()
 	status.Replicas, status.ReadyReplicas = 0, 0
 	if sts != nil {
 		status.Replicas = sts.Status.Replicas

@@ -1,10 +1,12 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 )
@@ -48,6 +50,10 @@ func TestPoolStatus(t *testing.T) {
 			}
 			if got.Replicas != tt.wantReplicas || got.ReadyReplicas != tt.wantReady {
 				t.Errorf("replicas %d ready %d, want %d and %d", got.Replicas, got.ReadyReplicas, tt.wantReplicas, tt.wantReady)
+			}
+			// The scale subresource's selector: the pool's replica pods.
+			if want := labels.SelectorFromSet(poolSelectorLabels(pool)).String(); got.Selector != want || !strings.Contains(want, "app.kubernetes.io/component=replica") {
+				t.Errorf("selector %q, want %q", got.Selector, want)
 			}
 			expectCondition(t, got.Conditions, streamsv1alpha1.ReplicaPoolReadyCondition, tt.wantReadyStatus, tt.wantReadyReason, pool.Generation)
 			expectCondition(t, got.Conditions, streamsv1alpha1.ReplicaPoolProgressingCondition, tt.wantProgressing, tt.wantProgReason, pool.Generation)

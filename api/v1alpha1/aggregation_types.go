@@ -156,6 +156,17 @@ type AggregationStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
+	// workers is the number of live aggregator workers.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Workers int32 `json:"workers,omitempty"`
+
+	// selector selects the worker pods (the scale subresource's label
+	// selector).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Selector string `json:"selector,omitempty"`
+
 	// checkpointStream is the internal Stream holding the checkpoints.
 	// +optional
 	CheckpointStream string `json:"checkpointStream,omitempty"`
@@ -380,6 +391,7 @@ type AggregationRestoration struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.workers,statuspath=.status.workers,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=agg,categories=catena
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.source`
 // +kubebuilder:printcolumn:name="Workers",type=integer,JSONPath=`.spec.workers`

@@ -142,6 +142,12 @@ type ReplicaPoolStatus struct {
 	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="epochsReserved only grows"
 	EpochsReserved int64 `json:"epochsReserved,omitempty"`
 
+	// selector selects the pool's replica pods (the scale subresource's
+	// label selector).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Selector string `json:"selector,omitempty"`
+
 	// conditions are Ready, Progressing and Degraded; see
 	// replicapool_conditions.go for their reasons.
 	// +optional
@@ -156,6 +162,7 @@ type ReplicaPoolStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:shortName=rpool,categories=catena
 // +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.spec.replicas`
 // +kubebuilder:printcolumn:name="Ready Replicas",type=integer,JSONPath=`.status.readyReplicas`
