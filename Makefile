@@ -112,7 +112,7 @@ chart-check: ## Lint and render the Helm chart
 	  --set replicaCount=2,image.repository=registry.example.com/catena,image.tag=v0.0.1 \
 	  --set serviceAccount.create=false,serviceAccount.name=catena-operator,leaderElection.enabled=false \
 	  --set metrics.service.enabled=false,logVerbosity=2,priorityClassName=system-cluster-critical \
-	  --set nodeSelector.kubernetes\\.io/os=linux >/dev/null; \
+	  --set nodeSelector.kubernetes\\.io/os=linux,operandImagePullSecrets={regcred} >/dev/null; \
 	echo "chart-check: charts/catena lints and renders"
 
 .PHONY: test-faults

@@ -76,6 +76,9 @@ type AggregationReconciler struct {
 	Scheme *runtime.Scheme
 	// Image is the container image of worker pods, the operator's own.
 	Image string
+	// ImagePullSecrets are added to every pod it runs (the chart's
+	// imagePullSecrets).
+	ImagePullSecrets []string
 	// Recorder records Events on Aggregations (nil: none).
 	Recorder events.EventRecorder
 	// Conns dials workers and replicas.
@@ -303,6 +306,7 @@ func (r *AggregationReconciler) readSource(ctx context.Context, s *aggScope) (bo
 // apply changed (or it is missing), and reads what they report.
 func (r *AggregationReconciler) applyObjects(ctx context.Context, s *aggScope) (bool, error) {
 	want := desiredAggregationObjects(s.agg, s.source, r.Image)
+	addImagePullSecrets(&want.Workers.Spec.Template.Spec, r.ImagePullSecrets)
 	cp := &streamsv1alpha1.Stream{}
 	ours, err := r.applyChanged(ctx, s.agg, want.Checkpoints, cp)
 	if err != nil {

@@ -184,7 +184,7 @@ func desiredWorkers(agg *streamsv1alpha1.Aggregation, image string) *appsv1.Stat
 		Affinity:        spreadWhenPossible(aggSelectorLabels(agg)),
 		SecurityContext: restrictedPod(),
 	}
-	return &appsv1.StatefulSet{
+	sts := &appsv1.StatefulSet{
 		TypeMeta: metav1.TypeMeta{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "StatefulSet"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      agg.WorkersName(),
@@ -204,6 +204,8 @@ func desiredWorkers(agg *streamsv1alpha1.Aggregation, image string) *appsv1.Stat
 			},
 		},
 	}
+	applyPodOptions(&sts.Spec.Template, agg.Spec.Pod)
+	return sts
 }
 
 // desiredWorkersHeadless gives each worker pod a stable DNS name. Like the

@@ -109,7 +109,7 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 		SecurityContext: restrictedPod(),
 	}
 
-	return &appsv1.Deployment{
+	d := &appsv1.Deployment{
 		TypeMeta: metav1.TypeMeta{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "Deployment"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      stream.IngestName(),
@@ -125,6 +125,8 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 			},
 		},
 	}
+	applyPodOptions(&d.Spec.Template, stream.Spec.Pod)
+	return d
 }
 
 // desiredIngestService is the ClusterIP Service producers and consumers

@@ -33,6 +33,9 @@ type ReplicaPoolReconciler struct {
 	Scheme *runtime.Scheme
 	// Image is the container image of replica pods.
 	Image string
+	// ImagePullSecrets are added to every pod it runs (the chart's
+	// imagePullSecrets).
+	ImagePullSecrets []string
 }
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools,verbs=get;list;watch;create;update;patch;delete
@@ -75,6 +78,7 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	}()
 
 	desiredSTS, svc, pdb := desiredPoolObjects(pool, r.Image)
+	addImagePullSecrets(&desiredSTS.Spec.Template.Spec, r.ImagePullSecrets)
 	if sts == nil {
 		logger.Info("Creating the pool's StatefulSet", "statefulSet", desiredSTS.Name, "replicas", pool.Spec.Replicas)
 	}

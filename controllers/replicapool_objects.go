@@ -178,7 +178,7 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 		SecurityContext:           podSecurity,
 	}
 
-	return &appsv1.StatefulSet{
+	sts := &appsv1.StatefulSet{
 		TypeMeta: metav1.TypeMeta{APIVersion: appsv1.SchemeGroupVersion.String(), Kind: "StatefulSet"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      pool.StatefulSetName(),
@@ -199,6 +199,8 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{pvc},
 		},
 	}
+	applyPodOptions(&sts.Spec.Template, spec.Pod)
+	return sts
 }
 
 // podAntiAffinity keeps replica pods of one pool on different nodes, so a

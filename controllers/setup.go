@@ -17,6 +17,10 @@ type Options struct {
 	// Image is the container image of the pods the operator runs:
 	// replicas, ingestion and aggregator workers.
 	Image string
+	// ImagePullSecrets name Secrets (in each operand's namespace) added to
+	// every pod the operator runs, before the object's own
+	// spec.pod.imagePullSecrets.
+	ImagePullSecrets []string
 	// ReplicaAddr says where replica pods are reached (nil: PodDNSAddr,
 	// through the pool's headless Service). Tests point it at replica
 	// processes on loopback.
@@ -43,7 +47,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if opts.Image == "" {
 		return fmt.Errorf("failed to set up the operator: the replica image is empty")
 	}
-	pools := &ReplicaPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image}
+	pools := &ReplicaPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}
@@ -57,7 +61,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 		return fmt.Errorf("failed to set up the chains-ready gate controller: %w", err)
 	}
 	recorder := mgr.GetEventRecorder("catena-operator")
-	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image,
+	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets,
 		Recorder: recorder, Conns: conns, ReplicaAddr: addr}
 	if err := streams.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("failed to set up the Stream controller: %w", err)
@@ -70,7 +74,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 		return fmt.Errorf("failed to set up the ReplicationChain controller: %w", err)
 	}
 	aggs := &AggregationReconciler{
-		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, Recorder: recorder,
+		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets, Recorder: recorder,
 		Conns: conns, ReplicaAddr: addr, WorkerAddr: opts.WorkerAddr, IngestAddr: opts.AggregationIngestAddr,
 	}
 	if err := aggs.SetupWithManager(ctx, mgr); err != nil {

@@ -46,6 +46,9 @@ type StreamReconciler struct {
 	Scheme *runtime.Scheme
 	// Image is the container image of ingestion pods, the operator's own.
 	Image string
+	// ImagePullSecrets are added to every pod it runs (the chart's
+	// imagePullSecrets).
+	ImagePullSecrets []string
 	// Recorder records Events on Streams (nil: none).
 	Recorder events.EventRecorder
 	// Conns and ReplicaAddr reach replicas: a deleted Stream whose policy
@@ -148,7 +151,11 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if err := r.reconcileChains(ctx, stream, desired.Chains, &obs); err != nil {
 		return reconcile.Result{}, err
 	}
-	if err := r.reconcileIngestion(ctx, stream, desiredIngestion(stream, pool, r.Image), &obs); err != nil {
+	ingest := desiredIngestion(stream, pool, r.Image)
+	if ingest.Deployment != nil {
+		addImagePullSecrets(&ingest.Deployment.Spec.Template.Spec, r.ImagePullSecrets)
+	}
+	if err := r.reconcileIngestion(ctx, stream, ingest, &obs); err != nil {
 		return reconcile.Result{}, err
 	}
 	if obs.reapply {

@@ -71,6 +71,11 @@ type AggregationSpec struct {
 	// +kubebuilder:validation:Maximum=64
 	Workers int32 `json:"workers,omitempty"`
 
+	// pod is added to each worker pod: image pull Secrets, annotations,
+	// labels, priority class.
+	// +optional
+	Pod *PodOptions `json:"pod,omitempty"`
+
 	// failureTimeout is how long a worker may not answer, or make no
 	// progress on a shard that has records to read, before its shards are
 	// given to another worker and restored there.

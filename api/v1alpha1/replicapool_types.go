@@ -35,6 +35,11 @@ type ReplicaPoolSpec struct {
 	// +optional
 	// +kubebuilder:default={}
 	Placement PlacementSpec `json:"placement,omitempty,omitzero"`
+
+	// pod is added to each replica pod: image pull Secrets, annotations,
+	// labels, priority class.
+	// +optional
+	Pod *PodOptions `json:"pod,omitempty"`
 }
 
 // StorageSpec is the persistent volume of each replica pod.

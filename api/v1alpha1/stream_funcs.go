@@ -37,6 +37,7 @@ func (s *Stream) OwnPoolSpec() ReplicaPoolSpec {
 	if s.Spec.Placement != nil {
 		spec.Placement = *s.Spec.Placement.DeepCopy()
 	}
+	spec.Pod = s.Spec.Pod.DeepCopy()
 	spec.SetDefaults()
 	return spec
 }

@@ -75,6 +75,12 @@ type StreamSpec struct {
 	// +kubebuilder:default={}
 	Ingestion IngestionSpec `json:"ingestion,omitempty,omitzero"`
 
+	// pod is added to each pod the Stream runs: its ingestion pods, and
+	// the replica pods of its own pool when it has one (a pool named by
+	// spec.pool has its own spec.pod).
+	// +optional
+	Pod *PodOptions `json:"pod,omitempty"`
+
 	// volumeReclaimPolicy says what becomes of the Stream's records when
 	// the Stream is deleted. Retain (the default) keeps them: with a pool of
 	// its own, its PersistentVolumeClaims stay after the Stream, its pool

@@ -26,6 +26,7 @@ const operatorLeaderElectionID = "catena-operator.streams.catena.io"
 func newOperatorCommand() *cobra.Command {
 	var (
 		metricsAddr, probeAddr, image string
+		pullSecrets                   []string
 		leaderElect                   bool
 		verbosity                     int
 		failureTimeout                time.Duration
@@ -82,7 +83,7 @@ func newOperatorCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("failed to create the controller manager: %w", err)
 			}
-			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image, ReplicaTLS: replicaTLS, FailureTimeout: failureTimeout}); err != nil {
+			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image, ImagePullSecrets: pullSecrets, ReplicaTLS: replicaTLS, FailureTimeout: failureTimeout}); err != nil {
 				return err
 			}
 			if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -105,6 +106,7 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&lease.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew its Lease before it stops reconciling")
 	cmd.Flags().DurationVar(&lease.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often operator replicas try to acquire or renew the Lease")
 	cmd.Flags().StringVar(&image, "image", "catena:dev", "container image of the pods the operator runs: replicas, ingestion and aggregator workers")
+	cmd.Flags().StringSliceVar(&pullSecrets, "image-pull-secrets", nil, "Secrets (names, comma-separated, in each operand's namespace) to pull that image with, on every pod the operator runs")
 	cmd.Flags().DurationVar(&failureTimeout, "failure-timeout", controllers.DefaultFailureTimeout, "how long a replica may stay silent, or its pod not Ready, before its chains are reordered without it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)

@@ -38,7 +38,7 @@ var _ = Describe("Operator", Ordered, func() {
 
 	BeforeAll(func() {
 		standaloneNS, sharedNS = newNamespace(), newNamespace()
-		startOperator(controllers.Options{Image: testImage}, standaloneNS, sharedNS)
+		startOperator(controllers.Options{Image: testImage, ImagePullSecrets: []string{"regcred"}}, standaloneNS, sharedNS)
 	})
 
 	It("gives a Stream applied alone its own pool, StatefulSet, Service, PDB, Partitions and chains", func() {
@@ -78,6 +78,7 @@ var _ = Describe("Operator", Ordered, func() {
 		Expect(pod.TopologySpreadConstraints).To(HaveLen(1))
 		Expect(pod.TopologySpreadConstraints[0].WhenUnsatisfiable).To(Equal(corev1.ScheduleAnyway))
 		Expect(pod.SecurityContext.RunAsNonRoot).To(HaveValue(BeTrue()))
+		Expect(pod.ImagePullSecrets).To(Equal([]corev1.LocalObjectReference{{Name: "regcred"}}), "the operator's --image-pull-secrets")
 		Expect(pod.Containers).To(HaveLen(1))
 		c := pod.Containers[0]
 		Expect(c.Image).To(Equal(testImage))
