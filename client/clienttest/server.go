@@ -62,12 +62,21 @@ type stream struct {
 	trims [][]*catenapb.ForcedTrim
 }
 
-// Start starts a server on 127.0.0.1:0; it stops when the test ends.
-func Start(tb interface {
+// TB is what Start needs of a test.
+type TB interface {
 	Helper()
 	Fatalf(string, ...any)
 	Cleanup(func())
-}) *Server {
+}
+
+// Start starts a server on 127.0.0.1:0; it stops when the test ends.
+func Start(tb TB) *Server {
+	tb.Helper()
+	return StartWith(tb)
+}
+
+// StartWith is Start with gRPC server options (TLS credentials, say).
+func StartWith(tb TB, opts ...grpc.ServerOption) *Server {
 	tb.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -76,7 +85,7 @@ func Start(tb interface {
 	s := &Server{
 		Addr:        lis.Addr().String(),
 		lis:         lis,
-		grpc:        grpc.NewServer(),
+		grpc:        grpc.NewServer(opts...),
 		streams:     map[string]*stream{},
 		dedup:       map[dedupKey]loc{},
 		seqAttempts: map[dedupKey]int{},

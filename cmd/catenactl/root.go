@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"io"
@@ -21,6 +23,42 @@ type app struct {
 	stdout io.Writer
 	stderr io.Writer
 	server string
+	tls    tlsFlags
+}
+
+// tlsFlags are the PEM files of a TLS endpoint: the CA bundle that signs
+// the server's certificate, and for mutual TLS this client's certificate
+// and key.
+type tlsFlags struct{ ca, cert, key string }
+
+func (f tlsFlags) enabled() bool { return f.ca != "" || f.cert != "" || f.key != "" }
+
+// config is the client TLS config of the files; a bad set of files is a
+// usage error (exit 2).
+func (f tlsFlags) config() (*tls.Config, error) {
+	if (f.cert == "") != (f.key == "") {
+		return nil, usageErrorf("--tls-cert and --tls-key go together (got cert %q, key %q)", f.cert, f.key)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.ca != "" {
+		pem, err := os.ReadFile(f.ca)
+		if err != nil {
+			return nil, usageErrorf("--tls-ca: %v", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, usageErrorf("--tls-ca %s holds no PEM certificate", f.ca)
+		}
+		cfg.RootCAs = pool
+	}
+	if f.cert != "" {
+		pair, err := tls.LoadX509KeyPair(f.cert, f.key)
+		if err != nil {
+			return nil, usageErrorf("--tls-cert/--tls-key: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // NewRootCommand builds the catenactl command tree writing to the given
@@ -30,7 +68,8 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "catenactl",
 		Short: "Produce to, consume from, inspect and benchmark Catena streams",
-		Long: "catenactl talks to a Catena ingestion endpoint (--server, or $CATENA_SERVER).\n\n" +
+		Long: "catenactl talks to a Catena ingestion endpoint (--server, or $CATENA_SERVER), in plaintext or,\n" +
+			"with --tls-ca (and --tls-cert/--tls-key for mutual TLS), over TLS.\n\n" +
 			"Exit codes: 0 success, 1 server or runtime error, 2 bad command line or input.",
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -43,6 +82,9 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		def = client.DefaultAddr
 	}
 	root.PersistentFlags().StringVar(&a.server, "server", def, "ingestion endpoint host:port (env CATENA_SERVER)")
+	root.PersistentFlags().StringVar(&a.tls.ca, "tls-ca", os.Getenv("CATENA_TLS_CA"), "connect with TLS, trusting this PEM CA bundle (env CATENA_TLS_CA; empty with --tls-cert: the system's roots)")
+	root.PersistentFlags().StringVar(&a.tls.cert, "tls-cert", os.Getenv("CATENA_TLS_CERT"), "PEM client certificate for mutual TLS, with --tls-key (env CATENA_TLS_CERT)")
+	root.PersistentFlags().StringVar(&a.tls.key, "tls-key", os.Getenv("CATENA_TLS_KEY"), "PEM key of --tls-cert (env CATENA_TLS_KEY)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.AddCommand(
 		newProduceCommand(a),
@@ -67,7 +109,15 @@ func (a *app) dial(ctx context.Context) (*client.Client, error) {
 	if strings.TrimSpace(a.server) == "" {
 		return nil, usageErrorf("--server is empty")
 	}
-	c, err := client.Dial(ctx, a.server, client.WithUserAgent("catenactl/"+version))
+	opts := []client.Option{client.WithUserAgent("catenactl/" + version)}
+	if a.tls.enabled() {
+		cfg, err := a.tls.config()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.WithTLS(cfg))
+	}
+	c, err := client.Dial(ctx, a.server, opts...)
 	if err != nil {
 		return nil, failure(err)
 	}

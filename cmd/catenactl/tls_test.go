@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/catena-streams/catena/client/clienttest"
+	"github.com/catena-streams/catena/rpc/transport"
+	"github.com/catena-streams/catena/rpc/transport/transporttest"
+)
+
+// catenactl reaches a mutual-TLS endpoint with --tls-ca, --tls-cert and
+// --tls-key (or their CATENA_TLS_* variables), and says what is wrong with
+// a bad set of files before it dials.
+func TestTLSEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := transporttest.NewCA("catena-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvFiles, err := ca.WriteFiles(dir, "ingest", "spiffe://catena/ns/t/ingest/s", ca.PEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := srvFiles.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := clienttest.StartWith(t, transport.ServerOptions(cfg)...)
+	srv.CreateStream("s", 1)
+	cli, err := ca.WriteFiles(dir, "client", "spiffe://catena/ns/t/client/me", ca.PEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	produce := []string{"produce", "--stream", "s", "--partition", "0", "--value", "over tls", "--retry-timeout", "1s"}
+
+	r := catenactl(t, bg(), srv, "", append([]string{"--tls-ca", cli.ClientCAFile, "--tls-cert", cli.CertFile, "--tls-key", cli.KeyFile}, produce...)...)
+	if r.code != 0 {
+		t.Fatalf("mutual TLS: exit %d: %s", r.code, r.stderr)
+	}
+	if recs := srv.Records("s", 0); len(recs) != 1 || string(recs[0].Value) != "over tls" {
+		t.Fatalf("stored %v", recs)
+	}
+
+	t.Setenv("CATENA_TLS_CA", cli.ClientCAFile)
+	t.Setenv("CATENA_TLS_CERT", cli.CertFile)
+	t.Setenv("CATENA_TLS_KEY", cli.KeyFile)
+	if r := catenactl(t, bg(), srv, "", produce...); r.code != 0 {
+		t.Fatalf("from the environment: exit %d: %s", r.code, r.stderr)
+	}
+	t.Setenv("CATENA_TLS_CA", "")
+	t.Setenv("CATENA_TLS_CERT", "")
+	t.Setenv("CATENA_TLS_KEY", "")
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"a certificate without its key", []string{"--tls-ca", cli.ClientCAFile, "--tls-cert", cli.CertFile}, 2, "--tls-cert and --tls-key go together"},
+		{"a CA file that is not there", []string{"--tls-ca", filepath.Join(dir, "missing.crt")}, 2, "--tls-ca"},
+		{"a CA file without a certificate", []string{"--tls-ca", cli.KeyFile}, 2, "holds no PEM certificate"},
+		{"no client certificate for a server that requires one", []string{"--tls-ca", cli.ClientCAFile}, 1, ""},
+		{"plaintext to a TLS endpoint", nil, 1, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
+			defer cancel()
+			r := catenactl(t, ctx, srv, "", append(tc.args, produce...)...)
+			t.Logf("stderr: %s", r.stderr)
+			if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want exit %d and %q", r.code, r.stderr, tc.code, tc.want)
+			}
+		})
+	}
+	if n := len(srv.Records("s", 0)); n != 2 {
+		t.Errorf("%d records stored, want the 2 produced over TLS", n)
+	}
+}
