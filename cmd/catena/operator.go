@@ -2,11 +2,13 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -26,7 +28,7 @@ const operatorLeaderElectionID = "catena-operator.streams.catena.io"
 func newOperatorCommand() *cobra.Command {
 	var (
 		metricsAddr, probeAddr, image string
-		pullSecrets                   []string
+		pullSecrets, watchNamespaces  []string
 		leaderElect                   bool
 		verbosity                     int
 		failureTimeout                time.Duration
@@ -57,6 +59,10 @@ func newOperatorCommand() *cobra.Command {
 			if err := lease.validate(); leaderElect && err != nil {
 				return err
 			}
+			cacheOpts, err := operatorCache(watchNamespaces)
+			if err != nil {
+				return err
+			}
 			cfg, err := ctrl.GetConfig()
 			if err != nil {
 				return fmt.Errorf("failed to find a kubeconfig: %w", err)
@@ -73,12 +79,7 @@ func newOperatorCommand() *cobra.Command {
 				LeaseDuration:                 &lease.duration,
 				RenewDeadline:                 &lease.renewDeadline,
 				RetryPeriod:                   &lease.retryPeriod,
-				// The chain and Aggregation controllers watch replica and
-				// worker pods only: caching every pod of the cluster would
-				// cost memory for nothing.
-				Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-					&corev1.Pod{}: {Label: controllers.OperatorPodSelector()},
-				}},
+				Cache:                         cacheOpts,
 			})
 			if err != nil {
 				return fmt.Errorf("failed to create the controller manager: %w", err)
@@ -92,7 +93,7 @@ func newOperatorCommand() *cobra.Command {
 			if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 				return fmt.Errorf("failed to add the readiness check: %w", err)
 			}
-			logger.Info("Operator starting", "image", image, "metricsAddr", metricsAddr, "leaderElect", leaderElect)
+			logger.Info("Operator starting", "image", image, "metricsAddr", metricsAddr, "leaderElect", leaderElect, "watchNamespaces", watchNamespaces)
 			if err := mgr.Start(ctx); err != nil {
 				return fmt.Errorf("operator stopped: %w", err)
 			}
@@ -106,6 +107,7 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&lease.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew its Lease before it stops reconciling")
 	cmd.Flags().DurationVar(&lease.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often operator replicas try to acquire or renew the Lease")
 	cmd.Flags().StringVar(&image, "image", "catena:dev", "container image of the pods the operator runs: replicas, ingestion and aggregator workers")
+	cmd.Flags().StringSliceVar(&watchNamespaces, "watch-namespaces", nil, "namespaces (comma-separated) to run Streams, pools and Aggregations in; empty: every namespace. With a list, Roles in those namespaces are all the operator needs (the chart's watchNamespaces)")
 	cmd.Flags().StringSliceVar(&pullSecrets, "image-pull-secrets", nil, "Secrets (names, comma-separated, in each operand's namespace) to pull that image with, on every pod the operator runs")
 	cmd.Flags().DurationVar(&failureTimeout, "failure-timeout", controllers.DefaultFailureTimeout, "how long a replica may stay silent, or its pod not Ready, before its chains are reordered without it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
@@ -131,4 +133,25 @@ func (l leaseTimings) validate() error {
 		return fmt.Errorf("--leader-elect-lease-duration (%v) must be longer than --leader-elect-renew-deadline (%v)", l.duration, l.renewDeadline)
 	}
 	return nil
+}
+
+// operatorCache is the operator's cache: the replica and worker pods only
+// (caching every pod of the cluster would cost memory for nothing), and,
+// with namespaces, only those namespaces, so that Roles in them are all
+// the operator needs.
+func operatorCache(namespaces []string) (cache.Options, error) {
+	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Pod{}: {Label: controllers.OperatorPodSelector()},
+	}}
+	if len(namespaces) == 0 {
+		return opts, nil
+	}
+	opts.DefaultNamespaces = map[string]cache.Config{}
+	for _, ns := range namespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return cache.Options{}, fmt.Errorf("--watch-namespaces: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+		}
+		opts.DefaultNamespaces[ns] = cache.Config{}
+	}
+	return opts, nil
 }

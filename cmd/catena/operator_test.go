@@ -30,3 +30,20 @@ func TestLeaseTimingsValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestOperatorCacheWatchesTheNamespacesGiven(t *testing.T) {
+	all, err := operatorCache(nil)
+	if err != nil || all.DefaultNamespaces != nil || len(all.ByObject) != 1 {
+		t.Fatalf("no namespaces: %+v, %v; want every namespace, pods by label", all, err)
+	}
+	some, err := operatorCache([]string{"shop", "billing"})
+	if err != nil || len(some.DefaultNamespaces) != 2 || len(some.ByObject) != 1 {
+		t.Fatalf("two namespaces: %+v, %v", some, err)
+	}
+	if _, ok := some.DefaultNamespaces["billing"]; !ok {
+		t.Errorf("billing not watched: %v", some.DefaultNamespaces)
+	}
+	if _, err := operatorCache([]string{"Shop_1"}); err == nil || !strings.Contains(err.Error(), `"Shop_1" is not a namespace name`) {
+		t.Errorf("a bad name: %v", err)
+	}
+}
