@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -44,13 +45,32 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
+	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log lines as text (key=value) or json, one object per line, for log pipelines")
+	root.PersistentPreRunE = func(*cobra.Command, []string) error {
+		switch logFormat {
+		case "text", "json":
+			return nil
+		}
+		return fmt.Errorf("--log-format %q must be text or json", logFormat)
+	}
 	root.AddCommand(newReplicaCommand(), newIngestCommand(), newDevCommand(), newOperatorCommand(), newAggregatorCommand())
 	return root
 }
 
+// logFormat is --log-format: text or json.
+var logFormat = "text"
+
 func newLogger(verbosity int) logr.Logger {
-	h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.Level(-verbosity)})
-	return logr.FromSlogHandler(h)
+	return logr.FromSlogHandler(logHandler(os.Stderr, logFormat, verbosity))
+}
+
+// logHandler writes log records to w as text (key=value) or JSON lines.
+func logHandler(w io.Writer, format string, verbosity int) slog.Handler {
+	opts := &slog.HandlerOptions{Level: slog.Level(-verbosity)}
+	if format == "json" {
+		return slog.NewJSONHandler(w, opts)
+	}
+	return slog.NewTextHandler(w, opts)
 }
 
 // tlsFlags adds --tls-cert, --tls-key and --tls-ca to a command.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"strings"
@@ -89,5 +90,23 @@ func TestAllowFlagsNeedTLS(t *testing.T) {
 				t.Errorf("%d server options, want %d", len(opts), tc.opts)
 			}
 		})
+	}
+}
+
+func TestLogFormats(t *testing.T) {
+	var text, js strings.Builder
+	logr.FromSlogHandler(logHandler(&text, "text", 0)).Info("Replica serving", "addr", "127.0.0.1:7071")
+	logr.FromSlogHandler(logHandler(&js, "json", 0)).Info("Replica serving", "addr", "127.0.0.1:7071")
+	if !strings.Contains(text.String(), `msg="Replica serving" addr=127.0.0.1:7071`) {
+		t.Errorf("text: %q", text.String())
+	}
+	var line map[string]any
+	if err := json.Unmarshal([]byte(js.String()), &line); err != nil || line["msg"] != "Replica serving" || line["addr"] != "127.0.0.1:7071" {
+		t.Errorf("json: %q (%v)", js.String(), err)
+	}
+	root := newRootCommand()
+	root.SetArgs([]string{"--log-format", "yaml", "replica", "--id", "x", "--data-dir", t.TempDir()})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), `--log-format "yaml" must be text or json`) {
+		t.Errorf("a bad --log-format: %v", err)
 	}
 }
