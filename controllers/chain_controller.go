@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
@@ -621,6 +622,9 @@ func (r *ChainReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager
 		return fmt.Errorf("failed to index ReplicationChains by pool: %w", err)
 	}
 	r.epochs = newEpochRanges(mgr.GetClient(), mgr.GetAPIReader())
+	if err := registerPartitionCollector(metrics.Registry, mgr.GetClient()); err != nil {
+		return fmt.Errorf("failed to register the partition gauges: %w", err)
+	}
 	r.observers = newPoolObservers(mgr.GetClient(), r.Conns, r.ReplicaAddr, r.failureTimeout(), r.Now)
 	if err := mgr.Add(r.observers); err != nil {
 		return fmt.Errorf("failed to register the replica pools' observer: %w", err)
