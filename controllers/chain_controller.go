@@ -32,7 +32,6 @@ import (
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
-	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -71,10 +70,9 @@ const (
 // replica admin API (Configure), and afterwards keeps it whole: from the
 // members' Status reports and their pods it plans the next membership with
 // the same planner as catena dev (replica/chainmaster, replica/chainplan),
-// installs it under a new epoch drawn from the pool's reserved range
-// (epochs.go), writes it to the ReplicationChain's status right after, and
-// records what each member confirmed. It also writes the Partition's
-// status.
+// writes it to the ReplicationChain's status before installing it under a
+// new epoch, and records what each member confirmed. It also writes the
+// Partition's status.
 type ChainReconciler struct {
 	Client   client.Client
 	Recorder events.EventRecorder
@@ -108,21 +106,6 @@ type ChainReconciler struct {
 	// pool, then chain: a chain placed a moment ago counts in the next
 	// chain's placement.
 	placed map[types.NamespacedName]map[string][]string
-	// unrecorded are memberships installed and not yet written to their
-	// chain's status, by chain: the chain's next reconcile writes it
-	// before anything else. Lost with the process, they are found again
-	// in the members' reports (adopt).
-	unrecorded map[types.NamespacedName]installed
-
-	// epochs are the ranges new memberships are installed under.
-	epochs *epochRanges
-}
-
-// installed is a membership installed under a new epoch, and when it was
-// decided, for its record.
-type installed struct {
-	repair *chainmaster.Repair
-	at     time.Time
 }
 
 // DefaultChainWorkers is how many chains the operator reconciles at once: a
@@ -136,7 +119,6 @@ const DefaultChainWorkers = 16
 // +kubebuilder:rbac:groups=streams.catena.io,resources=partitions/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=streams.catena.io,resources=streams,verbs=get;list;watch
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools,verbs=get;list;watch
-// +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
@@ -209,22 +191,13 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	reports := chainmaster.PartitionReports(snap.AnsweredReports(), stream.Name, partition)
 	now := r.now()
 	health, failed := r.health(addrs, snap, pods, now)
-	minLen := minChainLength(stream)
-	// A membership this operator installed is recorded from the first
-	// probes that show its outcome: with what the members confirmed, in
-	// one write.
-	if err := r.recordInstalled(ctx, key, chain, chainObservation{Reports: reports, Health: health, MinLength: minLen}); err != nil {
-		return reconcile.Result{}, err
-	}
 
 	if chainRecord(chain) == nil && chainmaster.LatestReport(reports) == nil {
 		return r.place(ctx, chain, pool, names)
 	}
 
-	if err := r.adopt(ctx, chain, reports, now); err != nil {
-		return reconcile.Result{}, err
-	}
 	cfg := streamConfig(stream)
+	minLen := minChainLength(stream)
 	repair, err := chainmaster.Plan(chainmaster.Input{
 		Stream: stream.Name, Partition: partition, Config: cfg,
 		Replication: int(chain.Spec.ReplicationFactor), MinLength: minLen,
@@ -236,24 +209,21 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{}, fmt.Errorf("failed to plan chain %s: %w", chain.Name, err)
 	}
 	seen := chainObservation{Reports: reports, Health: health, WritesAllowed: true, MinLength: minLen}
-	busy := false
+	busy, changed := false, false
 	if repair != nil {
 		seen.WritesAllowed = repair.Plan.WritesAllowed
 		if repair.Plan.Changed {
-			// Installed under an epoch from this operator's range, and
-			// recorded by the chain's next reconcile, so that the
-			// installs of a failover do not wait for an API write each
-			// (epochs.go).
-			epoch, err := r.epochs.draw(ctx, pool, repair.Plan.Epoch)
-			if err != nil {
+			// The new membership is written before it is installed: a
+			// master that dies half-way leaves a record the next one
+			// finishes, and the write, with optimistic locking on the
+			// chain, orders the decisions of two operators (a leader and
+			// the one that replaced it). It is one write with the
+			// conditions it leads to: a failover costs the API as few
+			// writes as it can.
+			if err := r.recordReconfiguration(ctx, chain, repair, now, seen); err != nil {
 				return reconcile.Result{}, err
 			}
-			if err := repair.Renumber(epoch); err != nil {
-				return reconcile.Result{}, err
-			}
-			logger.Info("Reordering chain", "reason", repair.Plan.Reason, "from", repair.Chain.Members, "fromEpoch", repair.Chain.Epoch,
-				"members", repair.Plan.Members, "epoch", repair.Plan.Epoch, "writesAllowed", repair.Plan.WritesAllowed,
-				"actions", chainmaster.ActionStrings(repair.Plan.Actions))
+			changed = true
 		}
 		busy = true
 		found, err := chainmaster.Executor{Conns: r.Conns, Log: logger, CallTimeout: chainCallTimeout}.Execute(ctx, stream.Name, repair)
@@ -268,18 +238,11 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 				"Step %q at epoch %d failed: %v", repair.Plan.Reason, repair.Plan.Epoch, err)
 			chainRPCErrors.WithLabelValues(chain.Namespace).Inc()
 		}
-		if repair.Plan.Changed {
-			// Recorded whatever the calls did, as the new target epoch:
-			// members that did not confirm it get it again. The record
-			// and what the members confirmed go in one write, in the
-			// next reconcile, which comes after the urgent installs of
-			// other chains.
-			r.setUnrecorded(key, installed{repair: repair, at: now})
-			return reconcile.Result{RequeueAfter: time.Millisecond, Priority: ptr.To(0)}, nil
-		}
 	}
 
-	if err := r.writeStatus(ctx, chain, seen, true); err != nil {
+	// The Partition is written once the members have shown what they
+	// run, not also in the step that changed the chain.
+	if err := r.writeStatus(ctx, chain, seen, !changed); err != nil {
 		return reconcile.Result{}, err
 	}
 	if busy || !chain.Converged() {
@@ -388,54 +351,6 @@ func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.Repl
 	return reconcile.Result{RequeueAfter: time.Millisecond}, nil
 }
 
-// recordInstalled writes the membership this operator installed last in
-// chain (if it has not been written yet) to its status, with what seen
-// shows of it.
-func (r *ChainReconciler) recordInstalled(ctx context.Context, key types.NamespacedName, chain *streamsv1alpha1.ReplicationChain, seen chainObservation) error {
-	r.mu.Lock()
-	in, ok := r.unrecorded[key]
-	r.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	if uint64(chain.Status.TargetEpoch) < in.repair.Plan.Epoch {
-		seen.WritesAllowed = in.repair.Plan.WritesAllowed
-		if err := r.recordReconfiguration(ctx, chain, in.repair, in.at, seen); err != nil {
-			// Kept for the retry: a conflict means the copy was stale.
-			return err
-		}
-	}
-	r.mu.Lock()
-	delete(r.unrecorded, key)
-	r.mu.Unlock()
-	return nil
-}
-
-func (r *ChainReconciler) setUnrecorded(key types.NamespacedName, in installed) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.unrecorded == nil {
-		r.unrecorded = map[types.NamespacedName]installed{}
-	}
-	r.unrecorded[key] = in
-}
-
-// adopt records, as the chain, a membership its members run under an epoch
-// newer than the record: one an operator installed and did not live to
-// record (chainmaster.Current).
-func (r *ChainReconciler) adopt(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, reports map[string]*catenapb.PartitionStatus, now time.Time) error {
-	record := chainRecord(chain)
-	cur, ok := chainmaster.Current(record, reports)
-	if record == nil || !ok || cur.Epoch <= record.Epoch {
-		return nil
-	}
-	repair := &chainmaster.Repair{Chain: *record, Plan: chainplan.Plan{
-		Epoch: cur.Epoch, Members: cur.Members, Changed: true, WritesAllowed: true,
-		Reason: "installed by an operator that stopped before recording it",
-	}}
-	return r.recordReconfiguration(ctx, chain, repair, now, chainObservation{Reports: reports, WritesAllowed: true})
-}
-
 // recordReconfiguration writes a plan's membership and epoch to the chain's
 // status, with optimistic locking: a master acting on a stale copy of the
 // chain must not overwrite a newer decision.
@@ -473,13 +388,12 @@ func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *stre
 	if err := r.Client.Status().Patch(ctx, chain, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("failed to record epoch %d of chain %s: %w", repair.Plan.Epoch, chain.Name, err)
 	}
-	log.FromContext(ctx).Info("Recorded chain", "reason", reason, "from", repair.Chain.Members, "fromEpoch", repair.Chain.Epoch,
-		"members", repair.Plan.Members, "epoch", repair.Plan.Epoch, "because", repair.Plan.Reason)
+	log.FromContext(ctx).Info("Reordering chain", "reason", reason, "from", repair.Chain.Members, "fromEpoch", repair.Chain.Epoch,
+		"members", repair.Plan.Members, "epoch", repair.Plan.Epoch, "writesAllowed", repair.Plan.WritesAllowed,
+		"actions", chainmaster.ActionStrings(repair.Plan.Actions))
 	r.confirmedEvent(chain, previous)
 	// Its own Event is recorded when the members confirm it
-	// (newlyConfirmed): maybe in this write, which records an install
-	// from the probes that show its outcome.
-	r.confirmedEvent(chain, newlyConfirmed(before.Status, chain.Status))
+	// (newlyConfirmed).
 	chainReconfigurations.WithLabelValues(string(reason)).Inc()
 	return nil
 }
@@ -585,7 +499,6 @@ func (r *ChainReconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.agreements, key)
-	delete(r.unrecorded, key)
 	for pool, placed := range r.placed {
 		if pool.Namespace == key.Namespace {
 			delete(placed, key.Name)
@@ -621,7 +534,6 @@ func (r *ChainReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager
 	}); err != nil {
 		return fmt.Errorf("failed to index ReplicationChains by pool: %w", err)
 	}
-	r.epochs = newEpochRanges(mgr.GetClient(), mgr.GetAPIReader())
 	if err := registerPartitionCollector(metrics.Registry, mgr.GetClient()); err != nil {
 		return fmt.Errorf("failed to register the partition gauges: %w", err)
 	}

@@ -135,18 +135,6 @@ type ReplicaPoolStatus struct {
 	// +kubebuilder:validation:Minimum=0
 	Chains int32 `json:"chains,omitempty"`
 
-	// epochsReserved is the highest chain epoch an operator has reserved
-	// for the chains on this pool. An operator installs a new membership
-	// under an epoch from a range it reserved here first, with optimistic
-	// locking, before it records the membership in the ReplicationChain: two
-	// operators (a leader and one it was replaced by) never install two
-	// memberships under one epoch, and a failover does not wait for a
-	// write per chain. Written by the operator only.
-	// +optional
-	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:XValidation:rule="self >= oldSelf",message="epochsReserved only grows"
-	EpochsReserved int64 `json:"epochsReserved,omitempty"`
-
 	// selector selects the pool's replica pods (the scale subresource's
 	// label selector).
 	// +optional

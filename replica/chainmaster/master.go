@@ -4,12 +4,12 @@
 // plan into the RPCs that carry it out; Executor makes those RPCs. Neither
 // keeps the master's record of the chain: the operator keeps it in the
 // ReplicationChain's status, catena dev in memory. Both write the new
-// membership to that record: catena dev before Execute installs it, the
-// operator right after (an API write per chain on the path of a failover
-// would bound how fast hundreds of chains are repaired). Either way a
-// master that dies half-way is finished by the next one: from the record,
-// or from the members that run an epoch newer than the record (Current);
-// members that have not confirmed the epoch get it again.
+// membership to that record before Execute installs it, so that a master
+// that dies half-way is finished by the next one (members that have not
+// confirmed the epoch get it again), and so that the record, not what
+// whichever members answer, holds every decision: a master that installed
+// first and died would leave the only trace of its decision on members
+// that may not answer the next one.
 package chainmaster
 
 import (
@@ -310,14 +310,13 @@ func replicaOf(in Input, id string, cur chainplan.Chain) chainplan.Replica {
 }
 
 // Current is the chain a master plans from: its record, unless a replica
-// reports a newer epoch, whose membership is then the chain. Epochs are
-// unique per chain and drawn in increasing order (each master draws from a
-// range no other master draws from, and above every epoch it has seen), so
-// a newer epoch is a later decision: one a master installed and did not
-// live to record. Its members may have committed records under it that the
-// record's other members lack, so it is the one to finish (its members
-// that have not confirmed it get it) and build on. ok is false when there
-// is neither a record nor a configured replica.
+// reports a newer epoch, whose membership is then the chain (a record lost:
+// catena dev restarted, with no record at all). Every epoch is recorded
+// before any member runs it, under the record's own ordering, so a newer
+// epoch is a later decision; its members may have committed records under
+// it that the record's other members lack, so it is the one to finish and
+// build on, never the older membership re-installed above it. ok is false
+// when there is neither a record nor a configured replica.
 func Current(record *chainplan.Chain, reports map[string]*catenapb.PartitionStatus) (cur chainplan.Chain, ok bool) {
 	latest := LatestReport(reports)
 	if record != nil && (latest == nil || latest.GetEpoch() <= record.Epoch) {
@@ -331,27 +330,6 @@ func Current(record *chainplan.Chain, reports map[string]*catenapb.PartitionStat
 		cur.Members = append(cur.Members, m.GetId())
 	}
 	return cur, true
-}
-
-// Renumber moves a changed plan to epoch, at least the planned one: a
-// master that draws its epochs from a reserved range (the operator, see
-// controllers/epochs.go) installs the membership under the epoch it drew.
-// The calls that install the new membership carry it; the others (of the
-// current epoch) are unchanged.
-func (r *Repair) Renumber(epoch uint64) error {
-	if !r.Plan.Changed || epoch < r.Plan.Epoch {
-		return fmt.Errorf("partition %d: cannot install epoch %d for a plan of epoch %d (changed %v)", r.Partition, epoch, r.Plan.Epoch, r.Plan.Changed)
-	}
-	planned := r.Plan.Epoch
-	for i := range r.Calls {
-		if c := &r.Calls[i]; c.Kind == CallConfigure && c.Configure.GetEpoch() == planned {
-			req := proto.Clone(c.Configure).(*catenapb.ConfigureRequest)
-			req.Epoch = epoch
-			c.Configure = req
-		}
-	}
-	r.Plan.Epoch = epoch
-	return nil
 }
 
 // LatestReport is the report of the highest epoch (ties: the first in id

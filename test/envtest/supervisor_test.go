@@ -38,14 +38,12 @@ type operatorSupervisor struct {
 	// first namespace, with short timings.
 	leaderElection bool
 
-	mu     sync.Mutex
-	runs   []*operatorRun
-	killAt func(client.Object) bool
-	// killInstead: the run dies instead of making the write.
-	killInstead bool
-	kills       int
-	stopping    bool
-	wg          sync.WaitGroup
+	mu       sync.Mutex
+	runs     []*operatorRun
+	killAt   func(client.Object) bool
+	kills    int
+	stopping bool
+	wg       sync.WaitGroup
 }
 
 // operatorRun is one process of the operator.
@@ -90,15 +88,7 @@ func superviseOperator(opts controllers.Options, leaderElection bool, replicas i
 func (s *operatorSupervisor) killAfter(at func(client.Object) bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.killAt, s.killInstead = at, false
-}
-
-// killBefore arms a kill: the first API write of any run whose result
-// would match at is not made, and the run dies in its place.
-func (s *operatorSupervisor) killBefore(at func(client.Object) bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.killAt, s.killInstead = at, true
+	s.killAt = at
 }
 
 // killed is how many runs have been killed.
@@ -131,35 +121,20 @@ func (s *operatorSupervisor) killNow(r *operatorRun) {
 
 // afterWrite is called with each landed write of run r.
 func (s *operatorSupervisor) afterWrite(r *operatorRun, obj client.Object) {
-	s.killAtWrite(r, obj, false)
-}
-
-// beforeWrite is called with each write run r is about to make; true: the
-// run was killed instead.
-func (s *operatorSupervisor) beforeWrite(r *operatorRun, obj client.Object) bool {
-	return s.killAtWrite(r, obj, true)
-}
-
-func (s *operatorSupervisor) killAtWrite(r *operatorRun, obj client.Object, before bool) bool {
 	s.mu.Lock()
-	at, instead := s.killAt, s.killInstead
+	at := s.killAt
 	s.mu.Unlock()
-	if at == nil || instead != before || !at(obj) {
-		return false
+	if at == nil || !at(obj) {
+		return
 	}
 	s.mu.Lock()
 	if s.killAt == nil { // another write matched first
 		s.mu.Unlock()
-		return false
+		return
 	}
-	s.killAt, s.killInstead = nil, false
+	s.killAt = nil
 	s.mu.Unlock()
-	when := "right after writing"
-	if before {
-		when = "instead of writing"
-	}
-	s.kill(r, fmt.Sprintf("killed %s %T %s", when, obj, obj.GetName()))
-	return true
+	s.kill(r, fmt.Sprintf("killed right after writing %T %s", obj, obj.GetName()))
 }
 
 func (s *operatorSupervisor) kill(r *operatorRun, why string) {
@@ -188,7 +163,7 @@ func (s *operatorSupervisor) start(name string) {
 		if err != nil {
 			return nil, err
 		}
-		return &killableClient{Client: c, run: r, wrote: s.afterWrite, writing: s.beforeWrite}, nil
+		return &killableClient{Client: c, run: r, wrote: s.afterWrite}, nil
 	}
 	if s.leaderElection {
 		opts.LeaderElection = true
@@ -234,24 +209,12 @@ func (s *operatorSupervisor) start(name string) {
 // run is killed, and tells the supervisor of each write that landed.
 type killableClient struct {
 	client.Client
-	run     *operatorRun
-	wrote   func(*operatorRun, client.Object)
-	writing func(*operatorRun, client.Object) bool
+	run   *operatorRun
+	wrote func(*operatorRun, client.Object)
 }
 
 func (c *killableClient) alive() error {
 	if c.run.killed.Load() {
-		return errOperatorKilled
-	}
-	return nil
-}
-
-// mayWrite is alive, for a write of obj.
-func (c *killableClient) mayWrite(obj client.Object) error {
-	if err := c.alive(); err != nil {
-		return err
-	}
-	if c.writing(c.run, obj) {
 		return errOperatorKilled
 	}
 	return nil
@@ -280,21 +243,21 @@ func (c *killableClient) List(ctx context.Context, list client.ObjectList, opts 
 }
 
 func (c *killableClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
-	if err := c.mayWrite(obj); err != nil {
+	if err := c.alive(); err != nil {
 		return err
 	}
 	return c.landed(obj, c.Client.Create(ctx, obj, opts...))
 }
 
 func (c *killableClient) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
-	if err := c.mayWrite(obj); err != nil {
+	if err := c.alive(); err != nil {
 		return err
 	}
 	return c.landed(obj, c.Client.Update(ctx, obj, opts...))
 }
 
 func (c *killableClient) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
-	if err := c.mayWrite(obj); err != nil {
+	if err := c.alive(); err != nil {
 		return err
 	}
 	return c.landed(obj, c.Client.Patch(ctx, obj, patch, opts...))
@@ -308,7 +271,7 @@ func (c *killableClient) Apply(ctx context.Context, obj runtime.ApplyConfigurati
 }
 
 func (c *killableClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
-	if err := c.mayWrite(obj); err != nil {
+	if err := c.alive(); err != nil {
 		return err
 	}
 	return c.landed(obj, c.Client.Delete(ctx, obj, opts...))
@@ -339,14 +302,14 @@ type killableStatus struct {
 }
 
 func (w *killableStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-	if err := w.c.mayWrite(obj); err != nil {
+	if err := w.c.alive(); err != nil {
 		return err
 	}
 	return w.c.landed(obj, w.SubResourceWriter.Update(ctx, obj, opts...))
 }
 
 func (w *killableStatus) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	if err := w.c.mayWrite(obj); err != nil {
+	if err := w.c.alive(); err != nil {
 		return err
 	}
 	return w.c.landed(obj, w.SubResourceWriter.Patch(ctx, obj, patch, opts...))
@@ -359,14 +322,14 @@ type killableSubResource struct {
 }
 
 func (w *killableSubResource) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-	if err := w.c.mayWrite(obj); err != nil {
+	if err := w.c.alive(); err != nil {
 		return err
 	}
 	return w.c.landed(obj, w.SubResourceClient.Update(ctx, obj, opts...))
 }
 
 func (w *killableSubResource) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-	if err := w.c.mayWrite(obj); err != nil {
+	if err := w.c.alive(); err != nil {
 		return err
 	}
 	return w.c.landed(obj, w.SubResourceClient.Patch(ctx, obj, patch, opts...))
