@@ -256,3 +256,35 @@ func TestPlanTeachesTheCommittedOffset(t *testing.T) {
 		t.Fatalf("want a Configure of b and c in %s", calls(r))
 	}
 }
+
+// Why a new membership is recorded before it is installed (2026-12-03, the
+// install-first change taken back): [y z] at epoch 5 removed x, and y and z
+// committed records x lacks; then y and z stop answering and x returns.
+// Planned from the record of [y z], no survivor remains: the chain is kept
+// and nothing is installed. Planned from an older record [x y z] (what a
+// master that installed first and died before recording would leave), x
+// would be made head alone without the records y and z committed.
+func TestARecordedRemovalIsNeverUndoneByTheRemovedMember(t *testing.T) {
+	xyz, yz := []string{"x", "y", "z"}, []string{"y", "z"}
+	in := Input{Stream: "s", Config: cfg, Addrs: map[string]string{"x": "x:1", "y": "y:1", "z": "z:1"},
+		Answered: map[string]bool{"x": true}, Failed: map[string]bool{"y": true, "z": true}, Replication: 3, MinLength: 2,
+		Reports: map[string]*catenapb.PartitionStatus{"x": rep(4, xyz, 7, cfg)}}
+
+	in.Chain = &chainplan.Chain{Epoch: 5, Members: yz}
+	r, err := Plan(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := calls(r); got != "nothing" {
+		t.Errorf("from the record of [y z]: %s, want nothing (keep the chain, refuse writes)", got)
+	}
+
+	in.Chain = &chainplan.Chain{Epoch: 4, Members: xyz}
+	r, err = Plan(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, lost := calls(r), "configure(x@5 [x=x:1])"; got != lost {
+		t.Errorf("from the older record: %s; this test documents that it would be %s", got, lost)
+	}
+}
