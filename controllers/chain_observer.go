@@ -294,29 +294,12 @@ func digestUint(h *maphash.Hash, v uint64) {
 	h.Write(b[:])
 }
 
-// chainMemberIDs are the chain's members as its status records them and as
-// its members' reports name them (another epoch may be installed than the
-// one recorded).
-func chainMemberIDs(reports map[string]*catenapb.PartitionStatus, chain *streamsv1alpha1.ReplicationChain) map[string]bool {
-	ids := map[string]bool{}
-	for _, m := range chain.Status.Members {
-		ids[m.Name] = true
-	}
-	for _, ps := range reports {
-		for _, m := range ps.GetMembers() {
-			ids[m.GetId()] = true
-		}
-	}
-	return ids
-}
-
 // failedMember reports whether a member of the chain as it runs is judged
 // failed (the chain waits for its removal: writes are stalled on that
 // member), and whether its head is. The chain as it runs is the newest of
-// the record and what the members report (chainmaster.Current): once the
-// removal is installed the chain is no longer urgent, though its record
-// still names the failed member until the next reconcile writes it, and
-// that write waits behind the other chains' removals.
+// the record and what the members report (chainmaster.Current), the one
+// the chain's master plans from: a chain whose removal is recorded is no
+// longer urgent, even before the cache shows the record.
 func failedMember(health map[string]chainplan.Health, reports map[string]*catenapb.PartitionStatus, chain *streamsv1alpha1.ReplicationChain) (failed, head bool) {
 	cur, ok := chainmaster.Current(chainRecord(chain), reports)
 	if !ok {

@@ -13,7 +13,6 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -111,15 +110,10 @@ func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, lo
 	if addr == "" {
 		return nil
 	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("failed to listen for metrics on %s: %w", addr, err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	serveHTTP(ctx, lis, mux, "Metrics", logger)
-	return nil
+	return serveHTTP(ctx, addr, mux, "metrics", logger)
 }
 
 // pprofFlag adds --pprof-listen: Go profiles are off unless it is set, and
@@ -134,32 +128,33 @@ func servePprof(ctx context.Context, addr string, logger logr.Logger) error {
 	if addr == "" {
 		return nil
 	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("failed to listen for profiles on %s: %w", addr, err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	serveHTTP(ctx, lis, mux, "Profile", logger)
-	return nil
+	return serveHTTP(ctx, addr, mux, "profiles", logger)
 }
 
-// serveHTTP serves h on lis until ctx ends.
-func serveHTTP(ctx context.Context, lis net.Listener, h http.Handler, what string, logger logr.Logger) {
+// serveHTTP serves h on addr until ctx ends; what names it in logs and
+// errors.
+func serveHTTP(ctx context.Context, addr string, h http.Handler, what string, logger logr.Logger) error {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("failed to listen for %s on %s: %w", what, addr, err)
+	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error(err, what+" server stopped")
+			logger.Error(err, "HTTP server stopped", "serving", what)
 		}
 	}()
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	logger.Info("Serving "+strings.ToLower(what)+"s", "addr", lis.Addr().String())
+	logger.Info("Serving "+what, "addr", lis.Addr().String())
+	return nil
 }
 
 func newRegistry() *prometheus.Registry {
