@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -70,8 +71,9 @@ const (
 // replica admin API (Configure), and afterwards keeps it whole: from the
 // members' Status reports and their pods it plans the next membership with
 // the same planner as catena dev (replica/chainmaster, replica/chainplan),
-// writes it to the ReplicationChain's status before installing it under a
-// new epoch, and records what each member confirmed. It also writes the
+// records it in the Stream's chain ledger (chain_ledger.go) before
+// installing it under a new epoch, and shows the record and what each
+// member confirmed in the ReplicationChain's status. It also writes the
 // Partition's status.
 type ChainReconciler struct {
 	Client   client.Client
@@ -99,13 +101,12 @@ type ChainReconciler struct {
 	// (see partitionProgressInterval).
 	progressWritten stamps
 
+	// ledgers hold each chain's record (chain_ledger.go).
+	ledgers *chainLedgers
+
 	mu sync.Mutex
 	// agreements of returning replicas, by chain and replica.
 	agreements map[types.NamespacedName]map[string]chainmaster.Agreement
-	// placed are placements written but maybe not yet in the cache, by
-	// pool, then chain: a chain placed a moment ago counts in the next
-	// chain's placement.
-	placed map[types.NamespacedName]map[string][]string
 }
 
 // DefaultChainWorkers is how many chains the operator reconciles at once: a
@@ -120,6 +121,7 @@ const DefaultChainWorkers = 16
 // +kubebuilder:rbac:groups=streams.catena.io,resources=streams,verbs=get;list;watch
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;create;update;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 func (r *ChainReconciler) now() time.Time {
@@ -152,17 +154,36 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		return reconcile.Result{}, nil
 	}
 	stream := &streamsv1alpha1.Stream{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: chain.Namespace, Name: chain.Spec.Stream}, stream); err != nil {
-		// Gone: owner references delete the chain.
+	streamKey := types.NamespacedName{Namespace: chain.Namespace, Name: chain.Spec.Stream}
+	if err := r.Client.Get(ctx, streamKey, stream); err != nil {
+		// Gone: owner references delete the chain, and its ledger.
+		if apierrors.IsNotFound(err) {
+			r.ledgers.forget(streamKey)
+		}
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
 	if !stream.DeletionTimestamp.IsZero() {
+		r.ledgers.forget(streamKey)
 		return reconcile.Result{}, nil
 	}
 	pool := &streamsv1alpha1.ReplicaPool{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: chain.Namespace, Name: chain.Spec.Pool}, pool); err != nil {
 		// The Stream reports a missing pool; its creation wakes the chain.
 		return reconcile.Result{}, client.IgnoreNotFound(err)
+	}
+
+	// The record is the ledger's entry (chain_ledger.go); the status shows
+	// it from this round on, and is written with what else it shows.
+	partition := uint32(*chain.Spec.Partition)
+	stored := chain.DeepCopy()
+	rec, err := r.ledgers.record(ctx, stream, partition, chain.UID)
+	if err != nil {
+		// Without its record the chain's master decides nothing.
+		r.event(chain, corev1.EventTypeWarning, "ChainLedgerUnreadable", "Read", "%v", err)
+		return reconcile.Result{}, err
+	}
+	if rec != nil && int64(rec.Epoch) > chain.Status.TargetEpoch {
+		applyLedgerEntry(&chain.Status, *rec)
 	}
 
 	pods, err := r.poolPods(ctx, pool)
@@ -177,7 +198,6 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		names = append(names, pool.PodName(i))
 	}
 
-	partition := uint32(*chain.Spec.Partition)
 	key := client.ObjectKeyFromObject(chain)
 	obs := r.observers.observer(client.ObjectKeyFromObject(pool), addrs)
 	snap := obs.Snapshot()
@@ -193,7 +213,7 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	health, failed := r.health(addrs, snap, pods, now)
 
 	if chainRecord(chain) == nil && chainmaster.LatestReport(reports) == nil {
-		return r.place(ctx, chain, pool, names)
+		return r.place(ctx, stream, chain, pool, names)
 	}
 
 	cfg := streamConfig(stream)
@@ -216,11 +236,14 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 			// The new membership is written before it is installed: a
 			// master that dies half-way leaves a record the next one
 			// finishes, and the write, with optimistic locking on the
-			// chain, orders the decisions of two operators (a leader and
-			// the one that replaced it). It is one write with the
-			// conditions it leads to: a failover costs the API as few
-			// writes as it can.
-			if err := r.recordReconfiguration(ctx, chain, repair, now, seen); err != nil {
+			// ledger, orders the decisions of two operators (a leader and
+			// the one that replaced it). The decisions of a Stream's
+			// chains are written together (chain_ledger.go).
+			if err := r.recordReconfiguration(ctx, stream, stored, chain, repair, now, seen); err != nil {
+				if errors.Is(err, errStaleRecord) {
+					// Decided from a record since replaced: plan again.
+					return reconcile.Result{RequeueAfter: chainWaitInterval}, nil
+				}
 				return reconcile.Result{}, err
 			}
 			changed = true
@@ -240,10 +263,14 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 		}
 	}
 
-	// The Partition is written once the members have shown what they
-	// run, not also in the step that changed the chain.
-	if err := r.writeStatus(ctx, chain, seen, !changed); err != nil {
-		return reconcile.Result{}, err
+	// A step that changed the chain writes no status: the ledger holds
+	// the record, and the next round writes it to the status with what
+	// the members confirmed (one write, after the installs of a
+	// failover, not among them).
+	if !changed {
+		if err := r.writeStatus(ctx, stored, chain, seen, true); err != nil {
+			return reconcile.Result{}, err
+		}
 	}
 	if busy || !chain.Converged() {
 		// The observer wakes the chain as soon as the members report a
@@ -288,106 +315,83 @@ func enqueueAt(priority int) handler.EventHandler {
 	}}
 }
 
-// place puts a chain without members on the pool's pods and writes the
-// placement as the chain's first target epoch; the next round installs it.
-func (r *ChainReconciler) place(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, pool *streamsv1alpha1.ReplicaPool, pods []string) (reconcile.Result, error) {
-	r.placeMu.Lock()
-	defer r.placeMu.Unlock()
-	var list streamsv1alpha1.ReplicationChainList
-	if err := r.Client.List(ctx, &list, client.InNamespace(chain.Namespace), client.MatchingFields{chainPoolIndex: pool.Name}); err != nil {
-		return reconcile.Result{}, fmt.Errorf("failed to list the ReplicationChains of pool %s: %w", pool.Name, err)
+// place puts a chain without members on the pool's pods and records the
+// placement in the ledger as the chain's first epoch; the next round
+// installs it. Placements are made one at a time, each counting the ones
+// before it (those still waiting for their ledger write too), and written
+// together.
+func (r *ChainReconciler) place(ctx context.Context, stream *streamsv1alpha1.Stream, chain *streamsv1alpha1.ReplicationChain, pool *streamsv1alpha1.ReplicaPool, pods []string) (reconcile.Result, error) {
+	it, members, err := r.placement(ctx, stream, chain, pool, pods)
+	if err != nil || it == nil {
+		return reconcile.Result{RequeueAfter: chainResyncInterval}, err
 	}
-	onPool := slices.DeleteFunc(list.Items, func(c streamsv1alpha1.ReplicationChain) bool { return c.Name == chain.Name })
-	load := poolLoad(onPool)
-	poolKey := client.ObjectKeyFromObject(pool)
-	r.mu.Lock()
-	for name, members := range r.placed[poolKey] {
-		if name == chain.Name {
-			// Its own earlier placement, which the cache has not shown it
-			// yet: not counted, and kept until the cache shows it (the
-			// patch below fails on the stale copy meanwhile).
-			continue
+	if err := r.ledgers.wait(ctx, stream, it); err != nil {
+		if errors.Is(err, errStaleRecord) {
+			return reconcile.Result{RequeueAfter: chainWaitInterval}, nil
 		}
-		if slices.ContainsFunc(onPool, func(c streamsv1alpha1.ReplicationChain) bool { return c.Name == name && len(c.Status.Members) > 0 }) {
-			// Counted from the cache, which has caught up: the ledger
-			// entry has done its job.
-			delete(r.placed[poolKey], name)
-			continue
-		}
-		load.Add(members)
-	}
-	r.mu.Unlock()
-
-	members := chainplan.Place(pods, load, int(chain.Spec.ReplicationFactor))
-	if len(members) == 0 {
-		return reconcile.Result{RequeueAfter: chainResyncInterval}, nil
-	}
-	before := chain.DeepCopy()
-	chain.Status.TargetEpoch = 1
-	chain.Status.Members = nil
-	for _, m := range members {
-		chain.Status.Members = append(chain.Status.Members, streamsv1alpha1.ChainMember{Name: m, State: streamsv1alpha1.MemberInChain})
-	}
-	msg := fmt.Sprintf("Placed on %s", strings.Join(members, ", "))
-	chain.Status.LastReconfiguration = &streamsv1alpha1.Reconfiguration{
-		Time: metav1.NewTime(r.now()), Epoch: 1, Reason: streamsv1alpha1.ReconfigurationCreated, Message: msg,
-	}
-	chain.Status = chainStatus(chain, chainObservation{WritesAllowed: true})
-	if err := r.Client.Status().Patch(ctx, chain, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return reconcile.Result{}, fmt.Errorf("failed to record the placement of chain %s: %w", chain.Name, err)
 	}
-	r.mu.Lock()
-	if r.placed == nil {
-		r.placed = map[types.NamespacedName]map[string][]string{}
-	}
-	if r.placed[poolKey] == nil {
-		r.placed[poolKey] = map[string][]string{}
-	}
-	r.placed[poolKey][chain.Name] = members
-	r.mu.Unlock()
 	// Its Event is recorded when the members confirm it (newlyConfirmed).
 	log.FromContext(ctx).Info("Placed chain", "members", members, "epoch", 1)
 	chainReconfigurations.WithLabelValues(string(streamsv1alpha1.ReconfigurationCreated)).Inc()
 	return reconcile.Result{RequeueAfter: time.Millisecond}, nil
 }
 
-// recordReconfiguration writes a plan's membership and epoch to the chain's
-// status, with optimistic locking: a master acting on a stale copy of the
-// chain must not overwrite a newer decision.
-func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, repair *chainmaster.Repair, now time.Time, seen chainObservation) error {
-	before := chain.DeepCopy()
+// placement decides where a chain goes and queues the decision for the
+// ledger (nil: no pod to place it on yet).
+func (r *ChainReconciler) placement(ctx context.Context, stream *streamsv1alpha1.Stream, chain *streamsv1alpha1.ReplicationChain, pool *streamsv1alpha1.ReplicaPool, pods []string) (*ledgerIntent, []string, error) {
+	r.placeMu.Lock()
+	defer r.placeMu.Unlock()
+	var list streamsv1alpha1.ReplicationChainList
+	if err := r.Client.List(ctx, &list, client.InNamespace(chain.Namespace), client.MatchingFields{chainPoolIndex: pool.Name}); err != nil {
+		return nil, nil, fmt.Errorf("failed to list the ReplicationChains of pool %s: %w", pool.Name, err)
+	}
+	onPool := slices.DeleteFunc(list.Items, func(c streamsv1alpha1.ReplicationChain) bool { return c.Name == chain.Name })
+	for i := range onPool {
+		// A chain placed (or reordered) a moment ago: the ledger has it
+		// before its status does.
+		c := &onPool[i]
+		if c.Spec.Partition == nil {
+			continue
+		}
+		e := r.ledgers.peek(types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.Stream}, uint32(*c.Spec.Partition), c.UID)
+		if e != nil && int64(e.Epoch) > c.Status.TargetEpoch {
+			applyLedgerEntry(&c.Status, *e)
+		}
+	}
+	members := chainplan.Place(pods, poolLoad(onPool), int(chain.Spec.ReplicationFactor))
+	if len(members) == 0 {
+		return nil, nil, nil
+	}
+	e := ledgerEntry{Chain: chain.UID, Epoch: 1, Members: members, Reason: streamsv1alpha1.ReconfigurationCreated,
+		Message: fmt.Sprintf("Placed on %s", strings.Join(members, ", ")), Time: metav1.NewTime(r.now())}
+	return r.ledgers.submit(client.ObjectKeyFromObject(stream), uint32(*chain.Spec.Partition), 0, e), members, nil
+}
+
+// recordReconfiguration records a plan's membership and epoch in the ledger
+// (chain_ledger.go), decided from the record in chain's status, and makes
+// chain's status show it. stored is the chain as the API holds it.
+func (r *ChainReconciler) recordReconfiguration(ctx context.Context, stream *streamsv1alpha1.Stream, stored, chain *streamsv1alpha1.ReplicationChain, repair *chainmaster.Repair, now time.Time, seen chainObservation) error {
 	// The members may have confirmed the previous reconfiguration in the
 	// reports this one is decided from (a spare is added as soon as a
-	// failed member's removal is installed): its Event is due with this
-	// write, which stores the confirmation.
-	previous := newlyConfirmed(before.Status, chainStatus(before, seen))
-	prev := map[string]streamsv1alpha1.ChainMember{}
-	for _, m := range chain.Status.Members {
-		prev[m.Name] = m
-	}
-	chain.Status.TargetEpoch = int64(repair.Plan.Epoch)
-	chain.Status.Members = nil
-	for _, m := range repair.Plan.Members {
-		cm := prev[m]
-		cm.Name = m
-		if cm.State == "" {
-			cm.State = streamsv1alpha1.MemberCatchingUp
-		}
-		chain.Status.Members = append(chain.Status.Members, cm)
-	}
+	// failed member's removal is installed): its Event is due now, as the
+	// status will not show that confirmation.
+	previous := newlyConfirmed(stored.Status, chainStatus(chain, seen))
 	reason := reconfigurationReason(repair.Chain.Members, repair.Plan.Members, repair.Plan.Reason)
 	msg := fmt.Sprintf("%s: [%s] at epoch %d -> [%s] at epoch %d", repair.Plan.Reason,
 		strings.Join(repair.Chain.Members, " "), repair.Chain.Epoch, strings.Join(repair.Plan.Members, " "), repair.Plan.Epoch)
 	if !repair.Plan.WritesAllowed {
 		msg += "; writes refused until the chain is long enough"
 	}
-	chain.Status.LastReconfiguration = &streamsv1alpha1.Reconfiguration{
-		Time: metav1.NewTime(now), Epoch: int64(repair.Plan.Epoch), Reason: reason, Message: msg,
+	e := ledgerEntry{Chain: chain.UID, Epoch: repair.Plan.Epoch, Members: slices.Clone(repair.Plan.Members), Reason: reason, Message: msg, Time: metav1.NewTime(now)}
+	var base uint64
+	if rec := chainRecord(chain); rec != nil {
+		base = rec.Epoch
 	}
-	chain.Status = chainStatus(chain, seen)
-	if err := r.Client.Status().Patch(ctx, chain, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+	if err := r.ledgers.commit(ctx, stream, uint32(*chain.Spec.Partition), base, e); err != nil {
 		return fmt.Errorf("failed to record epoch %d of chain %s: %w", repair.Plan.Epoch, chain.Name, err)
 	}
+	applyLedgerEntry(&chain.Status, e)
 	log.FromContext(ctx).Info("Reordering chain", "reason", reason, "from", repair.Chain.Members, "fromEpoch", repair.Chain.Epoch,
 		"members", repair.Plan.Members, "epoch", repair.Plan.Epoch, "writesAllowed", repair.Plan.WritesAllowed,
 		"actions", chainmaster.ActionStrings(repair.Plan.Actions))
@@ -398,10 +402,10 @@ func (r *ChainReconciler) recordReconfiguration(ctx context.Context, chain *stre
 	return nil
 }
 
-// writeStatus records the members' confirmations and the conditions of the
-// chain, and, with partition, the Partition's status.
-func (r *ChainReconciler) writeStatus(ctx context.Context, chain *streamsv1alpha1.ReplicationChain, obs chainObservation, partition bool) error {
-	before := chain.DeepCopy()
+// writeStatus records the chain's record (from the ledger), the members'
+// confirmations and the conditions of the chain over before (the chain as
+// the API holds it), and, with partition, the Partition's status.
+func (r *ChainReconciler) writeStatus(ctx context.Context, before, chain *streamsv1alpha1.ReplicationChain, obs chainObservation, partition bool) error {
 	chain.Status = chainStatus(chain, obs)
 	if !equality.Semantic.DeepEqual(before.Status, chain.Status) {
 		if err := r.Client.Status().Patch(ctx, chain, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
@@ -499,11 +503,6 @@ func (r *ChainReconciler) forget(key types.NamespacedName) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.agreements, key)
-	for pool, placed := range r.placed {
-		if pool.Namespace == key.Namespace {
-			delete(placed, key.Name)
-		}
-	}
 }
 
 // confirmedEvent records the Event of a reconfiguration every member has
@@ -537,6 +536,7 @@ func (r *ChainReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager
 	if err := registerPartitionCollector(metrics.Registry, mgr.GetClient()); err != nil {
 		return fmt.Errorf("failed to register the partition gauges: %w", err)
 	}
+	r.ledgers = &chainLedgers{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()}
 	r.observers = newPoolObservers(mgr.GetClient(), r.Conns, r.ReplicaAddr, r.failureTimeout(), r.Now)
 	if err := mgr.Add(r.observers); err != nil {
 		return fmt.Errorf("failed to register the replica pools' observer: %w", err)

@@ -110,8 +110,9 @@ func minChainLength(stream *streamsv1alpha1.Stream) int {
 	return chainplan.MinChainLength(int(stream.Spec.ReplicationFactor), int(ptr.Deref(stream.Spec.MinChainLength, 0)))
 }
 
-// chainRecord is the master's record of the chain, from its status: nil
-// when the operator has not placed it yet.
+// chainRecord is the master's record of the chain, from its status once the
+// ledger's entry is applied to it (applyLedgerEntry): nil when the operator
+// has not placed it yet.
 func chainRecord(chain *streamsv1alpha1.ReplicationChain) *chainplan.Chain {
 	if chain.Status.TargetEpoch == 0 || len(chain.Status.Members) == 0 {
 		return nil

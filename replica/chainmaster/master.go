@@ -3,7 +3,7 @@
 // replicas report into the planner's input (replica/chainplan), and the
 // plan into the RPCs that carry it out; Executor makes those RPCs. Neither
 // keeps the master's record of the chain: the operator keeps it in the
-// ReplicationChain's status, catena dev in memory. Both write the new
+// Stream's chain ledger (controllers/chain_ledger.go), catena dev in memory. Both write the new
 // membership to that record before Execute installs it, so that a master
 // that dies half-way is finished by the next one (members that have not
 // confirmed the epoch get it again), and so that the record, not what

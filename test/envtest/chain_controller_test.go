@@ -2,6 +2,7 @@ package envtest_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sync"
@@ -504,6 +505,56 @@ var _ = Describe("Chain controller", Ordered, func() {
 			hosted, err = p.hosted("keep")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(hosted).To(HaveLen(2), "%s dropped a Retain Stream's partitions", p.id)
+		}
+	})
+
+	It("records each chain in its Stream's ledger before installing it, and never writes over a ConfigMap in the ledger's way", func() {
+		By("keeping the chains of a Stream whose ledger name is taken unplaced, and saying why")
+		theirs := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "taken-chain-ledger"}, Data: map[string]string{"mine": "yes"}}
+		Expect(k8s.Create(ctx, theirs)).To(Succeed())
+		Expect(k8s.Create(ctx, manifest(ns, "Stream", "taken", "pool: trio\npartitions: 2"))).To(Succeed())
+		Eventually(func(g Gomega) {
+			var evs eventsv1.EventList
+			g.Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
+			var notes []string
+			for _, e := range evs.Items {
+				if e.Regarding.Kind == "ReplicationChain" && e.Regarding.Name == "taken-0" && e.Reason == "ChainLedgerUnreadable" {
+					notes = append(notes, e.Note)
+				}
+			}
+			g.Expect(notes).To(ContainElement(ContainSubstring("ConfigMap %s/taken-chain-ledger is in the way of Stream taken's chain ledger", ns)))
+		}).Should(Succeed())
+		Consistently(func(g Gomega) {
+			for _, c := range chains(g, "taken", 2) {
+				g.Expect(c.Status.Members).To(BeEmpty(), describeChain(&c))
+			}
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(theirs), theirs)).To(Succeed())
+			g.Expect(theirs.Data).To(Equal(map[string]string{"mine": "yes"}))
+		}).WithTimeout(time.Second).Should(Succeed())
+
+		By("placing them once it is out of the way, with the ledger the Stream owns as their record")
+		Expect(k8s.Delete(ctx, theirs)).To(Succeed())
+		var cs []streamsv1alpha1.ReplicationChain
+		Eventually(func(g Gomega) { cs = expectInstalled(g, "taken", 2, 3) }).WithTimeout(30 * time.Second).Should(Succeed())
+		var stream streamsv1alpha1.Stream
+		Expect(k8s.Get(ctx, key(ns, "taken"), &stream)).To(Succeed())
+		var ledger corev1.ConfigMap
+		Expect(k8s.Get(ctx, key(ns, "taken-chain-ledger"), &ledger)).To(Succeed())
+		Expect(metav1.GetControllerOf(&ledger).UID).To(Equal(stream.UID))
+		for _, c := range cs {
+			var e struct {
+				Chain   string   `json:"chain"`
+				Epoch   int64    `json:"epoch"`
+				Members []string `json:"members"`
+			}
+			Expect(json.Unmarshal([]byte(ledger.Data[fmt.Sprintf("partition-%d", *c.Spec.Partition)]), &e)).To(Succeed())
+			var members []string
+			for _, m := range c.Status.Members {
+				members = append(members, m.Name)
+			}
+			Expect(e.Chain).To(Equal(string(c.UID)))
+			Expect(e.Epoch).To(Equal(c.Status.TargetEpoch), describeChain(&c))
+			Expect(e.Members).To(Equal(members), describeChain(&c))
 		}
 	})
 })

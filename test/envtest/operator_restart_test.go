@@ -1,14 +1,18 @@
 package envtest_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
@@ -17,7 +21,7 @@ import (
 )
 
 // The operator killed in the middle of a repair: what it decided is in the
-// API before any replica hears of it, so the next operator (a restarted
+// API (the Stream's chain ledger) before any replica hears of it, so the next operator (a restarted
 // pod, or another replica taking the lease) finishes the step, and status
 // says what happened.
 
@@ -30,27 +34,43 @@ type recordedReorder struct {
 	reason  streamsv1alpha1.ReconfigurationReason
 }
 
-// matcher is a kill point: the first write of a ReplicationChain's status
-// that records a reorder removing a failed member above epoch floor[chain].
-func (rr *recordedReorder) matcher(ns string, floor map[string]int64) func(client.Object) bool {
+// ledgerEntry is an entry of a Stream's chain ledger, the ConfigMap
+// <stream>-chain-ledger whose key partition-<n> holds partition n's record
+// as JSON (controllers/chain_ledger.go).
+type ledgerEntry struct {
+	Epoch   int64                                 `json:"epoch"`
+	Members []string                              `json:"members"`
+	Reason  streamsv1alpha1.ReconfigurationReason `json:"reason"`
+}
+
+// matcher is a kill point: the first write of stream's chain ledger that
+// records a reorder removing a failed member above epoch floor[chain].
+func (rr *recordedReorder) matcher(ns, stream string, floor map[string]int64) func(client.Object) bool {
 	return func(obj client.Object) bool {
-		c, ok := obj.(*streamsv1alpha1.ReplicationChain)
-		if !ok || c.Namespace != ns || c.Status.LastReconfiguration == nil || c.Status.TargetEpoch <= floor[c.Name] {
+		cm, ok := obj.(*corev1.ConfigMap)
+		if !ok || cm.Namespace != ns || cm.Name != stream+"-chain-ledger" {
 			return false
 		}
-		switch c.Status.LastReconfiguration.Reason {
-		case streamsv1alpha1.ReconfigurationHeadFailed, streamsv1alpha1.ReconfigurationMiddleFailed, streamsv1alpha1.ReconfigurationTailFailed:
-		default:
-			return false
+		for k, v := range cm.Data {
+			p, err := strconv.Atoi(strings.TrimPrefix(k, "partition-"))
+			Expect(err).NotTo(HaveOccurred(), "ledger key %q", k)
+			var e ledgerEntry
+			Expect(json.Unmarshal([]byte(v), &e)).To(Succeed(), "ledger entry %s", k)
+			name := streamsv1alpha1.PartitionName(stream, int32(p))
+			if e.Epoch <= floor[name] {
+				continue
+			}
+			switch e.Reason {
+			case streamsv1alpha1.ReconfigurationHeadFailed, streamsv1alpha1.ReconfigurationMiddleFailed, streamsv1alpha1.ReconfigurationTailFailed:
+			default:
+				continue
+			}
+			rr.mu.Lock()
+			rr.chain, rr.epoch, rr.reason, rr.members = name, e.Epoch, e.Reason, e.Members
+			rr.mu.Unlock()
+			return true
 		}
-		rr.mu.Lock()
-		defer rr.mu.Unlock()
-		rr.chain, rr.epoch, rr.reason = c.Name, c.Status.TargetEpoch, c.Status.LastReconfiguration.Reason
-		rr.members = nil
-		for _, m := range c.Status.Members {
-			rr.members = append(rr.members, m.Name)
-		}
-		return true
+		return false
 	}
 }
 
@@ -125,7 +145,7 @@ var _ = Describe("The operator killed in the middle of a repair", Ordered, func(
 			floor[name] = c.Status.TargetEpoch
 		}
 		rr := &recordedReorder{}
-		op.killAfter(rr.matcher(ns, floor))
+		op.killAfter(rr.matcher(ns, stream, floor))
 		replicas.get(ns, victim).kill()
 
 		Eventually(op.killed).Should(Equal(1), "no reorder was recorded")
@@ -220,7 +240,7 @@ var _ = Describe("Two operator replicas with leader election", Ordered, func() {
 		first := holder(Default)
 
 		rr := &recordedReorder{}
-		op.killAfter(rr.matcher(ns, floor))
+		op.killAfter(rr.matcher(ns, stream, floor))
 		replicas.get(ns, victim).kill()
 		Eventually(op.killed).Should(Equal(1), "no reorder was recorded")
 		name, epoch, members, _ := rr.get()
