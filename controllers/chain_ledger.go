@@ -57,9 +57,10 @@ var errStaleRecord = errors.New("the chain's record changed since it was read")
 // ledgerEntry is one chain's record: the membership it runs under Epoch,
 // and why and when it was decided.
 type ledgerEntry struct {
-	// Chain is the ReplicationChain's UID: an entry of an earlier chain of
-	// the same name (its Stream deleted and created again) is not its
-	// record.
+	// Chain is the UID of the ReplicationChain that decided it. The
+	// record is the partition's, whichever object shows it: a chain
+	// deleted by hand and created again by its Stream takes it over (an
+	// earlier Stream's ledger is never read, see load).
 	Chain   types.UID                             `json:"chain"`
 	Epoch   uint64                                `json:"epoch"`
 	Members []string                              `json:"members"`
@@ -69,12 +70,14 @@ type ledgerEntry struct {
 }
 
 // ledgerIntent is a decision waiting for its group commit: Entry for
-// Partition, decided from the record at epoch Base (0: none).
+// Partition, decided from the record at epoch Base (0: none), in the
+// ledger sl.
 type ledgerIntent struct {
 	Partition uint32
 	Base      uint64
 	Entry     ledgerEntry
 	done      chan error
+	sl        *streamLedger
 }
 
 // ledgerName is the name of a Stream's ledger ConfigMap.
@@ -85,11 +88,13 @@ func ledgerKey(partition uint32) string {
 }
 
 // admitIntents decides which intents of a batch the ledger entries accept,
-// in order: one whose base is the epoch of its chain's entry, or whose
-// chain has no entry (the base then came from the chain's status, the
-// record before the ledger), and which moves the epoch up. An entry of
-// another chain UID is an earlier chain's, replaced. It returns the
-// entries with the accepted intents applied; entries is not changed.
+// in order: one decided from a record at least as new as its partition's
+// entry, moving the epoch up. The base may be newer than the entry: the
+// chain's status can be ahead of a ledger restored from a backup or
+// written by an operator of an earlier version, and the record is the
+// newer of the two; what orders two operators is the write's
+// resourceVersion, not this check. It returns the entries with the
+// accepted intents applied; entries is not changed.
 func admitIntents(entries map[uint32]ledgerEntry, intents []*ledgerIntent) (next map[uint32]ledgerEntry, accepted, refused []*ledgerIntent) {
 	next = maps.Clone(entries)
 	if next == nil {
@@ -97,7 +102,7 @@ func admitIntents(entries map[uint32]ledgerEntry, intents []*ledgerIntent) (next
 	}
 	for _, it := range intents {
 		cur, ok := next[it.Partition]
-		if ok && cur.Chain == it.Entry.Chain && cur.Epoch != it.Base || it.Entry.Epoch <= it.Base {
+		if ok && cur.Epoch > it.Base || it.Entry.Epoch <= it.Base {
 			refused = append(refused, it)
 			continue
 		}
@@ -174,17 +179,19 @@ type chainLedgers struct {
 	Client client.Client
 	Reader client.Reader
 
-	mu      sync.Mutex
-	streams map[types.NamespacedName]*streamLedger
+	mu sync.Mutex
+	// streams by Stream UID: a Stream deleted and created again under
+	// its name has a ledger of its own.
+	streams map[types.UID]*streamLedger
 }
 
 // streamLedger is one Stream's ledger and its group commit.
 type streamLedger struct {
-	mu sync.Mutex
+	name types.NamespacedName // the Stream's
+	mu   sync.Mutex
 	// loaded: cm and entries are what this operator last read or wrote
-	// (cm nil: no ConfigMap yet) for the Stream whose UID is stream.
+	// (cm nil: no ConfigMap yet).
 	loaded  bool
-	stream  types.UID
 	cm      *corev1.ConfigMap
 	entries map[uint32]ledgerEntry
 	// pending wait for the next write; inflight are in the current one.
@@ -195,61 +202,110 @@ type streamLedger struct {
 	turn chan struct{}
 }
 
-func (l *chainLedgers) of(stream types.NamespacedName) *streamLedger {
+func (l *chainLedgers) of(uid types.UID, name types.NamespacedName) *streamLedger {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.streams == nil {
-		l.streams = map[types.NamespacedName]*streamLedger{}
+		l.streams = map[types.UID]*streamLedger{}
 	}
-	sl := l.streams[stream]
+	sl := l.streams[uid]
 	if sl == nil {
-		sl = &streamLedger{turn: make(chan struct{})}
-		l.streams[stream] = sl
+		sl = &streamLedger{name: name, turn: make(chan struct{})}
+		l.streams[uid] = sl
 	}
 	return sl
 }
 
-// forget drops what is known of a Stream's ledger (the Stream is gone).
+// forget drops what is known of the ledgers of Streams of a name (the
+// Stream is gone). A caller still waiting on one keeps it.
 func (l *chainLedgers) forget(stream types.NamespacedName) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.streams, stream)
+	for uid, sl := range l.streams {
+		if sl.name == stream {
+			delete(l.streams, uid)
+		}
+	}
 }
 
-// record is partition's entry in the Stream's ledger, nil when it has none
-// for the chain whose UID is chain. The ledger is read from the API server
-// the first time.
-func (l *chainLedgers) record(ctx context.Context, stream *streamsv1alpha1.Stream, partition uint32, chain types.UID) (*ledgerEntry, error) {
-	sl := l.of(client.ObjectKeyFromObject(stream))
+// record is partition's entry in the Stream's ledger, nil when it has
+// none. The ledger is read from the API server the first time.
+func (l *chainLedgers) record(ctx context.Context, stream *streamsv1alpha1.Stream, partition uint32) (*ledgerEntry, error) {
+	sl := l.of(stream.UID, client.ObjectKeyFromObject(stream))
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if !sl.loaded || sl.stream != stream.UID {
+	if !sl.loaded {
 		if err := l.load(ctx, sl, stream); err != nil {
 			return nil, err
 		}
 	}
-	return sl.entryOf(partition, chain), nil
+	return sl.entryOf(partition), nil
 }
 
 // peek is what record returns, or the newest decision waiting to be
-// committed, without reading the API: for placements, which count the
-// chains placed a moment ago.
-func (l *chainLedgers) peek(stream types.NamespacedName, partition uint32, chain types.UID) *ledgerEntry {
-	sl := l.of(stream)
+// committed, for the partition of the Stream whose UID is stream, without
+// reading the API: for placements, which count the chains placed a moment
+// ago.
+func (l *chainLedgers) peek(stream types.UID, partition uint32) *ledgerEntry {
+	l.mu.Lock()
+	sl := l.streams[stream]
+	l.mu.Unlock()
+	if sl == nil {
+		return nil
+	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	for _, it := range slices.Backward(slices.Concat(sl.inflight, sl.pending)) {
-		if it.Partition == partition && it.Entry.Chain == chain {
+		if it.Partition == partition {
 			e := it.Entry
 			return &e
 		}
 	}
-	return sl.entryOf(partition, chain)
+	return sl.entryOf(partition)
 }
 
-func (sl *streamLedger) entryOf(partition uint32, chain types.UID) *ledgerEntry {
+// showRecords makes each chain's status show its ledger's record (with
+// the decisions waiting to be written) where the status lags it: a
+// changed chain's status is written in its next round. For readers that
+// must not act on a membership the operator has already changed: a
+// placement counting the chains on each pod, a chains-ready gate. Each
+// Stream's ledger is read the first time.
+func (l *chainLedgers) showRecords(ctx context.Context, c client.Reader, chains []streamsv1alpha1.ReplicationChain) error {
+	known := map[types.UID]bool{}
+	for i := range chains {
+		ch := &chains[i]
+		owner := metav1.GetControllerOf(ch)
+		if owner == nil || owner.Kind != "Stream" || ch.Spec.Partition == nil {
+			continue
+		}
+		ok, seen := known[owner.UID]
+		if !seen {
+			var stream streamsv1alpha1.Stream
+			err := c.Get(ctx, types.NamespacedName{Namespace: ch.Namespace, Name: owner.Name}, &stream)
+			if err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("failed to read Stream %s: %w", owner.Name, err)
+			}
+			ok = err == nil && stream.UID == owner.UID && stream.DeletionTimestamp.IsZero()
+			if ok {
+				if _, err := l.record(ctx, &stream, 0); err != nil {
+					return err
+				}
+			}
+			known[owner.UID] = ok
+		}
+		if !ok {
+			continue
+		}
+		if e := l.peek(owner.UID, uint32(*ch.Spec.Partition)); e != nil && int64(e.Epoch) > ch.Status.TargetEpoch {
+			applyLedgerEntry(&ch.Status, *e)
+		}
+	}
+	return nil
+}
+
+func (sl *streamLedger) entryOf(partition uint32) *ledgerEntry {
 	e, ok := sl.entries[partition]
-	if !ok || e.Chain != chain {
+	if !ok {
 		return nil
 	}
 	return &e
@@ -257,9 +313,9 @@ func (sl *streamLedger) entryOf(partition uint32, chain types.UID) *ledgerEntry 
 
 // submit queues a decision for the Stream's next group commit; wait
 // returns once it is written (nil) or refused.
-func (l *chainLedgers) submit(stream types.NamespacedName, partition uint32, base uint64, e ledgerEntry) *ledgerIntent {
-	it := &ledgerIntent{Partition: partition, Base: base, Entry: e, done: make(chan error, 1)}
-	sl := l.of(stream)
+func (l *chainLedgers) submit(stream *streamsv1alpha1.Stream, partition uint32, base uint64, e ledgerEntry) *ledgerIntent {
+	sl := l.of(stream.UID, client.ObjectKeyFromObject(stream))
+	it := &ledgerIntent{Partition: partition, Base: base, Entry: e, done: make(chan error, 1), sl: sl}
 	sl.mu.Lock()
 	sl.pending = append(sl.pending, it)
 	sl.mu.Unlock()
@@ -272,7 +328,7 @@ func (l *chainLedgers) submit(stream types.NamespacedName, partition uint32, bas
 // write, made by one of their own callers: a caller writes once, and is
 // not held up writing the decisions of chains that came after it.
 func (l *chainLedgers) wait(ctx context.Context, stream *streamsv1alpha1.Stream, it *ledgerIntent) error {
-	sl := l.of(client.ObjectKeyFromObject(stream))
+	sl := it.sl
 	for {
 		select {
 		case err := <-it.done:
@@ -311,7 +367,7 @@ func (l *chainLedgers) wait(ctx context.Context, stream *streamsv1alpha1.Stream,
 
 // commit is submit and wait.
 func (l *chainLedgers) commit(ctx context.Context, stream *streamsv1alpha1.Stream, partition uint32, base uint64, e ledgerEntry) error {
-	return l.wait(ctx, stream, l.submit(client.ObjectKeyFromObject(stream), partition, base, e))
+	return l.wait(ctx, stream, l.submit(stream, partition, base, e))
 }
 
 // resolve tells an intent's waiter its outcome, once.
@@ -333,7 +389,7 @@ const ledgerWriteAttempts = 4
 func (l *chainLedgers) write(ctx context.Context, sl *streamLedger, stream *streamsv1alpha1.Stream, batch []*ledgerIntent) error {
 	for range ledgerWriteAttempts {
 		sl.mu.Lock()
-		if !sl.loaded || sl.stream != stream.UID {
+		if !sl.loaded {
 			if err := l.load(ctx, sl, stream); err != nil {
 				sl.mu.Unlock()
 				return err
@@ -341,6 +397,12 @@ func (l *chainLedgers) write(ctx context.Context, sl *streamLedger, stream *stre
 		}
 		next, accepted, refused := admitIntents(sl.entries, batch)
 		stored := sl.cm
+		if len(refused) > 0 {
+			// Decided from a record older than this copy of the ledger
+			// (or newer: another operator's copy): read it again before
+			// their chains decide again.
+			sl.loaded = false
+		}
 		sl.mu.Unlock()
 		for _, it := range refused {
 			resolve(it, fmt.Errorf("partition %d at epoch %d: %w", it.Partition, it.Base, errStaleRecord))
@@ -394,16 +456,18 @@ func (l *chainLedgers) write(ctx context.Context, sl *streamLedger, stream *stre
 }
 
 // load reads the Stream's ledger from the API server (sl.mu held: a
-// first read, or a read after a conflict, holds up the Stream's others). A
-// ledger left by an earlier Stream of the same name (being garbage
-// collected) is deleted; a ConfigMap of that name that is not a ledger is
-// an error, never overwritten.
+// first read, or a read after a conflict, holds up the Stream's others).
+// A ConfigMap of that name that is not a ledger is an error, never
+// overwritten. One owned by another Stream UID is an earlier Stream's
+// (being garbage collected), deleted, when the API server says the
+// Stream is the one given; if it says the ConfigMap's owner is the
+// Stream, the one given is a stale copy and nothing is read.
 func (l *chainLedgers) load(ctx context.Context, sl *streamLedger, stream *streamsv1alpha1.Stream) error {
 	cm := &corev1.ConfigMap{}
 	err := l.Reader.Get(ctx, types.NamespacedName{Namespace: stream.Namespace, Name: ledgerName(stream.Name)}, cm)
 	switch {
 	case apierrors.IsNotFound(err):
-		sl.loaded, sl.stream, sl.cm, sl.entries = true, stream.UID, nil, map[uint32]ledgerEntry{}
+		sl.loaded, sl.cm, sl.entries = true, nil, map[uint32]ledgerEntry{}
 		return nil
 	case err != nil:
 		return fmt.Errorf("failed to read the chain ledger of Stream %s: %w", stream.Name, err)
@@ -413,17 +477,24 @@ func (l *chainLedgers) load(ctx context.Context, sl *streamLedger, stream *strea
 			cm.Namespace, cm.Name, stream.Name, labelComponent, componentChainLedger)
 	}
 	if owner := metav1.GetControllerOf(cm); owner == nil || owner.UID != stream.UID {
+		live := &streamsv1alpha1.Stream{}
+		if err := l.Reader.Get(ctx, client.ObjectKeyFromObject(stream), live); err != nil {
+			return fmt.Errorf("failed to read Stream %s to tell whose chain ledger %s is: %w", stream.Name, cm.Name, err)
+		}
+		if live.UID != stream.UID {
+			return fmt.Errorf("stream %s was deleted and created again: waiting for the cache to show the new one", stream.Name)
+		}
 		// An earlier Stream's: its records are not this one's.
 		if err := l.Client.Delete(ctx, cm, client.Preconditions{UID: &cm.UID, ResourceVersion: &cm.ResourceVersion}); err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("failed to delete the chain ledger of an earlier Stream %s: %w", stream.Name, err)
 		}
-		sl.loaded, sl.stream, sl.cm, sl.entries = true, stream.UID, nil, map[uint32]ledgerEntry{}
+		sl.loaded, sl.cm, sl.entries = true, nil, map[uint32]ledgerEntry{}
 		return nil
 	}
 	entries, err := decodeLedger(cm)
 	if err != nil {
 		return err
 	}
-	sl.loaded, sl.stream, sl.cm, sl.entries = true, stream.UID, cm, entries
+	sl.loaded, sl.cm, sl.entries = true, cm, entries
 	return nil
 }

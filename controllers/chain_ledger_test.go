@@ -38,10 +38,11 @@ func TestAdmitIntents(t *testing.T) {
 	}{
 		{"decided from the entry: accepted", []*ledgerIntent{{Partition: 0, Base: 5, Entry: entry("c0", 6, "b")}}, []int{0}, map[uint32]uint64{0: 6}},
 		{"decided from an older record: refused (another operator moved it)", []*ledgerIntent{{Partition: 0, Base: 4, Entry: entry("c0", 5, "b")}}, nil, map[uint32]uint64{0: 5}},
-		{"decided from a newer record than the entry: refused", []*ledgerIntent{{Partition: 0, Base: 6, Entry: entry("c0", 7, "b")}}, nil, map[uint32]uint64{0: 5}},
+		{"decided from a newer record than the entry (a status ahead of a restored ledger): accepted", []*ledgerIntent{{Partition: 0, Base: 6, Entry: entry("c0", 7, "b")}}, []int{0}, map[uint32]uint64{0: 7}},
 		{"no entry: decided from the status, accepted", []*ledgerIntent{{Partition: 2, Base: 3, Entry: entry("c2", 4, "a")}}, []int{0}, map[uint32]uint64{2: 4}},
 		{"placement: no entry, base 0", []*ledgerIntent{{Partition: 2, Base: 0, Entry: entry("c2", 1, "a", "b", "c")}}, []int{0}, map[uint32]uint64{2: 1}},
-		{"an earlier chain's entry is replaced", []*ledgerIntent{{Partition: 1, Base: 0, Entry: entry("c1", 1, "a")}}, []int{0}, map[uint32]uint64{1: 1}},
+		{"a chain created again by hand decides from the partition's record", []*ledgerIntent{{Partition: 1, Base: 9, Entry: entry("c1", 10, "a")}}, []int{0}, map[uint32]uint64{1: 10}},
+		{"a chain created again by hand does not place the partition anew", []*ledgerIntent{{Partition: 1, Base: 0, Entry: entry("c1", 1, "a")}}, nil, map[uint32]uint64{1: 9}},
 		{"the epoch must grow", []*ledgerIntent{{Partition: 0, Base: 5, Entry: entry("c0", 5, "b")}}, nil, map[uint32]uint64{0: 5}},
 		{"two decisions from one record in a batch: the first wins", []*ledgerIntent{
 			{Partition: 0, Base: 5, Entry: entry("c0", 6, "b")},
@@ -181,7 +182,7 @@ func TestLedgerFencesAnOperatorThatDecidedFromAnOlderRecord(t *testing.T) {
 	}
 	// Both read the record at epoch 1.
 	for _, l := range []*chainLedgers{old, next} {
-		if rec, err := l.record(ctx, env.stream, 0, "c0"); err != nil || rec == nil || rec.Epoch != 1 {
+		if rec, err := l.record(ctx, env.stream, 0); err != nil || rec == nil || rec.Epoch != 1 {
 			t.Fatalf("record %+v, %v", rec, err)
 		}
 	}
@@ -197,7 +198,7 @@ func TestLedgerFencesAnOperatorThatDecidedFromAnOlderRecord(t *testing.T) {
 	}
 	// The refused operator reads the ledger again: it plans from the
 	// successor's record.
-	if rec, err := old.record(ctx, env.stream, 0, "c0"); err != nil || rec.Epoch != 2 {
+	if rec, err := old.record(ctx, env.stream, 0); err != nil || rec.Epoch != 2 {
 		t.Errorf("after the refusal, record %+v, %v", rec, err)
 	}
 	// A decision of another chain, from a record nobody moved, goes
@@ -253,7 +254,7 @@ func TestLedgerGroupCommit(t *testing.T) {
 	}
 	// Every other decision is queued behind the write in flight.
 	for {
-		sl := l.of(client.ObjectKeyFromObject(env.stream))
+		sl := l.of(env.stream.UID, client.ObjectKeyFromObject(env.stream))
 		sl.mu.Lock()
 		queued := len(sl.pending)
 		sl.mu.Unlock()
@@ -304,13 +305,29 @@ func TestLedgerOwnership(t *testing.T) {
 		t.Fatalf("the user's ConfigMap: %v, %v", cm.Data, err)
 	}
 
+	// The cache still shows an earlier Stream of the name while the API
+	// server has the new one, which owns the ledger: nothing is deleted.
+	owned := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "orders-chain-ledger",
+		Labels:          map[string]string{labelComponent: componentChainLedger},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "streams.catena.io/v1alpha1", Kind: "Stream", Name: "orders", UID: "stream-uid", Controller: ptr.To(true)}},
+	}, Data: map[string]string{"partition-0": `{"chain":"c0","epoch":3,"members":["x"]}`}}
+	env = newLedgerTestEnv(t, owned)
+	staleCopy := env.stream.DeepCopy()
+	staleCopy.UID = "deleted-stream-uid"
+	if _, err := env.operator(nil).record(ctx, staleCopy, 0); err == nil || !strings.Contains(err.Error(), "deleted and created again") {
+		t.Fatalf("a stale Stream: %v", err)
+	}
+	if got := env.stored(); got[0].Epoch != 3 {
+		t.Fatalf("the new Stream's ledger after a stale Stream's read: %+v", got)
+	}
+
 	earlier := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "orders-chain-ledger",
 		Labels:          map[string]string{labelComponent: componentChainLedger},
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "streams.catena.io/v1alpha1", Kind: "Stream", Name: "orders", UID: "earlier", Controller: ptr.To(true)}},
 	}, Data: map[string]string{"partition-0": `{"chain":"old","epoch":9,"members":["x"]}`}}
 	env = newLedgerTestEnv(t, earlier)
 	l := env.operator(nil)
-	if rec, err := l.record(ctx, env.stream, 0, "old"); err != nil || rec != nil {
+	if rec, err := l.record(ctx, env.stream, 0); err != nil || rec != nil {
 		t.Fatalf("an earlier Stream's record: %+v, %v", rec, err)
 	}
 	if err := env.client.Get(ctx, client.ObjectKeyFromObject(earlier), cm); !apierrors.IsNotFound(err) {
@@ -324,5 +341,56 @@ func TestLedgerOwnership(t *testing.T) {
 	}
 	if err := env.client.Get(ctx, client.ObjectKeyFromObject(earlier), cm); err != nil || metav1.GetControllerOf(cm).UID != "stream-uid" {
 		t.Errorf("owner of the new ledger: %+v, %v", cm.OwnerReferences, err)
+	}
+}
+
+// A Stream's ledger forgotten (its Stream seen deleted by another chain's
+// reconcile) between a decision's submit and its wait: the wait writes it
+// all the same, in the ledger it was queued in.
+func TestLedgerForgottenBetweenSubmitAndWait(t *testing.T) {
+	ctx := context.Background()
+	env := newLedgerTestEnv(t)
+	l := env.operator(nil)
+	it := l.submit(env.stream, 0, 0, entry("c0", 1, "a"))
+	l.forget(client.ObjectKeyFromObject(env.stream))
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := l.wait(wctx, env.stream, it); err != nil {
+		t.Fatal(err)
+	}
+	if got := env.stored(); got[0].Epoch != 1 {
+		t.Errorf("ledger %+v", got)
+	}
+}
+
+// Readers of a chain's status that must not act on a membership already
+// changed (placements, chains-ready gates) see the ledger's record; a
+// chain of an earlier Stream of the name is left as it is.
+func TestShowRecords(t *testing.T) {
+	ctx := context.Background()
+	env := newLedgerTestEnv(t)
+	l := env.operator(nil)
+	if err := l.commit(ctx, env.stream, 0, 3, entry("c0", 4, "b", "c", "d")); err != nil {
+		t.Fatal(err)
+	}
+	chain := func(owner types.UID) streamsv1alpha1.ReplicationChain {
+		return streamsv1alpha1.ReplicationChain{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "orders-0", OwnerReferences: []metav1.OwnerReference{
+				{APIVersion: "streams.catena.io/v1alpha1", Kind: "Stream", Name: "orders", UID: owner, Controller: ptr.To(true)}}},
+			Spec: streamsv1alpha1.ReplicationChainSpec{Partition: ptr.To[int32](0)},
+			Status: streamsv1alpha1.ReplicationChainStatus{TargetEpoch: 3, Members: []streamsv1alpha1.ChainMember{
+				{Name: "a", State: streamsv1alpha1.MemberInChain}, {Name: "b", State: streamsv1alpha1.MemberInChain}, {Name: "c", State: streamsv1alpha1.MemberInChain}}},
+		}
+	}
+	chains := []streamsv1alpha1.ReplicationChain{chain("stream-uid"), chain("earlier")}
+	if err := env.operator(nil).showRecords(ctx, env.client, chains); err != nil {
+		t.Fatal(err)
+	}
+	got := chains[0].Status
+	if got.TargetEpoch != 4 || len(got.Members) != 3 || got.Members[0].Name != "b" || got.Members[2].State != streamsv1alpha1.MemberCatchingUp {
+		t.Errorf("the Stream's chain shows %+v, want the ledger's [b c d] at 4 with d catching up", got)
+	}
+	if chains[1].Status.TargetEpoch != 3 {
+		t.Errorf("an earlier Stream's chain shows %+v", chains[1].Status)
 	}
 }

@@ -132,6 +132,8 @@ type ChainsReadyReconciler struct {
 	Client      client.Client
 	Conns       *transport.Pool
 	ReplicaAddr ReplicaAddrFunc
+	// ledgers are the chain controller's (nil: the statuses alone).
+	ledgers *chainLedgers
 }
 
 // gateRecheck is how soon a pool with a pod held back is looked at again:
@@ -181,6 +183,13 @@ func (r *ChainsReadyReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	for _, c := range all.Items {
 		if c.Spec.Pool == req.Name {
 			chains = append(chains, c)
+		}
+	}
+	if r.ledgers != nil {
+		// A chain's status lags its record by a round: a spare must not
+		// look unneeded while it still lists the member it replaces.
+		if err := r.ledgers.showRecords(ctx, r.Client, chains); err != nil {
+			return reconcile.Result{}, err
 		}
 	}
 	now := metav1.Now()

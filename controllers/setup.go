@@ -56,7 +56,8 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 		addr = PodDNSAddr
 	}
 	conns := transport.NewPool(opts.ReplicaTLS)
-	gates := &ChainsReadyReconciler{Client: mgr.GetClient(), Conns: conns, ReplicaAddr: addr}
+	ledgers := &chainLedgers{Client: mgr.GetClient(), Reader: mgr.GetAPIReader()}
+	gates := &ChainsReadyReconciler{Client: mgr.GetClient(), Conns: conns, ReplicaAddr: addr, ledgers: ledgers}
 	if err := gates.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the chains-ready gate controller: %w", err)
 	}
@@ -69,6 +70,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	chains := &ChainReconciler{
 		Client: mgr.GetClient(), Recorder: recorder,
 		Conns: conns, ReplicaAddr: addr, FailureTimeout: opts.FailureTimeout,
+		ledgers: ledgers,
 	}
 	if err := chains.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicationChain controller: %w", err)
