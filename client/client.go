@@ -12,12 +12,15 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -129,4 +132,20 @@ func (c *Client) Close() error {
 		return err
 	}
 	return nil
+}
+
+// RefusedByTLS reports whether err is a connection that failed over
+// certificates (the server's not trusted, or the server refused the
+// client's or wanted one): a configuration error no retry mends, which
+// producers and consumers report at once instead of retrying. gRPC reports it as Unavailable, told apart only by
+// its message, where crypto/tls and crypto/x509 name themselves. A
+// handshake that fails otherwise (EOF, a timeout: a server restarting)
+// stays retryable.
+func RefusedByTLS(err error) bool {
+	st := status.Convert(err)
+	if st.Code() != codes.Unavailable {
+		return false
+	}
+	m := st.Message()
+	return strings.Contains(m, "tls: ") || strings.Contains(m, "x509: ")
 }

@@ -268,7 +268,7 @@ func (s *Subscription) Next() (Message, error) {
 		if cerr := s.ctx.Err(); cerr != nil {
 			return Message{}, cerr
 		}
-		if err != io.EOF && status.Code(err) != codes.Unavailable {
+		if err != io.EOF && status.Code(err) != codes.Unavailable || RefusedByTLS(err) {
 			return Message{}, err
 		}
 		t := time.NewTimer(backoff)

@@ -520,7 +520,7 @@ func (p *Producer) sendBatch(b *batch) {
 		req.PrevSequence = 0 // a retry waits for no one
 		now := time.Now()
 		if err != nil {
-			if !retryableRPC(status.Code(err)) || p.ctx.Err() != nil {
+			if !retryableRPC(status.Code(err)) || RefusedByTLS(err) || p.ctx.Err() != nil {
 				resolveErr(todo, err, now)
 				return
 			}

@@ -14,6 +14,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/client"
 )
 
 func main() {
@@ -110,10 +112,12 @@ func grpcMessage(err error) string {
 	if st, ok := status.FromError(err); ok {
 		msg := st.Message()
 		msg = strings.ReplaceAll(msg, "rpc error: code = "+st.Code().String()+" desc = ", "")
-		switch st.Code() {
-		case codes.Unavailable:
+		switch {
+		case client.RefusedByTLS(err):
+			return "TLS refused (check --tls-ca, --tls-cert and --tls-key): " + msg
+		case st.Code() == codes.Unavailable:
 			return "server unavailable: " + msg
-		case codes.DeadlineExceeded:
+		case st.Code() == codes.DeadlineExceeded:
 			return "timed out: " + msg
 		}
 		return msg

@@ -36,6 +36,14 @@ func TestTLSEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	produce := []string{"produce", "--stream", "s", "--partition", "0", "--value", "over tls", "--retry-timeout", "1s"}
+	other, err := transporttest.NewCA("someone-else")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := other.WriteFiles(t.TempDir(), "client", "spiffe://catena/ns/t/client/stranger", other.PEM)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	r := catenactl(t, bg(), srv, "", append([]string{"--tls-ca", cli.ClientCAFile, "--tls-cert", cli.CertFile, "--tls-key", cli.KeyFile}, produce...)...)
 	if r.code != 0 {
@@ -64,8 +72,14 @@ func TestTLSEndpoint(t *testing.T) {
 		{"a certificate without its key", []string{"--tls-ca", cli.ClientCAFile, "--tls-cert", cli.CertFile}, 2, "--tls-cert and --tls-key go together"},
 		{"a CA file that is not there", []string{"--tls-ca", filepath.Join(dir, "missing.crt")}, 2, "--tls-ca"},
 		{"a CA file without a certificate", []string{"--tls-ca", cli.KeyFile}, 2, "holds no PEM certificate"},
-		{"no client certificate for a server that requires one", []string{"--tls-ca", cli.ClientCAFile}, 1, ""},
-		{"plaintext to a TLS endpoint", nil, 1, ""},
+		// Refused over certificates: said at once, not retried for
+		// --retry-timeout (a minute here) as if the server were down.
+		{"no client certificate for a server that requires one", []string{"--tls-ca", cli.ClientCAFile, "--retry-timeout", "1m"}, 1,
+			"TLS refused (check --tls-ca, --tls-cert and --tls-key): connection error: desc = \"error reading server preface: remote error: tls: certificate required\""},
+		{"a server certificate from a CA not trusted", []string{"--tls-ca", stranger.ClientCAFile, "--tls-cert", stranger.CertFile, "--tls-key", stranger.KeyFile, "--retry-timeout", "1m"}, 1,
+			"x509: certificate signed by unknown authority"},
+		// EOF is also what a restarting server says: retried.
+		{"plaintext to a TLS endpoint", nil, 1, "not acknowledged after"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(bg(), 10*time.Second)
