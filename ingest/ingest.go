@@ -257,6 +257,16 @@ type group struct {
 
 // Produce stores records and answers once each is committed.
 func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
+	resp, err := s.produce(ctx, req)
+	stream := req.GetStream()
+	if s.disc.current().streams[stream] == nil {
+		stream = ""
+	}
+	s.metrics.countProduceErrors(stream, len(req.GetRecords()), resp, err)
+	return resp, err
+}
+
+func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
 	start := time.Now()
 	sr, err := s.stream(ctx, req.GetStream())
 	if err != nil {

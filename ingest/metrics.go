@@ -4,8 +4,11 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/internal/latency"
+	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
 // metrics are one ingestion process's Prometheus collectors. Together with
@@ -19,6 +22,7 @@ type metrics struct {
 	appendSeconds  *prometheus.HistogramVec
 	appends        *prometheus.CounterVec
 	records        *prometheus.CounterVec
+	produceErrors  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -48,9 +52,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "catena", Subsystem: "ingest", Name: "append_records_total",
 			Help: "Records in appends answered by the partition's head (over appends_total: records per append).",
 		}, labels),
+		produceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "ingest", Name: "produce_errors_total",
+			Help: "Records produced and answered with an error, by gRPC code (a whole request refused counts each of its records; stream is empty for a stream ingestion does not know).",
+		}, []string{"stream", "code"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.produceSeconds, m.waitSeconds, m.appendSeconds, m.appends, m.records)
+		reg.MustRegister(m.produceSeconds, m.waitSeconds, m.appendSeconds, m.appends, m.records, m.produceErrors)
 	}
 	return m
 }
@@ -69,5 +77,21 @@ func (m *metrics) forPartition(stream string, partition uint32) appenderMetrics 
 		appendSeconds: m.appendSeconds.WithLabelValues(lv...),
 		appends:       m.appends.WithLabelValues(lv...),
 		records:       m.records.WithLabelValues(lv...),
+	}
+}
+
+// countProduceErrors counts the records of a produce answered with an
+// error: every record of a refused request (err), or those whose result
+// carries an error code. stream is the request's, "" when ingestion does
+// not know it (a name a client made up must not make a series).
+func (m *metrics) countProduceErrors(stream string, records int, resp *catenapb.ProduceResponse, err error) {
+	if err != nil {
+		m.produceErrors.WithLabelValues(stream, status.Code(err).String()).Add(float64(max(records, 1)))
+		return
+	}
+	for _, r := range resp.GetResults() {
+		if r.GetErrorCode() != 0 {
+			m.produceErrors.WithLabelValues(stream, codes.Code(r.GetErrorCode()).String()).Inc()
+		}
 	}
 }

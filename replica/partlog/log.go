@@ -274,6 +274,17 @@ func (l *Log) StartChecksum() uint32 {
 	return l.segs[0].rollBase
 }
 
+// Usage is the log's size on disk (headers and whole frames of every
+// retained segment) and how many segments hold it.
+func (l *Log) Usage() (bytes int64, segments int) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, s := range l.segs {
+		bytes += s.size
+	}
+	return bytes, len(l.segs)
+}
+
 // DurableOffset is the end of the prefix known to be fsynced.
 func (l *Log) DurableOffset() uint64 { return l.durable.Load() }
 

@@ -104,3 +104,53 @@ func (m *metrics) forget(stream string, index uint32) {
 		v.Delete(l)
 	}
 }
+
+// Descriptions of what a replica reports of its logs when scraped.
+var (
+	logBytesDesc = prometheus.NewDesc("catena_replica_log_bytes",
+		"Bytes of the partition's log on this replica's volume (headers and frames of every retained segment).",
+		[]string{"stream", "partition"}, nil)
+	logSegmentsDesc = prometheus.NewDesc("catena_replica_log_segments",
+		"Segment files of the partition's log on this replica.", []string{"stream", "partition"}, nil)
+	logStartDesc = prometheus.NewDesc("catena_replica_log_start_offset",
+		"First offset this replica retains (the oldest segment's base).", []string{"stream", "partition"}, nil)
+	holdLagDesc = prometheus.NewDesc("catena_replica_consumer_hold_lag",
+		"Committed records past a consumer's retention hold: how far the consumer is behind, and what retention keeps for it.",
+		[]string{"stream", "partition", "consumer"}, nil)
+)
+
+// partitionCollector reports each hosted partition's log usage and its
+// consumers' hold lag when scraped: read from the logs then, not kept up
+// to date on every append.
+type partitionCollector struct{ s *Server }
+
+func (c partitionCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{logBytesDesc, logSegmentsDesc, logStartDesc, holdLagDesc} {
+		ch <- d
+	}
+}
+
+func (c partitionCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range c.s.openPartitions() {
+		p.mu.Lock()
+		log := p.log
+		holds := p.holds.pbHolds()
+		committed := p.committed
+		if p.core != nil {
+			committed = max(committed, p.core.Status().Committed)
+		}
+		p.mu.Unlock()
+		if log == nil {
+			continue
+		}
+		part := strconv.FormatUint(uint64(p.index), 10)
+		bytes, segments := log.Usage()
+		ch <- prometheus.MustNewConstMetric(logBytesDesc, prometheus.GaugeValue, float64(bytes), p.stream, part)
+		ch <- prometheus.MustNewConstMetric(logSegmentsDesc, prometheus.GaugeValue, float64(segments), p.stream, part)
+		ch <- prometheus.MustNewConstMetric(logStartDesc, prometheus.GaugeValue, float64(log.StartOffset()), p.stream, part)
+		for _, h := range holds {
+			lag := committed - min(h.GetOffset(), committed)
+			ch <- prometheus.MustNewConstMetric(holdLagDesc, prometheus.GaugeValue, float64(lag), p.stream, part, h.GetConsumer())
+		}
+	}
+}

@@ -121,6 +121,11 @@ func New(opts Options) (*Server, error) {
 		partitions: map[partKey]*partition{},
 		stop:       make(chan struct{}),
 	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(partitionCollector{s}); err != nil {
+			return nil, fmt.Errorf("failed to register the replica's log gauges: %w", err)
+		}
+	}
 	if s.fatalFn == nil {
 		s.fatalFn = func(err error) {
 			s.logger.Error(err, "Stopping the replica: a write or fsync failed and its outcome is unknown")

@@ -524,6 +524,10 @@ func TestMetricsAreExported(t *testing.T) {
 	if _, err := srv.Read(ctx, &catenapb.FetchRequest{Stream: "s"}); err != nil {
 		t.Fatal(err)
 	}
+	// A consumer that has read up to offset 1 of the 3 committed.
+	if _, err := srv.HoldRetention(ctx, &catenapb.HoldRetentionRequest{Stream: "s", Consumer: "agg", Offset: 1}); err != nil {
+		t.Fatal(err)
+	}
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -556,6 +560,17 @@ func TestMetricsAreExported(t *testing.T) {
 	}
 	if got["catena_replica_bytes_in_total"] == 0 || got["catena_replica_bytes_out_total"] == 0 {
 		t.Errorf("byte counters not counting: in %v out %v", got["catena_replica_bytes_in_total"], got["catena_replica_bytes_out_total"])
+	}
+	// Read from the log when scraped: its size on disk is what was
+	// appended plus the segment's header.
+	if got["catena_replica_log_bytes"] <= got["catena_replica_bytes_in_total"] || got["catena_replica_log_segments"] != 1 {
+		t.Errorf("log usage: %v bytes (appended %v) in %v segments", got["catena_replica_log_bytes"], got["catena_replica_bytes_in_total"], got["catena_replica_log_segments"])
+	}
+	if v, ok := got["catena_replica_log_start_offset"]; !ok || v != 0 {
+		t.Errorf("log start offset: %v, %v", v, ok)
+	}
+	if got["catena_replica_consumer_hold_lag"] != 2 {
+		t.Errorf("consumer hold lag = %v, want the 2 committed records past agg's hold at 1", got["catena_replica_consumer_hold_lag"])
 	}
 }
 

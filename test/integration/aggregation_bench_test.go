@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -171,11 +170,5 @@ func envInt(name string, def int) int {
 // grepLines returns the lines of a file that contain s.
 func grepLines(path, s string) string {
 	b, _ := os.ReadFile(path)
-	var out []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
+	return linesWith(string(b), s)
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -154,6 +155,59 @@ func TestProduceConsumeExactlyOnceInOrder(t *testing.T) {
 	if m["catena_ingest_produce_seconds_count"] == 0 || m["catena_ingest_produce_seconds_sum"] <= 0 {
 		t.Errorf("catena_ingest_produce_seconds: count %v, sum %v; want the produce requests timed", m["catena_ingest_produce_seconds_count"], m["catena_ingest_produce_seconds_sum"])
 	}
+	if got := m["catena_ingest_produce_errors_total"]; got != 0 {
+		t.Errorf("catena_ingest_produce_errors_total = %v before any refusal", got)
+	}
+
+	// Refused records are counted by reason; a stream ingestion does not
+	// know is not a series of its own.
+	ctx := context.Background()
+	for _, tc := range []struct {
+		stream string
+		value  []byte
+	}{{"no-such-stream", []byte("x")}, {stream, make([]byte, 2<<20)}} {
+		prod := client.NewProducer(d.client, tc.stream, client.ProducerOptions{})
+		_, err := prod.Send(ctx, client.Record{Value: tc.value}).Wait()
+		prod.Close()
+		if err == nil {
+			t.Fatalf("produce to %s of %d bytes: accepted", tc.stream, len(tc.value))
+		}
+	}
+	text := scrapeText(t, d.state.Metrics)
+	for _, want := range []string{
+		`catena_ingest_produce_errors_total{code="NotFound",stream=""} 1`,
+		fmt.Sprintf(`catena_ingest_produce_errors_total{code="InvalidArgument",stream=%q} 1`, stream),
+	} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("metrics lack %s:\n%s", want, linesWith(text, "catena_ingest_produce_errors_total"))
+		}
+	}
+}
+
+// scrapeText is a process's Prometheus text exposition.
+func scrapeText(t testing.TB, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	return string(b)
+}
+
+// linesWith is the lines of text that contain sub.
+func linesWith(text, sub string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // scrapeMetrics reads a process's Prometheus text exposition and sums each
