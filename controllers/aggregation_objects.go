@@ -16,7 +16,8 @@ import (
 )
 
 // Ports and names of an aggregator pod. `catena aggregator` serves the
-// Aggregator gRPC API (Assign, Status, Get, List) on workerPort.
+// Aggregator gRPC API (Assign, Status, Get, List) on workerPort, and
+// Prometheus metrics on metricsPort, as replicas do.
 const (
 	workerPort          int32 = 7080
 	workerPortName            = "aggregator"
@@ -164,6 +165,7 @@ func desiredWorkers(agg *streamsv1alpha1.Aggregation, image string) *appsv1.Stat
 			"aggregator",
 			fmt.Sprintf("--listen=:%d", workerPort),
 			"--id=$(POD_NAME)",
+			fmt.Sprintf("--metrics-listen=0.0.0.0:%d", metricsPort),
 		},
 		Env: []corev1.EnvVar{{
 			Name: "POD_NAME",
@@ -171,7 +173,10 @@ func desiredWorkers(agg *streamsv1alpha1.Aggregation, image string) *appsv1.Stat
 				FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"},
 			},
 		}},
-		Ports:           []corev1.ContainerPort{{Name: workerPortName, ContainerPort: workerPort, Protocol: corev1.ProtocolTCP}},
+		Ports: []corev1.ContainerPort{
+			{Name: workerPortName, ContainerPort: workerPort, Protocol: corev1.ProtocolTCP},
+			{Name: metricsPortName, ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP},
+		},
 		Resources:       *agg.Spec.Resources.DeepCopy(),
 		ReadinessProbe:  tcpProbe(workerPortName),
 		LivenessProbe:   tcpProbe(workerPortName),

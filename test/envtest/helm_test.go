@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -174,6 +175,42 @@ var _ = Describe("Helm chart", func() {
 			Expect(err).NotTo(HaveOccurred())
 			Expect(string(b)).To(Equal(string(a)), "charts/catena/crds/%s is stale: run make manifests", filepath.Base(file))
 		}
+	})
+
+	It("creates Prometheus Operator monitors for the operator and every pod it runs when asked", func() {
+		Expect(helmTemplate("catena", "catena-system")).NotTo(ContainElement(WithTransform(
+			func(o *unstructured.Unstructured) string { return o.GetAPIVersion() }, Equal("monitoring.coreos.com/v1"))), "off by default")
+		byKind := map[string]*unstructured.Unstructured{}
+		for _, obj := range helmTemplate("catena", "catena-system", "--set", "metrics.serviceMonitor.enabled=true",
+			"--set", "metrics.podMonitor.enabled=true", "--set", "metrics.podMonitor.labels.release=prom", "--set", "watchNamespaces={shop,billing}") {
+			byKind[obj.GetKind()] = obj
+		}
+		Expect(byKind).To(HaveKey("ServiceMonitor"))
+		Expect(byKind).To(HaveKey("PodMonitor"))
+		var svc *unstructured.Unstructured
+		for _, obj := range helmTemplate("catena", "catena-system") {
+			if obj.GetKind() == "Service" {
+				svc = obj
+			}
+		}
+		Expect(svc).NotTo(BeNil())
+		sel, _, _ := unstructured.NestedStringMap(byKind["ServiceMonitor"].Object, "spec", "selector", "matchLabels")
+		Expect(labels.SelectorFromSet(sel).Matches(labels.Set(svc.GetLabels()))).To(BeTrue(), "the ServiceMonitor selects the metrics Service: %v vs %v", sel, svc.GetLabels())
+		ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+		Expect(ports).To(ContainElement(HaveKeyWithValue("name", "metrics")))
+
+		pm := byKind["PodMonitor"]
+		Expect(pm.GetLabels()).To(HaveKeyWithValue("release", "prom"))
+		ns, _, _ := unstructured.NestedStringSlice(pm.Object, "spec", "namespaceSelector", "matchNames")
+		Expect(ns).To(Equal([]string{"shop", "billing"}))
+		// What it selects is what the operator's pods carry
+		// (controllers: TestOperandPodsAreScraped).
+		Expect(pm.Object["spec"]).To(HaveKeyWithValue("selector", map[string]any{
+			"matchLabels": map[string]any{"app.kubernetes.io/name": "catena"},
+			"matchExpressions": []any{map[string]any{"key": "app.kubernetes.io/component", "operator": "In",
+				"values": []any{"replica", "ingest", "aggregator"}}},
+		}))
+		Expect(pm.Object["spec"]).To(HaveKeyWithValue("podMetricsEndpoints", ConsistOf(HaveKeyWithValue("port", "metrics"))))
 	})
 
 	DescribeTable("rejects invalid values with the schema's message",
