@@ -7,9 +7,11 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
@@ -36,6 +38,9 @@ type ReplicaPoolReconciler struct {
 	// ImagePullSecrets are added to every pod it runs (the chart's
 	// imagePullSecrets).
 	ImagePullSecrets []string
+	// NetworkPolicy, when set, gives each pool a NetworkPolicy; when nil,
+	// one the operator made earlier is deleted.
+	NetworkPolicy *NetworkPolicyOptions
 }
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools,verbs=get;list;watch;create;update;patch;delete
@@ -46,6 +51,7 @@ type ReplicaPoolReconciler struct {
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=streams.catena.io,resources=streams;replicationchains,verbs=get;list;watch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 
 // Reconcile brings one ReplicaPool's children to their desired state and
 // records what its StatefulSet reports and what it hosts.
@@ -87,7 +93,26 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 			return reconcile.Result{}, err
 		}
 	}
-	return reconcile.Result{}, nil
+	return reconcile.Result{}, r.reconcileNetworkPolicy(ctx, pool)
+}
+
+// reconcileNetworkPolicy applies the pool's NetworkPolicy when they are on,
+// and deletes the one it made when they are off.
+func (r *ReplicaPoolReconciler) reconcileNetworkPolicy(ctx context.Context, pool *streamsv1alpha1.ReplicaPool) error {
+	if r.NetworkPolicy != nil {
+		return applyOwned(ctx, r.Client, r.Scheme, pool, desiredNetworkPolicy(pool, *r.NetworkPolicy))
+	}
+	np := &networkingv1.NetworkPolicy{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.StatefulSetName()}, np); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(np, pool) {
+		return nil // not the operator's
+	}
+	if err := r.Client.Delete(ctx, np); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("failed to delete NetworkPolicy %s now that they are off: %w", np.Name, err)
+	}
+	return nil
 }
 
 // observe reads the pool's StatefulSet (nil when it does not exist) and
@@ -155,6 +180,7 @@ func (r *ReplicaPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
+		Owns(&networkingv1.NetworkPolicy{}).
 		Watches(&streamsv1alpha1.Stream{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: obj.(*streamsv1alpha1.Stream).PoolName()}}}
 		}), createOrDelete).

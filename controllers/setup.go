@@ -34,6 +34,8 @@ type Options struct {
 	// WorkerDNSAddr, through the workers' headless Service). Tests point
 	// it at aggregator processes on loopback.
 	WorkerAddr WorkerAddrFunc
+	// NetworkPolicy turns on a NetworkPolicy per ReplicaPool (nil: none).
+	NetworkPolicy *NetworkPolicyOptions
 	// AggregationIngestAddr says which ingestion address workers are told
 	// to read sources and write checkpoints through (nil: the source
 	// Stream's status.endpoints.producers). Tests point it at an ingestion
@@ -47,7 +49,8 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if opts.Image == "" {
 		return fmt.Errorf("failed to set up the operator: the replica image is empty")
 	}
-	pools := &ReplicaPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets}
+	pools := &ReplicaPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets,
+		NetworkPolicy: opts.NetworkPolicy}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}

@@ -1,14 +1,19 @@
 package main
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -34,6 +39,7 @@ func newOperatorCommand() *cobra.Command {
 		failureTimeout                time.Duration
 		lease                         leaseTimings
 		tlsFiles                      transport.TLSFiles
+		netpol                        networkPolicyFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "operator",
@@ -63,6 +69,10 @@ func newOperatorCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			netpolOpts, err := netpol.options(os.Getenv("POD_NAMESPACE"))
+			if err != nil {
+				return err
+			}
 			cfg, err := ctrl.GetConfig()
 			if err != nil {
 				return fmt.Errorf("failed to find a kubeconfig: %w", err)
@@ -84,7 +94,8 @@ func newOperatorCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("failed to create the controller manager: %w", err)
 			}
-			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image, ImagePullSecrets: pullSecrets, ReplicaTLS: replicaTLS, FailureTimeout: failureTimeout}); err != nil {
+			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image, ImagePullSecrets: pullSecrets, ReplicaTLS: replicaTLS, FailureTimeout: failureTimeout,
+				NetworkPolicy: netpolOpts}); err != nil {
 				return err
 			}
 			if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -111,8 +122,42 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().StringSliceVar(&pullSecrets, "image-pull-secrets", nil, "Secrets (names, comma-separated, in each operand's namespace) to pull that image with, on every pod the operator runs")
 	cmd.Flags().DurationVar(&failureTimeout, "failure-timeout", controllers.DefaultFailureTimeout, "how long a replica may stay silent, or its pod not Ready, before its chains are reordered without it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
+	cmd.Flags().BoolVar(&netpol.enabled, "network-policies", false, "give each ReplicaPool a NetworkPolicy: its replica port reachable only from its pods, ingestion and this operator (needs a CNI that enforces them)")
+	cmd.Flags().StringVar(&netpol.namespace, "operator-namespace", "", "the operator's namespace, for --network-policies (default: $POD_NAMESPACE)")
+	cmd.Flags().StringToStringVar(&netpol.podLabels, "operator-pod-labels", map[string]string{"app.kubernetes.io/name": "catena", "app.kubernetes.io/component": "operator"},
+		"labels of the operator's pods, for --network-policies")
 	tlsFlags(cmd, &tlsFiles)
 	return cmd
+}
+
+// networkPolicyFlags are the operator's flags for NetworkPolicies.
+type networkPolicyFlags struct {
+	enabled   bool
+	namespace string
+	podLabels map[string]string
+}
+
+// options are the NetworkPolicy options the flags give (nil: off). The
+// operator's namespace is --operator-namespace, else podNamespace (the
+// downward API's POD_NAMESPACE).
+func (f networkPolicyFlags) options(podNamespace string) (*controllers.NetworkPolicyOptions, error) {
+	if !f.enabled {
+		return nil, nil
+	}
+	ns := cmp.Or(f.namespace, podNamespace)
+	if ns == "" {
+		return nil, errors.New("--network-policies needs the operator's namespace: --operator-namespace, or POD_NAMESPACE from the downward API")
+	}
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return nil, fmt.Errorf("--operator-namespace: %q is not a namespace name: %s", ns, strings.Join(errs, "; "))
+	}
+	if len(f.podLabels) == 0 {
+		return nil, errors.New("--network-policies needs --operator-pod-labels: without them every pod of the operator's namespace could reach the replicas' admin port")
+	}
+	if err := metav1validation.ValidateLabels(f.podLabels, field.NewPath("--operator-pod-labels")).ToAggregate(); err != nil {
+		return nil, err
+	}
+	return &controllers.NetworkPolicyOptions{OperatorNamespace: ns, OperatorPodLabels: f.podLabels}, nil
 }
 
 // leaseTimings are the leader election's timings.

@@ -47,3 +47,30 @@ func TestOperatorCacheWatchesTheNamespacesGiven(t *testing.T) {
 		t.Errorf("a bad name: %v", err)
 	}
 }
+
+func TestNetworkPolicyFlags(t *testing.T) {
+	labels := map[string]string{"app.kubernetes.io/name": "catena", "app.kubernetes.io/component": "operator"}
+	if o, err := (networkPolicyFlags{podLabels: labels}).options("catena-system"); o != nil || err != nil {
+		t.Errorf("off: %+v, %v", o, err)
+	}
+	o, err := (networkPolicyFlags{enabled: true, podLabels: labels}).options("catena-system")
+	if err != nil || o.OperatorNamespace != "catena-system" || o.OperatorPodLabels["app.kubernetes.io/component"] != "operator" {
+		t.Errorf("from POD_NAMESPACE: %+v, %v", o, err)
+	}
+	if o, err := (networkPolicyFlags{enabled: true, namespace: "ops", podLabels: labels}).options("catena-system"); err != nil || o.OperatorNamespace != "ops" {
+		t.Errorf("--operator-namespace: %+v, %v", o, err)
+	}
+	for _, tc := range []struct {
+		f    networkPolicyFlags
+		want string
+	}{
+		{networkPolicyFlags{enabled: true, podLabels: labels}, "needs the operator's namespace"},
+		{networkPolicyFlags{enabled: true, namespace: "Ops_1", podLabels: labels}, `"Ops_1" is not a namespace name`},
+		{networkPolicyFlags{enabled: true, namespace: "ops"}, "needs --operator-pod-labels"},
+		{networkPolicyFlags{enabled: true, namespace: "ops", podLabels: map[string]string{"bad key!": "x"}}, "--operator-pod-labels"},
+	} {
+		if _, err := tc.f.options(""); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.f, err, tc.want)
+		}
+	}
+}

@@ -213,6 +213,27 @@ var _ = Describe("Helm chart", func() {
 		Expect(pm.Object["spec"]).To(HaveKeyWithValue("podMetricsEndpoints", ConsistOf(HaveKeyWithValue("port", "metrics"))))
 	})
 
+	It("turns on the operator's NetworkPolicies with the labels of its own pods", func() {
+		var deploy appsv1.Deployment
+		for _, obj := range helmTemplate("catena", "catena-system", "--set", "networkPolicy.enabled=true") {
+			if obj.GetKind() == "Deployment" {
+				Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &deploy)).To(Succeed())
+			}
+		}
+		c := deploy.Spec.Template.Spec.Containers[0]
+		Expect(c.Args).To(ContainElement("--network-policies"))
+		var flag string
+		for _, a := range c.Args {
+			if v, ok := strings.CutPrefix(a, "--operator-pod-labels="); ok {
+				flag = v
+			}
+		}
+		sel, err := labels.Parse(flag)
+		Expect(err).NotTo(HaveOccurred(), "--operator-pod-labels=%s", flag)
+		Expect(sel.Matches(labels.Set(deploy.Spec.Template.Labels))).To(BeTrue(), "%s selects the operator's pods %v", flag, deploy.Spec.Template.Labels)
+		Expect(c.Env).To(ContainElement(HaveField("Name", "POD_NAMESPACE")))
+	})
+
 	DescribeTable("rejects invalid values with the schema's message",
 		func(set, message string) {
 			_, stderr, err := runHelm("template", "catena", chartDir, "--namespace", "catena-system", "--set", set)

@@ -5,10 +5,14 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/controllers"
 )
 
 var _ = Describe("ReplicaPool", func() {
@@ -79,4 +83,35 @@ var _ = Describe("ReplicaPool", func() {
 		Entry("setting a storage class", `{}`, "spec.storage.storageClassName", "slow",
 			"storageClassName is immutable"),
 	)
+})
+
+// With --network-policies the operator gives each pool a NetworkPolicy the
+// API server accepts: the replica port for the pool's pods, ingestion and
+// the operator; metrics for anyone.
+var _ = Describe("ReplicaPool with network policies", func() {
+	It("restricts who reaches the replica port", func() {
+		ns := newNamespace()
+		operatorLabels := map[string]string{"app.kubernetes.io/name": "catena", "app.kubernetes.io/component": "operator"}
+		startOperator(controllers.Options{Image: testImage, NetworkPolicy: &controllers.NetworkPolicyOptions{
+			OperatorNamespace: "catena-system", OperatorPodLabels: operatorLabels}}, ns)
+		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "guarded", `replicas: 3`))).To(Succeed())
+		var np networkingv1.NetworkPolicy
+		Eventually(func() error { return k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "guarded"}, &np) }).
+			WithTimeout(operatorTimeout).Should(Succeed())
+		var pool streamsv1alpha1.ReplicaPool
+		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "guarded"}, &pool)).To(Succeed())
+		Expect(metav1.IsControlledBy(&np, &pool)).To(BeTrue())
+		var sts appsv1.StatefulSet
+		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: pool.StatefulSetName()}, &sts)).To(Succeed())
+		Expect(np.Spec.PodSelector.MatchLabels).To(Equal(sts.Spec.Selector.MatchLabels))
+		Expect(np.Spec.PolicyTypes).To(Equal([]networkingv1.PolicyType{networkingv1.PolicyTypeIngress}))
+		Expect(np.Spec.Ingress).To(HaveLen(2))
+		Expect(np.Spec.Ingress[0].Ports[0].Port.IntValue()).To(Equal(7071))
+		Expect(np.Spec.Ingress[0].From).To(ContainElement(networkingv1.NetworkPolicyPeer{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "catena-system"}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: operatorLabels},
+		}))
+		Expect(np.Spec.Ingress[1].Ports[0].Port.IntValue()).To(Equal(9090))
+		Expect(np.Spec.Ingress[1].From).To(BeEmpty())
+	})
 })
