@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -548,4 +550,18 @@ func TestConsumers(t *testing.T) {
 
 func clientFor(srv *clienttest.Server) (*client.Client, error) {
 	return client.Dial(bg(), srv.Addr)
+}
+
+// TestMain keeps the tests off the user's profiles: no config file, no
+// profile from the environment.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "catenactl-test-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("CATENA_CONFIG", filepath.Join(dir, "none.yaml"))
+	os.Unsetenv("CATENA_PROFILE")
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }

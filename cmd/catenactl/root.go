@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
@@ -24,6 +25,8 @@ type app struct {
 	stderr io.Writer
 	server string
 	tls    tlsFlags
+	// profile names the profile to take unset connection flags from.
+	profile string
 }
 
 // tlsFlags are the PEM files of a TLS endpoint: the CA bundle that signs
@@ -69,22 +72,33 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		Use:   "catenactl",
 		Short: "Produce to, consume from, inspect and benchmark Catena streams",
 		Long: "catenactl talks to a Catena ingestion endpoint (--server, or $CATENA_SERVER), in plaintext or,\n" +
-			"with --tls-ca (and --tls-cert/--tls-key for mutual TLS), over TLS.\n\n" +
+			"with --tls-ca (and --tls-cert/--tls-key for mutual TLS), over TLS. A profile (catenactl profile)\n" +
+			"keeps those settings: each comes from its flag, else its environment variable, else the profile.\n\n" +
 			"Exit codes: 0 success, 1 server or runtime error, 2 bad command line or input.",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			for c := cmd; c != nil; c = c.Parent() {
+				if c.Name() == "profile" {
+					return nil // the profile commands read the flags as given
+				}
+			}
+			return a.resolveConnection(cmd.Flags())
+		},
 	}
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	def := os.Getenv("CATENA_SERVER")
-	if def == "" {
-		def = client.DefaultAddr
-	}
-	root.PersistentFlags().StringVar(&a.server, "server", def, "ingestion endpoint host:port (env CATENA_SERVER)")
-	root.PersistentFlags().StringVar(&a.tls.ca, "tls-ca", os.Getenv("CATENA_TLS_CA"), "connect with TLS, trusting this PEM CA bundle (env CATENA_TLS_CA; empty with --tls-cert: the system's roots)")
-	root.PersistentFlags().StringVar(&a.tls.cert, "tls-cert", os.Getenv("CATENA_TLS_CERT"), "PEM client certificate for mutual TLS, with --tls-key (env CATENA_TLS_CERT)")
-	root.PersistentFlags().StringVar(&a.tls.key, "tls-key", os.Getenv("CATENA_TLS_KEY"), "PEM key of --tls-cert (env CATENA_TLS_KEY)")
+	// Defaults, environment variables and profiles are applied after
+	// parsing (resolveConnection): a flag given wins over all of them.
+	root.PersistentFlags().StringVar(&a.server, "server", "", "ingestion endpoint host:port (env CATENA_SERVER; default "+client.DefaultAddr+")")
+	root.PersistentFlags().StringVar(&a.tls.ca, "tls-ca", "", "connect with TLS, trusting this PEM CA bundle (env CATENA_TLS_CA; empty with --tls-cert: the system's roots)")
+	root.PersistentFlags().StringVar(&a.tls.cert, "tls-cert", "", "PEM client certificate for mutual TLS, with --tls-key (env CATENA_TLS_CERT)")
+	root.PersistentFlags().StringVar(&a.tls.key, "tls-key", "", "PEM key of --tls-cert (env CATENA_TLS_KEY)")
+	root.PersistentFlags().StringVar(&a.profile, "profile", "", "take unset connection flags from this profile (env CATENA_PROFILE; default: the current one)")
+	_ = root.RegisterFlagCompletionFunc("profile", func(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		return completeProfiles(cmd, nil, toComplete)
+	})
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.AddCommand(
 		newProduceCommand(a),
@@ -95,8 +109,46 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newBenchCommand(a),
 		newCheckCommand(a),
 		newVersionCommand(a),
+		newProfileCommand(a),
 	)
+	var withStreams func(*cobra.Command)
+	withStreams = func(c *cobra.Command) {
+		if c.Flags().Lookup("stream") != nil {
+			_ = c.RegisterFlagCompletionFunc("stream", a.completeStreams)
+		}
+		for _, sub := range c.Commands() {
+			withStreams(sub)
+		}
+	}
+	withStreams(root)
 	return root
+}
+
+// completeStreams completes --stream with the streams the server lists
+// (the connection as the command would make it: flags, environment,
+// profile).
+func (a *app) completeStreams(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+	if err := a.resolveConnection(cmd.Flags()); err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := a.dial(ctx)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	defer c.Close()
+	names, err := c.ListStreams(ctx)
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	out := names[:0]
+	for _, n := range names {
+		if strings.HasPrefix(n, toComplete) {
+			out = append(out, n)
+		}
+	}
+	return out, cobra.ShellCompDirectiveNoFileComp
 }
 
 // runE marks errors of a command body as failures (exit 1) unless they

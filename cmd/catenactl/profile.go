@@ -1,0 +1,315 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+
+	"github.com/catena-streams/catena/client"
+)
+
+// Profiles: named sets of the global connection flags (server and TLS
+// files) kept in a config file, one of them current, as `rpk profile` and
+// `nats context` keep theirs. A value comes from, in order: its flag, its
+// environment variable, the profile (--profile, else $CATENA_PROFILE, else
+// the config's current one), the default.
+
+// profile is one named set of connection settings.
+type profile struct {
+	Server  string `json:"server,omitempty"`
+	TLSCA   string `json:"tlsCA,omitempty"`
+	TLSCert string `json:"tlsCert,omitempty"`
+	TLSKey  string `json:"tlsKey,omitempty"`
+}
+
+// profileConfig is catenactl's config file.
+type profileConfig struct {
+	Current  string             `json:"current,omitempty"`
+	Profiles map[string]profile `json:"profiles,omitempty"`
+}
+
+// configPath is the config file: $CATENA_CONFIG, else catena/catenactl.yaml
+// under the user's config directory ($XDG_CONFIG_HOME or ~/.config).
+func configPath() (string, error) {
+	if p := os.Getenv("CATENA_CONFIG"); p != "" {
+		return p, nil
+	}
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "", usageErrorf("no config directory for profiles (set CATENA_CONFIG): %v", err)
+	}
+	return filepath.Join(dir, "catena", "catenactl.yaml"), nil
+}
+
+// loadProfiles reads the config file; a missing file is an empty config.
+func loadProfiles() (string, *profileConfig, error) {
+	path, err := configPath()
+	if err != nil {
+		return "", nil, err
+	}
+	b, err := os.ReadFile(path)
+	cfg := &profileConfig{}
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return path, cfg, nil
+	case err != nil:
+		return "", nil, usageErrorf("config %s: %v", path, err)
+	}
+	if err := yaml.UnmarshalStrict(b, cfg); err != nil {
+		return "", nil, usageErrorf("config %s does not parse: %v", path, err)
+	}
+	return path, cfg, nil
+}
+
+// save writes the config file atomically, readable by its owner only (it
+// names key files).
+func (c *profileConfig) save(path string) error {
+	b, err := yaml.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".catenactl-*.yaml")
+	if err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	return nil
+}
+
+// resolveConnection fills the connection settings that neither a flag nor
+// an environment variable gave from the profile, then the defaults.
+func (a *app) resolveConnection(flags *pflag.FlagSet) error {
+	name := a.profile
+	if !flags.Changed("profile") {
+		name = os.Getenv("CATENA_PROFILE")
+	}
+	path, cfg, err := loadProfiles()
+	if err != nil {
+		return err
+	}
+	if name == "" {
+		name = cfg.Current
+	}
+	var p profile
+	if name != "" {
+		var ok bool
+		if p, ok = cfg.Profiles[name]; !ok {
+			return usageErrorf("profile %q is not in %s (catenactl profile list)", name, path)
+		}
+	}
+	for _, f := range []struct {
+		flag, env    string
+		dst          *string
+		profile, def string
+	}{
+		{"server", "CATENA_SERVER", &a.server, p.Server, client.DefaultAddr},
+		{"tls-ca", "CATENA_TLS_CA", &a.tls.ca, p.TLSCA, ""},
+		{"tls-cert", "CATENA_TLS_CERT", &a.tls.cert, p.TLSCert, ""},
+		{"tls-key", "CATENA_TLS_KEY", &a.tls.key, p.TLSKey, ""},
+	} {
+		switch {
+		case flags.Changed(f.flag):
+		case os.Getenv(f.env) != "":
+			*f.dst = os.Getenv(f.env)
+		case f.profile != "":
+			*f.dst = f.profile
+		default:
+			*f.dst = f.def
+		}
+	}
+	return nil
+}
+
+func newProfileCommand(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "profile",
+		Short: "Keep named connection settings (server, TLS files) and pick the current one",
+		Long: "A profile holds --server, --tls-ca, --tls-cert and --tls-key. The current profile (or --profile,\n" +
+			"or $CATENA_PROFILE) fills whichever of them neither a flag nor its environment variable sets.\n" +
+			"Profiles live in $CATENA_CONFIG, else catena/catenactl.yaml in the user's config directory.",
+	}
+	var force bool
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Save the given --server and --tls-* flags as a profile, and make it current",
+		Example: "  catenactl profile create prod --server ingest.shop.example:7070 --tls-ca ca.crt --tls-cert me.crt --tls-key me.key\n" +
+			"  catenactl profile create local --server 127.0.0.1:7070",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			if errs := validation.IsDNS1123Label(name); len(errs) > 0 {
+				return usageErrorf("profile name %q: %s", name, strings.Join(errs, "; "))
+			}
+			flags := cmd.Flags()
+			if !flags.Changed("server") {
+				return usageErrorf("profile create needs --server")
+			}
+			if _, _, err := net.SplitHostPort(a.server); err != nil {
+				return usageErrorf("--server %q is not host:port: %v", a.server, err)
+			}
+			p := profile{Server: a.server}
+			for _, f := range []struct {
+				flag string
+				dst  *string
+			}{{"tls-ca", &p.TLSCA}, {"tls-cert", &p.TLSCert}, {"tls-key", &p.TLSKey}} {
+				if !flags.Changed(f.flag) {
+					continue
+				}
+				v, _ := flags.GetString(f.flag)
+				abs, err := filepath.Abs(v)
+				if err != nil {
+					return usageErrorf("--%s: %v", f.flag, err)
+				}
+				*f.dst = abs
+			}
+			// The files are checked now, not at the first command that
+			// uses the profile.
+			files := tlsFlags{ca: p.TLSCA, cert: p.TLSCert, key: p.TLSKey}
+			if files.enabled() {
+				if _, err := files.config(); err != nil {
+					return err
+				}
+			}
+			path, cfg, err := loadProfiles()
+			if err != nil {
+				return err
+			}
+			if _, ok := cfg.Profiles[name]; ok && !force {
+				return usageErrorf("profile %q exists in %s (--force replaces it)", name, path)
+			}
+			if cfg.Profiles == nil {
+				cfg.Profiles = map[string]profile{}
+			}
+			cfg.Profiles[name] = p
+			cfg.Current = name
+			if err := cfg.save(path); err != nil {
+				return failure(err)
+			}
+			fmt.Fprintf(a.stdout, "Profile %q saved in %s and current\n", name, path)
+			return nil
+		},
+	}
+	create.Flags().BoolVar(&force, "force", false, "replace a profile of that name")
+
+	use := &cobra.Command{
+		Use:               "use NAME",
+		Short:             "Make a profile the current one",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeProfiles,
+		RunE: func(_ *cobra.Command, args []string) error {
+			path, cfg, err := loadProfiles()
+			if err != nil {
+				return err
+			}
+			if _, ok := cfg.Profiles[args[0]]; !ok {
+				return usageErrorf("profile %q is not in %s (catenactl profile list)", args[0], path)
+			}
+			cfg.Current = args[0]
+			if err := cfg.save(path); err != nil {
+				return failure(err)
+			}
+			fmt.Fprintf(a.stdout, "Profile %q is current\n", args[0])
+			return nil
+		},
+	}
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the profiles; * marks the current one",
+		Args:  cobra.NoArgs,
+		RunE: func(_ *cobra.Command, _ []string) error {
+			_, cfg, err := loadProfiles()
+			if err != nil {
+				return err
+			}
+			names := make([]string, 0, len(cfg.Profiles))
+			for n := range cfg.Profiles {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			for _, n := range names {
+				mark := " "
+				if n == cfg.Current {
+					mark = "*"
+				}
+				p := cfg.Profiles[n]
+				tls := "plaintext"
+				switch {
+				case p.TLSCert != "":
+					tls = "mutual TLS"
+				case p.TLSCA != "":
+					tls = "TLS"
+				}
+				fmt.Fprintf(a.stdout, "%s %s\t%s\t%s\n", mark, n, p.Server, tls)
+			}
+			return nil
+		},
+	}
+
+	del := &cobra.Command{
+		Use:               "delete NAME",
+		Short:             "Delete a profile",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeProfiles,
+		RunE: func(_ *cobra.Command, args []string) error {
+			path, cfg, err := loadProfiles()
+			if err != nil {
+				return err
+			}
+			if _, ok := cfg.Profiles[args[0]]; !ok {
+				return usageErrorf("profile %q is not in %s", args[0], path)
+			}
+			delete(cfg.Profiles, args[0])
+			if cfg.Current == args[0] {
+				cfg.Current = ""
+			}
+			if err := cfg.save(path); err != nil {
+				return failure(err)
+			}
+			fmt.Fprintf(a.stdout, "Profile %q deleted\n", args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(create, use, list, del)
+	return cmd
+}
+
+// completeProfiles completes profile names.
+func completeProfiles(_ *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	_, cfg, err := loadProfiles()
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveError
+	}
+	names := make([]string, 0, len(cfg.Profiles))
+	for n := range cfg.Profiles {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names, cobra.ShellCompDirectiveNoFileComp
+}
