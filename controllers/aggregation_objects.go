@@ -79,14 +79,15 @@ func WorkerDNSAddr(pod *corev1.Pod) string {
 }
 
 // OperatorPodSelector selects the pods the operator watches: replica pods
-// of every pool and worker pods of every Aggregation. The operator's cache
-// of pods is restricted to them.
+// of every pool, worker pods of every Aggregation, and ingestion pods (the
+// nodes an external listener's NodePort is reported on). The operator's
+// cache of pods is restricted to them.
 func OperatorPodSelector() labels.Selector {
 	name, err := labels.NewRequirement(labelName, selection.Equals, []string{appName})
 	if err != nil {
 		panic(err) // constant input
 	}
-	component, err := labels.NewRequirement(labelComponent, selection.In, []string{componentReplica, componentAggregator})
+	component, err := labels.NewRequirement(labelComponent, selection.In, []string{componentReplica, componentAggregator, componentIngest})
 	if err != nil {
 		panic(err)
 	}

@@ -1,7 +1,10 @@
 package controllers
 
 import (
+	"cmp"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -53,6 +56,9 @@ type ingestion struct {
 	Deployment *appsv1.Deployment
 	Service    *corev1.Service
 	PDB        *policyv1.PodDisruptionBudget
+	// External is the Service clients outside the cluster use (nil: the
+	// Stream has no external listener).
+	External *corev1.Service
 }
 
 // desiredIngestion builds a Stream's ingestion tier from its spec and the
@@ -60,7 +66,7 @@ type ingestion struct {
 // Stream's to use). It reads nothing but its arguments; owner references
 // are set by the caller.
 func desiredIngestion(stream *streamsv1alpha1.Stream, pool *streamsv1alpha1.ReplicaPool, image string) ingestion {
-	out := ingestion{Service: desiredIngestService(stream), PDB: desiredIngestPDB(stream)}
+	out := ingestion{Service: desiredIngestService(stream), PDB: desiredIngestPDB(stream), External: desiredExternalService(stream)}
 	if pool != nil {
 		out.Deployment = desiredIngestDeployment(stream, pool, image)
 	}
@@ -153,4 +159,83 @@ func desiredIngestService(stream *streamsv1alpha1.Stream) *corev1.Service {
 // special case when replicas is 1.
 func desiredIngestPDB(stream *streamsv1alpha1.Stream) *policyv1.PodDisruptionBudget {
 	return oneAtATime(stream.Namespace, stream.IngestName(), ingestLabels(stream), ingestSelectorLabels(stream))
+}
+
+// externalServiceSuffix names a Stream's external Service.
+const externalServiceSuffix = "-external"
+
+// desiredExternalService is the Service that exposes a Stream's ingestion
+// outside the cluster (spec.ingestion.external), nil when it has none.
+// Its traffic policy is Cluster: any node's port (or the load balancer)
+// reaches any ready ingestion pod.
+func desiredExternalService(stream *streamsv1alpha1.Stream) *corev1.Service {
+	ext := stream.Spec.Ingestion.External
+	if ext == nil {
+		return nil
+	}
+	port := namedPort(ingestPortName, ingestPort)
+	if ext.Type == corev1.ServiceTypeNodePort {
+		port.NodePort = ext.NodePort
+	}
+	return &corev1.Service{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        stream.IngestServiceName() + externalServiceSuffix,
+			Namespace:   stream.Namespace,
+			Labels:      ingestLabels(stream),
+			Annotations: ext.Annotations,
+		},
+		Spec: corev1.ServiceSpec{
+			Type:                     ext.Type,
+			Selector:                 ingestSelectorLabels(stream),
+			Ports:                    []corev1.ServicePort{port},
+			ExternalTrafficPolicy:    corev1.ServiceExternalTrafficPolicyCluster,
+			LoadBalancerSourceRanges: ext.LoadBalancerSourceRanges,
+		},
+	}
+}
+
+// externalEndpoint is the host:port clients outside the cluster use, from
+// the external Service as the API server holds it and the host addresses
+// of the ready ingestion pods (sorted): "" until Kubernetes has given a
+// port (NodePort) or an address (LoadBalancer).
+func externalEndpoint(ext *streamsv1alpha1.ExternalListener, svc *corev1.Service, hostIPs []string) string {
+	if ext == nil || svc == nil || len(svc.Spec.Ports) == 0 {
+		return ""
+	}
+	switch svc.Spec.Type {
+	case corev1.ServiceTypeNodePort:
+		port := svc.Spec.Ports[0].NodePort
+		host := ext.AdvertisedHost
+		if host == "" && len(hostIPs) > 0 {
+			host = hostIPs[0]
+		}
+		if port == 0 || host == "" {
+			return ""
+		}
+		return net.JoinHostPort(host, strconv.Itoa(int(port)))
+	case corev1.ServiceTypeLoadBalancer:
+		host := ext.AdvertisedHost
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if host != "" {
+				break
+			}
+			host = cmp.Or(in.Hostname, in.IP)
+		}
+		if host == "" {
+			return ""
+		}
+		return net.JoinHostPort(host, strconv.Itoa(int(svc.Spec.Ports[0].Port)))
+	}
+	return ""
+}
+
+// podReady reports whether pod's Ready condition is True.
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

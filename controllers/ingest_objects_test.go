@@ -166,3 +166,56 @@ func TestIngestLabelsDoNotOverlapPoolLabels(t *testing.T) {
 		t.Errorf("endpoint = %q", got)
 	}
 }
+
+func TestExternalListener(t *testing.T) {
+	stream := testStream(nil)
+	if desiredExternalService(stream) != nil {
+		t.Fatal("an external Service without spec.ingestion.external")
+	}
+	stream.Spec.Ingestion.External = &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeNodePort, NodePort: 31070,
+		Annotations: map[string]string{"a": "b"}}
+	svc := desiredExternalService(stream)
+	if svc.Name != stream.Name+"-external" || svc.Spec.Type != corev1.ServiceTypeNodePort || svc.Spec.Ports[0].NodePort != 31070 ||
+		svc.Spec.Ports[0].Port != ingestPort || svc.Annotations["a"] != "b" || svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyCluster {
+		t.Errorf("NodePort Service: %+v", svc)
+	}
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(desiredIngestDeployment(stream, testPool(nil), "img").Spec.Template.Labels)) {
+		t.Errorf("the Service does not select the ingestion pods")
+	}
+	if !OperatorPodSelector().Matches(labels.Set(desiredIngestDeployment(stream, testPool(nil), "img").Spec.Template.Labels)) {
+		t.Errorf("the operator's pod cache would not see the ingestion pods it reports the nodes of")
+	}
+
+	nodePort := func(port int32) *corev1.Service {
+		return &corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{{Port: 7070, NodePort: port}}}}
+	}
+	lb := func(ingress ...corev1.LoadBalancerIngress) *corev1.Service {
+		s := &corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Port: 7070, NodePort: 30001}}}}
+		s.Status.LoadBalancer.Ingress = ingress
+		return s
+	}
+	np := &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeNodePort}
+	lbl := &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeLoadBalancer}
+	for _, tc := range []struct {
+		name  string
+		ext   *streamsv1alpha1.ExternalListener
+		svc   *corev1.Service
+		hosts []string
+		want  string
+	}{
+		{"node port on the first ready ingestion pod's node", np, nodePort(31070), []string{"10.0.0.5", "10.0.0.9"}, "10.0.0.5:31070"},
+		{"node port, IPv6 node", np, nodePort(31070), []string{"fd00::5"}, "[fd00::5]:31070"},
+		{"node port, advertised host", &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeNodePort, AdvertisedHost: "ingest.example.com"}, nodePort(31070), []string{"10.0.0.5"}, "ingest.example.com:31070"},
+		{"node port not given yet", np, nodePort(0), []string{"10.0.0.5"}, ""},
+		{"no ready ingestion pod yet", np, nodePort(31070), nil, ""},
+		{"load balancer by IP", lbl, lb(corev1.LoadBalancerIngress{IP: "203.0.113.7"}), nil, "203.0.113.7:7070"},
+		{"load balancer by host name", lbl, lb(corev1.LoadBalancerIngress{Hostname: "lb.example.net"}), nil, "lb.example.net:7070"},
+		{"load balancer not provisioned yet", lbl, lb(), []string{"10.0.0.5"}, ""},
+		{"load balancer, advertised host", &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeLoadBalancer, AdvertisedHost: "ingest.example.com"}, lb(), nil, "ingest.example.com:7070"},
+		{"no external listener", nil, nodePort(31070), []string{"10.0.0.5"}, ""},
+	} {
+		if got := externalEndpoint(tc.ext, tc.svc, tc.hosts); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -304,8 +304,45 @@ func (r *StreamReconciler) reconcileIngestion(ctx context.Context, stream *strea
 		obs.IngestionAvailable = deploy.Status.AvailableReplicas
 	}
 
-	_, err = r.applyUnlessTaken(ctx, stream, want.PDB, &policyv1.PodDisruptionBudget{}, obs)
-	return err
+	if _, err = r.applyUnlessTaken(ctx, stream, want.PDB, &policyv1.PodDisruptionBudget{}, obs); err != nil {
+		return err
+	}
+	return r.reconcileExternal(ctx, stream, want.External, obs)
+}
+
+// reconcileExternal applies the Stream's external Service and reads the
+// address it gives clients outside the cluster; without an external
+// listener, it deletes the one the Stream made.
+func (r *StreamReconciler) reconcileExternal(ctx context.Context, stream *streamsv1alpha1.Stream, want *corev1.Service, obs *streamObservation) error {
+	name := stream.IngestServiceName() + externalServiceSuffix
+	svc := &corev1.Service{}
+	if want == nil {
+		exists, controlled, err := r.readControlled(ctx, stream, types.NamespacedName{Namespace: stream.Namespace, Name: name}, "Service", svc, obs)
+		if err != nil || !exists || !controlled {
+			return err
+		}
+		log.FromContext(ctx).Info("Deleting the Stream's external Service: spec.ingestion.external is gone", "name", name)
+		return client.IgnoreNotFound(r.Client.Delete(ctx, svc))
+	}
+	ok, err := r.applyUnlessTaken(ctx, stream, want, svc, obs)
+	if err != nil || !ok || svc.Name == "" {
+		// Created just now: its port and address come with the next
+		// round (the Service's creation wakes the Stream).
+		return err
+	}
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(stream.Namespace), client.MatchingLabels(ingestSelectorLabels(stream))); err != nil {
+		return fmt.Errorf("failed to list the ingestion pods of Stream %s: %w", stream.Name, err)
+	}
+	var hosts []string
+	for _, p := range pods.Items {
+		if p.Status.HostIP != "" && podReady(&p) && !slices.Contains(hosts, p.Status.HostIP) {
+			hosts = append(hosts, p.Status.HostIP)
+		}
+	}
+	slices.Sort(hosts)
+	obs.External = externalEndpoint(stream.Spec.Ingestion.External, svc, hosts)
+	return nil
 }
 
 // applyUnlessTaken reads the object named like desired into current and

@@ -94,6 +94,9 @@ type streamObservation struct {
 	// IngestionAvailable is the ingestion Deployment's
 	// status.availableReplicas.
 	IngestionAvailable int32
+	// External is the address clients outside the cluster use ("":
+	// none, or none yet).
+	External string
 	// IngestionConflict names the ingestion object ("Service orders")
 	// whose name is taken by one the Stream does not control; "" when
 	// none is.
@@ -119,6 +122,7 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 		status.Endpoints.Producers = ingestEndpoint(stream)
 		status.Endpoints.Consumers = ingestEndpoint(stream)
 	}
+	status.Endpoints.External = obs.External
 
 	gen := stream.Generation
 	want := stream.Spec.Partitions

@@ -224,6 +224,54 @@ type IngestionSpec struct {
 	// resources are the requests and limits of each ingestion container.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// external exposes ingestion to clients outside the cluster: a Service
+	// <stream>-external of type NodePort or LoadBalancer in front of the
+	// ingestion pods, whose address status.endpoints.external reports.
+	// Clients reach only ingestion, never a replica, so one address is
+	// all they need.
+	// +optional
+	External *ExternalListener `json:"external,omitempty"`
+}
+
+// ExternalListener is how a Stream's ingestion is reached from outside the
+// cluster.
+// +kubebuilder:validation:XValidation:rule="self.type == 'NodePort' || !has(self.nodePort)",message="nodePort is only for type NodePort"
+// +kubebuilder:validation:XValidation:rule="self.type == 'LoadBalancer' || !has(self.loadBalancerSourceRanges)",message="loadBalancerSourceRanges is only for type LoadBalancer"
+type ExternalListener struct {
+	// type is NodePort (a port on every node) or LoadBalancer (the
+	// cloud's load balancer).
+	// +required
+	// +kubebuilder:validation:Enum=NodePort;LoadBalancer
+	Type corev1.ServiceType `json:"type"`
+
+	// nodePort is the node port for type NodePort, in the cluster's node
+	// port range (by default 30000-32767); empty: the cluster picks one.
+	// +optional
+	// +kubebuilder:validation:Minimum=30000
+	// +kubebuilder:validation:Maximum=32767
+	NodePort int32 `json:"nodePort,omitempty"`
+
+	// advertisedHost is the host name or address clients outside should
+	// use, when it is not the one Kubernetes reports (a DNS name in front
+	// of the nodes or the load balancer). Empty: a node's address (the
+	// node of a ready ingestion pod) for NodePort, the load balancer's
+	// for LoadBalancer.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9]([a-zA-Z0-9.:-]*[a-zA-Z0-9])?$`
+	AdvertisedHost string `json:"advertisedHost,omitempty"`
+
+	// annotations go on the Service: a cloud load balancer's settings.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+
+	// loadBalancerSourceRanges restrict a LoadBalancer to these client
+	// CIDRs.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=43
+	LoadBalancerSourceRanges []string `json:"loadBalancerSourceRanges,omitempty"`
 }
 
 // StreamEndpoints are the addresses clients connect to.
@@ -237,6 +285,12 @@ type StreamEndpoints struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	Consumers string `json:"consumers,omitempty"`
+
+	// external is the host:port clients outside the cluster use
+	// (spec.ingestion.external), once Kubernetes has given one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	External string `json:"external,omitempty"`
 }
 
 // StreamStatus is the observed state of a Stream.

@@ -61,6 +61,33 @@ var _ = Describe("A Stream on a real node", Ordered, func() {
 		kubectl("get", "pods,pvc", "-n", ns, "-o", "wide")
 	})
 
+	It("takes a producer on the node's host network through an external NodePort listener", func() {
+		kubectl("patch", "stream", sampleStream, "-n", ns, "--type=merge", "-p", `{"spec":{"ingestion":{"external":{"type":"NodePort"}}}}`)
+		var addr string
+		Eventually(func(g Gomega) {
+			var s streamsv1alpha1.Stream
+			g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: sampleStream}, &s)).To(Succeed())
+			addr = s.Status.Endpoints.External
+			g.Expect(addr).NotTo(BeEmpty(), "status.endpoints: %+v", s.Status.Endpoints)
+		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		GinkgoWriter.Printf("external endpoint: %s\n", addr)
+		kubectl("get", "service", sampleStream+"-external", "-n", ns, "-o", "wide")
+
+		// This test process runs on the node's host network, outside the
+		// cluster's pod network: what a client outside the cluster is.
+		catenactl := filepath.Join(repoRoot, "bin", "catenactl")
+		value := fmt.Sprintf("from the host %d", time.Now().UnixNano())
+		var out string
+		Eventually(func() error {
+			var err error
+			out, err = run(catenactl, "produce", "--server", addr, "--stream", sampleStream, "--key", "outside", "--value", value, "--retry-timeout", "10s")
+			return err
+		}).WithTimeout(time.Minute).WithPolling(2*time.Second).Should(Succeed(), "produce through %s: %s", addr, out)
+		out, err := run(catenactl, "consume", "--server", addr, "--stream", sampleStream, "--from", "earliest", "--no-follow")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring(value))
+	})
+
 	It("reorders its chains when a replica pod is deleted under load, and takes the pod back on its volume", func() {
 		victim := samplePool + "-1"
 		c := startChecker(ns, sampleStream, "check-delete", 60*time.Second, checkerRate)

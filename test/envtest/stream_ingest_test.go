@@ -136,6 +136,68 @@ ingestion:
 		}).Should(Succeed())
 	})
 
+	It("exposes ingestion outside the cluster on a node port, reports the address, and takes it away", func() {
+		ns := ingestNS
+		Expect(k8s.Create(ctx, manifest(ns, "Stream", "outside", `
+partitions: 1
+ingestion:
+  external: {type: NodePort, advertisedHost: ingest.example.com, annotations: {team: shop}}`))).To(Succeed())
+		var stream streamsv1alpha1.Stream
+		Expect(k8s.Get(ctx, key(ns, "outside"), &stream)).To(Succeed())
+
+		By("creating a NodePort Service in front of the ingestion pods")
+		var svc corev1.Service
+		Eventually(func(g Gomega) { g.Expect(k8s.Get(ctx, key(ns, "outside-external"), &svc)).To(Succeed()) }).Should(Succeed())
+		expectControlledBy(&svc, &stream)
+		Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeNodePort))
+		Expect(svc.Annotations).To(HaveKeyWithValue("team", "shop"))
+		Expect(svc.Spec.Ports).To(HaveLen(1))
+		nodePort := svc.Spec.Ports[0].NodePort
+		Expect(nodePort).To(BeNumerically(">=", 30000), "the API server gives a node port")
+		var deploy appsv1.Deployment
+		Eventually(func(g Gomega) { g.Expect(k8s.Get(ctx, key(ns, "outside-ingest"), &deploy)).To(Succeed()) }).Should(Succeed())
+		Expect(labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(deploy.Spec.Template.Labels))).To(BeTrue())
+
+		By("reporting the advertised host with that port")
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, key(ns, "outside"), &stream)).To(Succeed())
+			g.Expect(stream.Status.Endpoints.External).To(Equal(fmt.Sprintf("ingest.example.com:%d", nodePort)))
+		}).Should(Succeed())
+
+		By("reporting the node of a ready ingestion pod when no host is advertised")
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "outside-ingest-0", Labels: deploy.Spec.Template.Labels},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "ingest", Image: testImage}}},
+		}
+		Expect(k8s.Create(ctx, pod)).To(Succeed())
+		pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, HostIP: "10.1.2.3", Conditions: []corev1.PodCondition{{
+			Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now(),
+		}}}
+		Expect(k8s.Status().Update(ctx, pod)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, key(ns, "outside"), &stream)).To(Succeed())
+			stream.Spec.Ingestion.External.AdvertisedHost = ""
+			g.Expect(k8s.Update(ctx, &stream)).To(Succeed())
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, key(ns, "outside"), &stream)).To(Succeed())
+			g.Expect(stream.Status.Endpoints.External).To(Equal(fmt.Sprintf("10.1.2.3:%d", nodePort)))
+		}).Should(Succeed())
+
+		By("deleting the Service once the listener is removed")
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, key(ns, "outside"), &stream)).To(Succeed())
+			stream.Spec.Ingestion.External = nil
+			g.Expect(k8s.Update(ctx, &stream)).To(Succeed())
+		}).Should(Succeed())
+		Eventually(func(g Gomega) {
+			err := k8s.Get(ctx, key(ns, "outside-external"), &svc)
+			g.Expect(apierrors.IsNotFound(err) || !svc.DeletionTimestamp.IsZero()).To(BeTrue(), "the external Service: %v", err)
+			g.Expect(k8s.Get(ctx, key(ns, "outside"), &stream)).To(Succeed())
+			g.Expect(stream.Status.Endpoints.External).To(BeEmpty())
+		}).Should(Succeed())
+	})
+
 	It("deletes the volumes of a Stream whose volumeReclaimPolicy is Delete, then lets it go", func() {
 		ns := volumesNS
 		Expect(k8s.Create(ctx, manifest(ns, "Stream", "doomed", "partitions: 1\nvolumeReclaimPolicy: Delete"))).To(Succeed())

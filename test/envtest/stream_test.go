@@ -105,6 +105,16 @@ placement: {nodeSpread: Required, zoneSpread: None, nodeSelector: {disk: nvme}}`
 			"fsyncInterval must be a duration such as 10ms or 1s (units s, ms) from 1ms to 10s"),
 		Entry("an unknown durability mode", "bad-mode", "partitions: 3\ndurability: {mode: Never}",
 			`spec.durability.mode: Unsupported value: "Never"`),
+		Entry("an external listener of type ClusterIP", "ext-cip", "partitions: 3\ningestion: {external: {type: ClusterIP}}",
+			`spec.ingestion.external.type: Unsupported value: "ClusterIP"`),
+		Entry("a node port for a load balancer", "ext-lb-port", "partitions: 3\ningestion: {external: {type: LoadBalancer, nodePort: 31000}}",
+			"nodePort is only for type NodePort"),
+		Entry("a node port outside the node port range", "ext-port", "partitions: 3\ningestion: {external: {type: NodePort, nodePort: 8080}}",
+			"spec.ingestion.external.nodePort in body should be greater than or equal to 30000"),
+		Entry("source ranges for a node port", "ext-ranges", "partitions: 3\ningestion: {external: {type: NodePort, loadBalancerSourceRanges: [10.0.0.0/8]}}",
+			"loadBalancerSourceRanges is only for type LoadBalancer"),
+		Entry("an advertised host that is not a host", "ext-host", "partitions: 3\ningestion: {external: {type: NodePort, advertisedHost: 'http://x/'}}",
+			"spec.ingestion.external.advertisedHost in body should match"),
 	)
 
 	DescribeTable("rejects an invalid change to a Stream, keeping what was stored",
