@@ -12,7 +12,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"strings"
+	"net"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -64,6 +65,9 @@ type Client struct {
 	addr   string
 	conn   *endpointConn
 	ingest catenapb.IngestClient
+	// tlsWatch is the TLS credentials of its connections (nil: plaintext,
+	// or NewFromConn).
+	tlsWatch *handshakeWatch
 }
 
 // Dial connects to the ingestion endpoint at addr (host:port). The
@@ -80,23 +84,25 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	conn, err := newConn(addr, &cfg)
+	var watch *handshakeWatch
+	if cfg.tls != nil {
+		watch = newHandshakeWatch(cfg.tls)
+	}
+	conn, err := newConn(addr, &cfg, watch)
 	if err != nil {
 		return nil, fmt.Errorf("catena: dial %s: %w", addr, err)
 	}
 	conn.Connect()
-	ec := &endpointConn{redial: func() (*grpc.ClientConn, error) { return newConn(addr, &cfg) }, cur: conn, dialed: time.Now()}
-	return &Client{addr: addr, conn: ec, ingest: catenapb.NewIngestClient(ec)}, nil
+	ec := &endpointConn{redial: func() (*grpc.ClientConn, error) { return newConn(addr, &cfg, watch) }, cur: conn, dialed: time.Now()}
+	return &Client{addr: addr, conn: ec, ingest: catenapb.NewIngestClient(ec), tlsWatch: watch}, nil
 }
 
 // newConn is the single transport setup of the package: every connection
 // is created here so that TLS/mTLS policy lives in one place.
-func newConn(addr string, cfg *dialConfig) (*grpc.ClientConn, error) {
-	var creds credentials.TransportCredentials
-	if cfg.tls != nil {
-		creds = credentials.NewTLS(cfg.tls)
-	} else {
-		creds = insecure.NewCredentials()
+func newConn(addr string, cfg *dialConfig, watch *handshakeWatch) (*grpc.ClientConn, error) {
+	var creds credentials.TransportCredentials = insecure.NewCredentials()
+	if watch != nil {
+		creds = watch
 	}
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
@@ -134,18 +140,87 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// RefusedByTLS reports whether err is a connection that failed over
-// certificates (the server's not trusted, or the server refused the
-// client's or wanted one): a configuration error no retry mends, which
-// producers and consumers report at once instead of retrying. gRPC reports it as Unavailable, told apart only by
-// its message, where crypto/tls and crypto/x509 name themselves. A
-// handshake that fails otherwise (EOF, a timeout: a server restarting)
-// stays retryable.
+// TLSRefusedError fails a call because this client's own TLS handshake with
+// the endpoint failed over certificates: the server's was not trusted, or
+// the server refused this client's during the handshake. It is a
+// configuration error that no retry mends, so producers and consumers
+// return it at once. Err is the call's error (its gRPC status is
+// Unavailable); Handshake is why the handshake failed.
+type TLSRefusedError struct {
+	Err, Handshake error
+}
+
+func (e *TLSRefusedError) Error() string {
+	return fmt.Sprintf("catena: TLS handshake refused: %v", e.Handshake)
+}
+
+func (e *TLSRefusedError) Unwrap() error { return e.Err }
+
+// RefusedByTLS reports whether err is a TLSRefusedError.
 func RefusedByTLS(err error) bool {
-	st := status.Convert(err)
-	if st.Code() != codes.Unavailable {
-		return false
+	var t *TLSRefusedError
+	return errors.As(err, &t)
+}
+
+// refusedByTLS wraps err, an Unavailable error of a call, when the last
+// handshake of this client failed over certificates. An endpoint that
+// relays another hop's TLS failure (ingestion's link to a replica) is not
+// this: it is retried like any other Unavailable.
+func (c *Client) refusedByTLS(err error) error {
+	if c.tlsWatch == nil || status.Code(err) != codes.Unavailable {
+		return nil
 	}
-	m := st.Message()
-	return strings.Contains(m, "tls: ") || strings.Contains(m, "x509: ")
+	if h := c.tlsWatch.refusal(); h != nil {
+		return &TLSRefusedError{Err: err, Handshake: h}
+	}
+	return nil
+}
+
+// handshakeWatch is the client's TLS credentials, remembering whether the
+// latest handshake failed over certificates. Its clones share what it
+// remembers.
+type handshakeWatch struct {
+	credentials.TransportCredentials
+	state *handshakeState
+}
+
+type handshakeState struct {
+	mu   sync.Mutex
+	last error
+}
+
+func newHandshakeWatch(cfg *tls.Config) *handshakeWatch {
+	return &handshakeWatch{TransportCredentials: credentials.NewTLS(cfg), state: &handshakeState{}}
+}
+
+func (w *handshakeWatch) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := w.TransportCredentials.ClientHandshake(ctx, authority, raw)
+	w.state.mu.Lock()
+	defer w.state.mu.Unlock()
+	switch {
+	case err == nil:
+		w.state.last = nil
+	case certificateRefusal(err):
+		w.state.last = err
+	}
+	return conn, info, err
+}
+
+func (w *handshakeWatch) Clone() credentials.TransportCredentials {
+	return &handshakeWatch{TransportCredentials: w.TransportCredentials.Clone(), state: w.state}
+}
+
+func (w *handshakeWatch) refusal() error {
+	w.state.mu.Lock()
+	defer w.state.mu.Unlock()
+	return w.state.last
+}
+
+// certificateRefusal: a handshake error over certificates (this side's
+// verification of the server's, or an alert from the server), not a
+// dropped connection or a timeout.
+func certificateRefusal(err error) bool {
+	var verify *tls.CertificateVerificationError
+	var alert tls.AlertError
+	return errors.As(err, &verify) || errors.As(err, &alert)
 }

@@ -268,7 +268,10 @@ func (s *Subscription) Next() (Message, error) {
 		if cerr := s.ctx.Err(); cerr != nil {
 			return Message{}, cerr
 		}
-		if err != io.EOF && status.Code(err) != codes.Unavailable || RefusedByTLS(err) {
+		if refused := s.c.refusedByTLS(err); refused != nil {
+			return Message{}, refused
+		}
+		if err != io.EOF && status.Code(err) != codes.Unavailable {
 			return Message{}, err
 		}
 		t := time.NewTimer(backoff)

@@ -520,7 +520,11 @@ func (p *Producer) sendBatch(b *batch) {
 		req.PrevSequence = 0 // a retry waits for no one
 		now := time.Now()
 		if err != nil {
-			if !retryableRPC(status.Code(err)) || RefusedByTLS(err) || p.ctx.Err() != nil {
+			if refused := p.c.refusedByTLS(err); refused != nil {
+				resolveErr(todo, refused, now)
+				return
+			}
+			if !retryableRPC(status.Code(err)) || p.ctx.Err() != nil {
 				resolveErr(todo, err, now)
 				return
 			}

@@ -1,6 +1,8 @@
 package client
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"testing"
@@ -9,23 +11,44 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-func TestRefusedByTLS(t *testing.T) {
+// Only this client's own handshake, failed over certificates, makes a
+// call's Unavailable a TLS refusal: not a dropped connection, and not
+// another hop's TLS failure that an endpoint relays in its message.
+func TestTLSRefusal(t *testing.T) {
+	verify := &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}
 	for _, tc := range []struct {
-		err  error
-		want bool
+		handshake error
+		refused   bool
 	}{
-		{status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: remote error: tls: certificate required"`), true},
-		{status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`), true},
-		{fmt.Errorf("record 1: %w", status.Error(codes.Unavailable, `remote error: tls: bad certificate`)), true},
-		// A server restarting, a dead address: retried.
-		{status.Error(codes.Unavailable, `connection error: desc = "error reading server preface: EOF"`), false},
-		{status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: context deadline exceeded"`), false},
-		{status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused"`), false},
-		{status.Error(codes.PermissionDenied, `tls: not this`), false},
-		{errors.New("tls: plain"), false},
+		{verify, true},
+		{fmt.Errorf("transport: authentication handshake failed: %w", verify), true},
+		{tls.AlertError(42), true}, // bad_certificate from the server
+		{errors.New("EOF"), false},
+		{errors.New("context deadline exceeded"), false},
 	} {
-		if got := RefusedByTLS(tc.err); got != tc.want {
-			t.Errorf("RefusedByTLS(%v) = %v, want %v", tc.err, got, tc.want)
+		if got := certificateRefusal(tc.handshake); got != tc.refused {
+			t.Errorf("certificateRefusal(%v) = %v, want %v", tc.handshake, got, tc.refused)
 		}
+	}
+
+	c := &Client{tlsWatch: newHandshakeWatch(&tls.Config{})}
+	relayed := status.Error(codes.Unavailable, `replica orders-pool-1: connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate has expired"`)
+	if err := c.refusedByTLS(relayed); err != nil {
+		t.Errorf("a relayed TLS failure, with this client's handshakes fine: %v", err)
+	}
+	c.tlsWatch.state.last = verify
+	err := c.refusedByTLS(status.Error(codes.Unavailable, "connection error"))
+	if !RefusedByTLS(err) || status.Code(err) != codes.Unavailable || !errors.Is(err, err.(*TLSRefusedError).Err) {
+		t.Errorf("after a refused handshake: %v", err)
+	}
+	if err := c.refusedByTLS(status.Error(codes.NotFound, "no stream")); err != nil {
+		t.Errorf("a NotFound after a refused handshake: %v", err)
+	}
+	if err := (&Client{}).refusedByTLS(relayed); err != nil {
+		t.Errorf("plaintext: %v", err)
+	}
+	// A clone (gRPC may take one) shares what the watch remembers.
+	if c.tlsWatch.Clone().(*handshakeWatch).refusal() != verify {
+		t.Errorf("a clone does not share the refusal")
 	}
 }

@@ -1,12 +1,14 @@
 package controllers
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -217,5 +219,18 @@ func TestExternalListener(t *testing.T) {
 		if got := externalEndpoint(tc.ext, tc.svc, tc.hosts); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestIngestPodsStream(t *testing.T) {
+	stream := testStream(nil)
+	tmpl := desiredIngestDeployment(stream, testPool(nil), "img").Spec.Template
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: stream.Namespace, Name: "x", Labels: tmpl.Labels}}
+	if got := ingestPodsStream(context.Background(), pod); len(got) != 1 || got[0].Name != stream.Name || got[0].Namespace != stream.Namespace {
+		t.Errorf("an ingestion pod maps to %v, want its Stream %s", got, stream.Name)
+	}
+	replica := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r", Labels: desiredStatefulSet(testPool(nil), "img").Spec.Template.Labels}}
+	if got := ingestPodsStream(context.Background(), replica); got != nil {
+		t.Errorf("a replica pod maps to %v", got)
 	}
 }

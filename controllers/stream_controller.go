@@ -317,9 +317,14 @@ func (r *StreamReconciler) reconcileExternal(ctx context.Context, stream *stream
 	name := stream.IngestServiceName() + externalServiceSuffix
 	svc := &corev1.Service{}
 	if want == nil {
-		exists, controlled, err := r.readControlled(ctx, stream, types.NamespacedName{Namespace: stream.Namespace, Name: name}, "Service", svc, obs)
-		if err != nil || !exists || !controlled {
-			return err
+		// Not readControlled: a Service of that name that is not the
+		// Stream's (another Stream's, named <stream>-external) is no
+		// conflict of a Stream that asks for no external listener.
+		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: stream.Namespace, Name: name}, svc); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if !metav1.IsControlledBy(svc, stream) {
+			return nil
 		}
 		log.FromContext(ctx).Info("Deleting the Stream's external Service: spec.ingestion.external is gone", "name", name)
 		return client.IgnoreNotFound(r.Client.Delete(ctx, svc))
@@ -429,6 +434,13 @@ func (r *StreamReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
 		Watches(&streamsv1alpha1.ReplicaPool{}, handler.EnqueueRequestsFromMapFunc(r.streamsOnPool)).
+		// An ingestion pod becoming Ready (or going) moves the node an
+		// external NodePort listener is reported on.
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(ingestPodsStream), builder.WithPredicates(predicate.TypedFuncs[client.Object]{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				return podReady(e.ObjectOld.(*corev1.Pod)) != podReady(e.ObjectNew.(*corev1.Pod))
+			},
+		})).
 		Named("stream").
 		Complete(r)
 }
@@ -445,4 +457,14 @@ func (r *StreamReconciler) streamsOnPool(ctx context.Context, obj client.Object)
 		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: s.Name}})
 	}
 	return reqs
+}
+
+// ingestPodsStream maps an ingestion pod to its Stream, for Streams with
+// an external listener (the others' status does not depend on their pods).
+func ingestPodsStream(_ context.Context, obj client.Object) []reconcile.Request {
+	l := obj.GetLabels()
+	if l[labelName] != appName || l[labelComponent] != componentIngest || l[labelInstance] == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: l[labelInstance]}}}
 }

@@ -252,14 +252,15 @@ type ExternalListener struct {
 	// +kubebuilder:validation:Maximum=32767
 	NodePort int32 `json:"nodePort,omitempty"`
 
-	// advertisedHost is the host name or address clients outside should
-	// use, when it is not the one Kubernetes reports (a DNS name in front
-	// of the nodes or the load balancer). Empty: a node's address (the
-	// node of a ready ingestion pod) for NodePort, the load balancer's
-	// for LoadBalancer.
+	// advertisedHost is the host name or address (no port) clients
+	// outside should use, when it is not the one Kubernetes reports (a DNS
+	// name in front of the nodes or the load balancer). Empty: the
+	// internal address of the node of a ready ingestion pod for NodePort
+	// (on most clouds not reachable from outside: set this), the load
+	// balancer's for LoadBalancer.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
-	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9]([a-zA-Z0-9.:-]*[a-zA-Z0-9])?$`
+	// +kubebuilder:validation:Pattern=`^([a-zA-Z0-9]([a-zA-Z0-9.-]*[a-zA-Z0-9])?|[0-9a-fA-F:.]*:[0-9a-fA-F:.]*)$`
 	AdvertisedHost string `json:"advertisedHost,omitempty"`
 
 	// annotations go on the Service: a cloud load balancer's settings.

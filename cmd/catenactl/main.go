@@ -107,14 +107,16 @@ func grpcMessage(err error) string {
 	if err == nil {
 		return ""
 	}
+	var refused *client.TLSRefusedError
+	if errors.As(err, &refused) {
+		return fmt.Sprintf("TLS refused (check --tls-ca, --tls-cert and --tls-key): %v", refused.Handshake)
+	}
 	// Only unwrap bare status errors; wrapped ones carry their context
 	// and are rendered by status.Convert as the full chain.
 	if st, ok := status.FromError(err); ok {
 		msg := st.Message()
 		msg = strings.ReplaceAll(msg, "rpc error: code = "+st.Code().String()+" desc = ", "")
 		switch {
-		case client.RefusedByTLS(err):
-			return "TLS refused (check --tls-ca, --tls-cert and --tls-key): " + msg
 		case st.Code() == codes.Unavailable:
 			return "server unavailable: " + msg
 		case st.Code() == codes.DeadlineExceeded:

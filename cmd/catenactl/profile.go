@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -21,8 +22,11 @@ import (
 // Profiles: named sets of the global connection flags (server and TLS
 // files) kept in a config file, one of them current, as `rpk profile` and
 // `nats context` keep theirs. A value comes from, in order: its flag, its
-// environment variable, the profile (--profile, else $CATENA_PROFILE, else
-// the config's current one), the default.
+// environment variable, the profile, the default. The profile is the one
+// --profile or $CATENA_PROFILE names, else the current one, which is used
+// only when no server is given (--server, $CATENA_SERVER): a server given
+// alone is dialled with the TLS flags and variables alone, not with another
+// endpoint's credentials.
 
 // profile is one named set of connection settings.
 type profile struct {
@@ -39,26 +43,28 @@ type profileConfig struct {
 }
 
 // configPath is the config file: $CATENA_CONFIG, else catena/catenactl.yaml
-// under the user's config directory ($XDG_CONFIG_HOME or ~/.config).
-func configPath() (string, error) {
+// under the user's config directory ($XDG_CONFIG_HOME or ~/.config); ""
+// when there is no such directory (no $HOME: cron, containers).
+func configPath() string {
 	if p := os.Getenv("CATENA_CONFIG"); p != "" {
-		return p, nil
+		return p
 	}
 	dir, err := os.UserConfigDir()
 	if err != nil {
-		return "", usageErrorf("no config directory for profiles (set CATENA_CONFIG): %v", err)
+		return ""
 	}
-	return filepath.Join(dir, "catena", "catenactl.yaml"), nil
+	return filepath.Join(dir, "catena", "catenactl.yaml")
 }
 
-// loadProfiles reads the config file; a missing file is an empty config.
+// loadProfiles reads the config file; a missing file (or none possible) is
+// an empty config.
 func loadProfiles() (string, *profileConfig, error) {
-	path, err := configPath()
-	if err != nil {
-		return "", nil, err
+	path := configPath()
+	cfg := &profileConfig{}
+	if path == "" {
+		return "", cfg, nil
 	}
 	b, err := os.ReadFile(path)
-	cfg := &profileConfig{}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return path, cfg, nil
@@ -74,6 +80,9 @@ func loadProfiles() (string, *profileConfig, error) {
 // save writes the config file atomically, readable by its owner only (it
 // names key files).
 func (c *profileConfig) save(path string) error {
+	if path == "" {
+		return usageErrorf("no config directory for profiles: set CATENA_CONFIG (or HOME)")
+	}
 	b, err := yaml.Marshal(c)
 	if err != nil {
 		return err
@@ -87,6 +96,12 @@ func (c *profileConfig) save(path string) error {
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	// Durable before it replaces the old file: a crash leaves one or the
+	// other, never an empty file.
+	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return fmt.Errorf("config %s: %w", path, err)
 	}
@@ -106,18 +121,23 @@ func (a *app) resolveConnection(flags *pflag.FlagSet) error {
 	if !flags.Changed("profile") {
 		name = os.Getenv("CATENA_PROFILE")
 	}
-	path, cfg, err := loadProfiles()
-	if err != nil {
-		return err
-	}
-	if name == "" {
-		name = cfg.Current
+	serverGiven := flags.Changed("server") || os.Getenv("CATENA_SERVER") != ""
+	var cfg *profileConfig
+	path := configPath()
+	if name != "" || !serverGiven {
+		var err error
+		if path, cfg, err = loadProfiles(); err != nil {
+			return err
+		}
+		if name == "" {
+			name = cfg.Current
+		}
 	}
 	var p profile
 	if name != "" {
 		var ok bool
 		if p, ok = cfg.Profiles[name]; !ok {
-			return usageErrorf("profile %q is not in %s (catenactl profile list)", name, path)
+			return usageErrorf("profile %q is not in %s (catenactl profile list)", name, cmp.Or(path, "any config: there is no config directory (set CATENA_CONFIG)"))
 		}
 	}
 	for _, f := range []struct {

@@ -66,11 +66,16 @@ func TestProfiles(t *testing.T) {
 	t.Setenv("CATENA_PROFILE", "local")
 	ok(produce...)
 	t.Setenv("CATENA_PROFILE", "")
-	// A flag wins over the profile: plaintext to the plain server, with
-	// the profile's TLS files unset by empty flags.
-	ok(append([]string{"--server", plain.Addr, "--tls-ca", "", "--tls-cert", "", "--tls-key", ""}, produce...)...)
-	if n, m := len(plain.Records("s", 0)), len(secure.Records("s", 0)); n != 3 || m != 2 {
-		t.Errorf("records: %d on the plain server, %d on the TLS one; want 3 and 2", n, m)
+	// A server given alone is dialled without the current profile's TLS
+	// files (another endpoint's credentials); named, a profile lends them
+	// to a server given beside it.
+	ok(append([]string{"--server", plain.Addr}, produce...)...)
+	t.Setenv("CATENA_SERVER", plain.Addr)
+	ok(produce...)
+	t.Setenv("CATENA_SERVER", "")
+	ok(append([]string{"--profile", "prod", "--server", secure.Addr}, produce...)...)
+	if n, m := len(plain.Records("s", 0)), len(secure.Records("s", 0)); n != 4 || m != 3 {
+		t.Errorf("records: %d on the plain server, %d on the TLS one; want 4 and 3", n, m)
 	}
 
 	before, err := os.ReadFile(os.Getenv("CATENA_CONFIG"))
@@ -128,5 +133,25 @@ func TestStreamCompletion(t *testing.T) {
 		if r.code != 0 || len(got) != 3 || !slices.Equal(slices.Sorted(slices.Values(got[:2])), []string{"order-audit", "orders"}) || got[2] != ":4" {
 			t.Errorf("%s --stream ord<TAB>: exit %d, %q (%s)", cmd, r.code, r.stdout, r.stderr)
 		}
+	}
+}
+
+// Without a config directory (no $HOME, no $CATENA_CONFIG), commands run
+// from their flags, and making a profile says what is missing.
+func TestNoConfigDirectory(t *testing.T) {
+	srv := clienttest.Start(t)
+	srv.CreateStream("s", 1)
+	t.Setenv("CATENA_CONFIG", "")
+	t.Setenv("HOME", "")
+	t.Setenv("XDG_CONFIG_HOME", "")
+	if r := catenactl(t, bg(), srv, "", "produce", "--stream", "s", "--value", "v"); r.code != 0 {
+		t.Errorf("produce: exit %d: %s", r.code, r.stderr)
+	}
+	if r := catenactl(t, bg(), nil, "", "version"); r.code != 0 {
+		t.Errorf("version: exit %d: %s", r.code, r.stderr)
+	}
+	r := catenactl(t, bg(), nil, "", "profile", "create", "x", "--server", "h:1")
+	if r.code != 2 || !strings.Contains(r.stderr, "set CATENA_CONFIG") {
+		t.Errorf("profile create: exit %d: %s", r.code, r.stderr)
 	}
 }

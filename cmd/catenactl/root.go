@@ -79,8 +79,11 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			for c := cmd; c != nil; c = c.Parent() {
-				if c.Name() == "profile" {
+				switch c.Name() {
+				case "profile":
 					return nil // the profile commands read the flags as given
+				case "version", "completion", "help":
+					return nil // they dial nothing
 				}
 			}
 			return a.resolveConnection(cmd.Flags())
@@ -131,7 +134,9 @@ func (a *app) completeStreams(cmd *cobra.Command, _ []string, toComplete string)
 	if err := a.resolveConnection(cmd.Flags()); err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	// A shell waits for this at every TAB: an endpoint that does not
+	// answer within a second completes nothing.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	c, err := a.dial(ctx)
 	if err != nil {

@@ -115,6 +115,8 @@ placement: {nodeSpread: Required, zoneSpread: None, nodeSelector: {disk: nvme}}`
 			"loadBalancerSourceRanges is only for type LoadBalancer"),
 		Entry("an advertised host that is not a host", "ext-host", "partitions: 3\ningestion: {external: {type: NodePort, advertisedHost: 'http://x/'}}",
 			"spec.ingestion.external.advertisedHost in body should match"),
+		Entry("an advertised host with a port", "ext-hostport", "partitions: 3\ningestion: {external: {type: NodePort, advertisedHost: 'ingest.example.com:31070'}}",
+			"spec.ingestion.external.advertisedHost in body should match"),
 	)
 
 	DescribeTable("rejects an invalid change to a Stream, keeping what was stored",
