@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -211,6 +212,24 @@ var _ = Describe("Helm chart", func() {
 				"values": []any{"replica", "ingest", "aggregator"}}},
 		}))
 		Expect(pm.Object["spec"]).To(HaveKeyWithValue("podMetricsEndpoints", ConsistOf(HaveKeyWithValue("port", "metrics"))))
+		// The operator's series carry the namespace of what they count.
+		Expect(byKind["ServiceMonitor"].Object["spec"]).To(HaveKeyWithValue("endpoints", ConsistOf(HaveKeyWithValue("honorLabels", true))))
+
+		By("shipping the Grafana dashboard for the sidecar, as the JSON in the chart")
+		var dashboard *unstructured.Unstructured
+		for _, obj := range helmTemplate("catena", "catena-system", "--set", "grafana.dashboard.enabled=true") {
+			if obj.GetKind() == "ConfigMap" && obj.GetName() == "catena-dashboard" {
+				dashboard = obj
+			}
+		}
+		Expect(dashboard).NotTo(BeNil())
+		Expect(dashboard.GetLabels()).To(HaveKeyWithValue("grafana_dashboard", "1"))
+		data, _, _ := unstructured.NestedStringMap(dashboard.Object, "data")
+		want, err := os.ReadFile(filepath.Join(chartDir, "dashboards", "catena.json"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(data["catena.json"]).To(MatchJSON(want))
+		Expect(k8s.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", GenerateName: "dashboard-"},
+			Data: map[string]string{"catena.json": data["catena.json"]}})).To(Succeed(), "the API server takes it (size)")
 	})
 
 	It("turns on the operator's NetworkPolicies with the labels of its own pods", func() {
