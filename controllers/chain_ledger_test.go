@@ -244,24 +244,17 @@ func TestLedgerGroupCommit(t *testing.T) {
 	errs := make(chan error, n)
 	go func() { errs <- l.commit(ctx, env.stream, 0, 0, entry("c0", 1, "a")) }()
 	<-bc.entered // the first write is in flight
+	// Every other decision is queued behind the write in flight (queued
+	// here, so that the test need not wait for the goroutines to get
+	// there), and each of their callers waits for it.
 	var wg sync.WaitGroup
 	for p := 1; p < n; p++ {
+		it := l.submit(env.stream, uint32(p), 0, entry(fmt.Sprintf("c%d", p), 1, "a"))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- l.commit(ctx, env.stream, uint32(p), 0, entry(fmt.Sprintf("c%d", p), 1, "a"))
+			errs <- l.wait(ctx, env.stream, it)
 		}()
-	}
-	// Every other decision is queued behind the write in flight.
-	for {
-		sl := l.of(env.stream.UID, client.ObjectKeyFromObject(env.stream))
-		sl.mu.Lock()
-		queued := len(sl.pending)
-		sl.mu.Unlock()
-		if queued == n-1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
 	}
 	// The first caller returns once its own write lands, while the next
 	// write (the other 63, made by one of their callers) is in flight.

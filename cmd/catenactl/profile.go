@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/catena-streams/catena/client"
+	"github.com/catena-streams/catena/internal/durable"
 )
 
 // Profiles: named sets of the global connection flags (server and TLS
@@ -90,27 +92,24 @@ func (c *profileConfig) save(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".catenactl-*.yaml")
+	return durable.WriteFile(filepath.Dir(path), filepath.Base(path), b, 0o600)
+}
+
+// editProfile loads the config, has change edit the existing profile name
+// (refused, exit 2, when there is none), saves it and says done.
+func (a *app) editProfile(name, done string, change func(*profileConfig)) error {
+	path, cfg, err := loadProfiles()
 	if err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
+		return err
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("config %s: %w", path, err)
+	if _, ok := cfg.Profiles[name]; !ok {
+		return usageErrorf("profile %q is not in %s (catenactl profile list)", name, cmp.Or(path, "any config: there is no config directory (set CATENA_CONFIG)"))
 	}
-	// Durable before it replaces the old file: a crash leaves one or the
-	// other, never an empty file.
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("config %s: %w", path, err)
+	change(cfg)
+	if err := cfg.save(path); err != nil {
+		return failure(err)
 	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
-	}
+	fmt.Fprintf(a.stdout, "Profile %q %s\n", name, done)
 	return nil
 }
 
@@ -240,19 +239,7 @@ func newProfileCommand(a *app) *cobra.Command {
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeProfiles,
 		RunE: func(_ *cobra.Command, args []string) error {
-			path, cfg, err := loadProfiles()
-			if err != nil {
-				return err
-			}
-			if _, ok := cfg.Profiles[args[0]]; !ok {
-				return usageErrorf("profile %q is not in %s (catenactl profile list)", args[0], path)
-			}
-			cfg.Current = args[0]
-			if err := cfg.save(path); err != nil {
-				return failure(err)
-			}
-			fmt.Fprintf(a.stdout, "Profile %q is current\n", args[0])
-			return nil
+			return a.editProfile(args[0], "is current", func(cfg *profileConfig) { cfg.Current = args[0] })
 		},
 	}
 
@@ -265,12 +252,7 @@ func newProfileCommand(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			names := make([]string, 0, len(cfg.Profiles))
-			for n := range cfg.Profiles {
-				names = append(names, n)
-			}
-			slices.Sort(names)
-			for _, n := range names {
+			for _, n := range slices.Sorted(maps.Keys(cfg.Profiles)) {
 				mark := " "
 				if n == cfg.Current {
 					mark = "*"
@@ -295,22 +277,12 @@ func newProfileCommand(a *app) *cobra.Command {
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeProfiles,
 		RunE: func(_ *cobra.Command, args []string) error {
-			path, cfg, err := loadProfiles()
-			if err != nil {
-				return err
-			}
-			if _, ok := cfg.Profiles[args[0]]; !ok {
-				return usageErrorf("profile %q is not in %s", args[0], path)
-			}
-			delete(cfg.Profiles, args[0])
-			if cfg.Current == args[0] {
-				cfg.Current = ""
-			}
-			if err := cfg.save(path); err != nil {
-				return failure(err)
-			}
-			fmt.Fprintf(a.stdout, "Profile %q deleted\n", args[0])
-			return nil
+			return a.editProfile(args[0], "deleted", func(cfg *profileConfig) {
+				delete(cfg.Profiles, args[0])
+				if cfg.Current == args[0] {
+					cfg.Current = ""
+				}
+			})
 		},
 	}
 	cmd.AddCommand(create, use, list, del)
@@ -326,10 +298,5 @@ func completeProfiles(_ *cobra.Command, args []string, _ string) ([]string, cobr
 	if err != nil {
 		return nil, cobra.ShellCompDirectiveError
 	}
-	names := make([]string, 0, len(cfg.Profiles))
-	for n := range cfg.Profiles {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names, cobra.ShellCompDirectiveNoFileComp
+	return slices.Sorted(maps.Keys(cfg.Profiles)), cobra.ShellCompDirectiveNoFileComp
 }

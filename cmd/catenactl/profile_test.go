@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/catena-streams/catena/client/clienttest"
-	"github.com/catena-streams/catena/rpc/transport"
-	"github.com/catena-streams/catena/rpc/transport/transporttest"
 )
 
 // Profiles keep the connection flags: the current one fills what neither a
@@ -21,24 +19,7 @@ func TestProfiles(t *testing.T) {
 	plain := clienttest.Start(t)
 	plain.CreateStream("s", 1)
 
-	ca, err := transporttest.NewCA("catena-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srvFiles, err := ca.WriteFiles(dir, "ingest", "spiffe://catena/ns/t/ingest/s", ca.PEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := srvFiles.Config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	secure := clienttest.StartWith(t, transport.ServerOptions(cfg)...)
-	secure.CreateStream("s", 1)
-	cli, err := ca.WriteFiles(dir, "client", "spiffe://catena/ns/t/client/me", ca.PEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	secure, cli := startTLSServer(t, dir)
 	produce := []string{"produce", "--stream", "s", "--partition", "0", "--value", "v", "--retry-timeout", "1s"}
 	ok := func(args ...string) string {
 		t.Helper()

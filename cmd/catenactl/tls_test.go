@@ -17,24 +17,7 @@ import (
 // a bad set of files before it dials.
 func TestTLSEndpoint(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := transporttest.NewCA("catena-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srvFiles, err := ca.WriteFiles(dir, "ingest", "spiffe://catena/ns/t/ingest/s", ca.PEM)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := srvFiles.Config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := clienttest.StartWith(t, transport.ServerOptions(cfg)...)
-	srv.CreateStream("s", 1)
-	cli, err := ca.WriteFiles(dir, "client", "spiffe://catena/ns/t/client/me", ca.PEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, cli := startTLSServer(t, dir)
 	produce := []string{"produce", "--stream", "s", "--partition", "0", "--value", "over tls", "--retry-timeout", "1s"}
 	other, err := transporttest.NewCA("someone-else")
 	if err != nil {
@@ -98,4 +81,30 @@ func TestTLSEndpoint(t *testing.T) {
 	if n := len(srv.Records("s", 0)); n != 2 {
 		t.Errorf("%d records stored, want the 2 produced over TLS", n)
 	}
+}
+
+// startTLSServer starts a test ingestion server requiring mutual TLS,
+// with a stream "s" of one partition, and writes into dir the files of a
+// client its CA signed.
+func startTLSServer(t *testing.T, dir string) (*clienttest.Server, transport.TLSFiles) {
+	t.Helper()
+	ca, err := transporttest.NewCA("catena-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvFiles, err := ca.WriteFiles(dir, "ingest", "spiffe://catena/ns/t/ingest/s", ca.PEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := srvFiles.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := clienttest.StartWith(t, transport.ServerOptions(cfg)...)
+	srv.CreateStream("s", 1)
+	cli, err := ca.WriteFiles(dir, "client", "spiffe://catena/ns/t/client/me", ca.PEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, cli
 }

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/catena-streams/catena/internal/durable"
 )
 
 // committedFile records the partition's committed offset, so that a
@@ -40,7 +42,7 @@ func writeCommitted(dir string, rec committedRecord) error {
 	if err != nil {
 		return fmt.Errorf("failed to encode committed offset: %w", err)
 	}
-	return writeFileDurably(dir, committedFile, b)
+	return durable.WriteFile(dir, committedFile, b, 0o644)
 }
 
 // readCommitted loads dir's committedFile; a missing file is offset 0

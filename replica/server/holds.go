@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/durable"
 	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -150,7 +151,7 @@ func writeHolds(dir string, h holdState) error {
 	if err != nil {
 		return fmt.Errorf("failed to encode consumer holds: %w", err)
 	}
-	return writeFileDurably(dir, holdsFile, b)
+	return durable.WriteFile(dir, holdsFile, b, 0o644)
 }
 
 // readHolds loads dir's holdsFile; a missing file is no holds. A file that

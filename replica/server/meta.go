@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/catena-streams/catena/internal/durable"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -84,33 +85,7 @@ func writeMeta(dir string, m *chainMeta) error {
 	if err != nil {
 		return fmt.Errorf("failed to encode chain meta: %w", err)
 	}
-	return writeFileDurably(dir, metaFile, b)
-}
-
-// writeFileDurably replaces dir/name with b atomically and durably: a
-// temporary file, fsync, rename over name, fsync of dir. A crash leaves
-// the old file or the new one, never a torn one.
-func writeFileDurably(dir, name string, b []byte) error {
-	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
-	if err != nil {
-		return fmt.Errorf("failed to create %s: %w", tmp, err)
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("failed to write %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("failed to fsync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("failed to close %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return fmt.Errorf("failed to install %s: %w", name, err)
-	}
-	return syncDir(dir)
+	return durable.WriteFile(dir, metaFile, b, 0o644)
 }
 
 func readMeta(dir string) (*chainMeta, error) {
@@ -127,16 +102,4 @@ func readMeta(dir string) (*chainMeta, error) {
 		return nil, fmt.Errorf("failed to decode stream config in %s: %w", filepath.Join(dir, metaFile), err)
 	}
 	return m, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("failed to open dir %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("failed to fsync dir %s: %w", dir, err)
-	}
-	return nil
 }

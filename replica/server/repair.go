@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/durable"
 	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -201,7 +202,7 @@ func (s *Server) Drop(ctx context.Context, req *catenapb.DropRequest) (*catenapb
 	if err := os.Rename(p.dir, gone); err != nil {
 		return nil, status.Errorf(codes.Internal, "drop %s/%d on %s: %v", p.stream, p.index, s.id, err)
 	}
-	if err := syncDir(filepath.Dir(p.dir)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(p.dir)); err != nil {
 		return nil, status.Errorf(codes.Internal, "drop %s/%d on %s: %v", p.stream, p.index, s.id, err)
 	}
 	if err := os.RemoveAll(gone); err != nil {
