@@ -21,7 +21,11 @@ type allowFlags struct {
 
 // addAllowFlags adds --allow-<class> for each class, every one "*" (any
 // certificate the CA bundle verifies) by default.
-func addAllowFlags(cmd *cobra.Command, role string, classes map[string]string) *allowFlags {
+func addAllowFlags(cmd *cobra.Command, role string, classes map[string]string, anyone bool) *allowFlags {
+	anyoneHelp := ""
+	if anyone {
+		anyoneHelp = ", " + transport.Anyone + " any caller, with a certificate or without"
+	}
 	a := &allowFlags{allow: map[string]*string{}}
 	for _, c := range classes {
 		if !slices.Contains(a.classes, c) {
@@ -31,7 +35,7 @@ func addAllowFlags(cmd *cobra.Command, role string, classes map[string]string) *
 	slices.Sort(a.classes)
 	for _, c := range a.classes {
 		a.allow[c] = cmd.Flags().String("allow-"+c, transport.AnyIdentity,
-			fmt.Sprintf("identities (certificate URI, or common name), comma-separated, that may make this %s's %s calls; * is any certificate the --tls-ca bundle verifies (needs TLS)", role, c))
+			fmt.Sprintf("identities (certificate URI, or common name; a URI ending in /* admits every identity under it), comma-separated, that may make this %s's %s calls; * is any certificate the --tls-ca bundle verifies%s (needs TLS)", role, c, anyoneHelp))
 	}
 	return a
 }
@@ -40,6 +44,15 @@ func addAllowFlags(cmd *cobra.Command, role string, classes map[string]string) *
 // counting refusals in reg; none without TLS, where only the default (*)
 // is accepted: a plaintext caller has no identity to check.
 func (a *allowFlags) serverOptions(tlsOn bool, classes map[string]string, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
+	p, err := a.policy(tlsOn, classes, reg)
+	if p == nil || err != nil {
+		return nil, err
+	}
+	return p.ServerOptions(), nil
+}
+
+// policy is the transport.Policy of the flags (nil without TLS).
+func (a *allowFlags) policy(tlsOn bool, classes map[string]string, reg prometheus.Registerer) (*transport.Policy, error) {
 	allow := map[string][]string{}
 	for _, c := range a.classes {
 		allow[c] = transport.ParseAllow(*a.allow[c])
@@ -57,8 +70,7 @@ func (a *allowFlags) serverOptions(tlsOn bool, classes map[string]string, reg pr
 	if reg != nil {
 		reg.MustRegister(refused)
 	}
-	p := &transport.Policy{Classes: classes, Allow: allow, Refused: func(method, class string, code codes.Code) {
+	return &transport.Policy{Classes: classes, Allow: allow, Refused: func(method, class string, code codes.Code) {
 		refused.WithLabelValues(method, class, code.String()).Inc()
-	}}
-	return p.ServerOptions(), nil
+	}}, nil
 }

@@ -18,6 +18,8 @@ func newIngestCommand() *cobra.Command {
 		replicas                       []string
 		verbosity                      int
 		tlsFiles                       transport.TLSFiles
+		allow                          *allowFlags
+		stream, allowOthers            string
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest",
@@ -32,6 +34,17 @@ func newIngestCommand() *cobra.Command {
 			ctx, cancel := signalContext()
 			defer cancel()
 			reg := newRegistry()
+			policy, err := allow.policy(tlsConfig != nil, ingest.MethodClasses(), reg)
+			if err != nil {
+				return err
+			}
+			if stream != "" && policy != nil {
+				policy.ForRequest = ingest.ForStream(stream, transport.ParseAllow(allowOthers))
+			}
+			var serverOpts []grpc.ServerOption
+			if policy != nil {
+				serverOpts = policy.ServerOptions()
+			}
 			srv, err := ingest.New(ingest.Options{Replicas: replicas, TLS: tlsConfig, Logger: logger, Registerer: reg})
 			if err != nil {
 				return err
@@ -47,7 +60,10 @@ func newIngestCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("failed to listen on %s: %w", listen, err)
 			}
-			g := grpc.NewServer(transport.ServerOptions(tlsConfig)...)
+			// Clients may come without a certificate (the --allow-*
+			// flags say whether that is enough); links to replicas
+			// present this node's.
+			g := grpc.NewServer(append(transport.ServerOptions(transport.OptionalClientCerts(tlsConfig)), serverOpts...)...)
 			srv.Register(g)
 			logger.Info("Ingestion serving", "addr", lis.Addr().String(), "replicas", replicas)
 			return serveGRPC(ctx, lis, g, 5*time.Second)
@@ -59,6 +75,9 @@ func newIngestCommand() *cobra.Command {
 	pprofFlag(cmd, &pprofAddr)
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
+	allow = addAllowFlags(cmd, "ingestion node", ingest.MethodClasses(), true)
+	cmd.Flags().StringVar(&stream, "stream", "", "the Stream whose access the --allow-* flags give; requests about other Streams are allowed to --allow-other-streams only (empty: the flags cover every Stream)")
+	cmd.Flags().StringVar(&allowOthers, "allow-other-streams", transport.AnyIdentity, "with --stream: identities that may make any call about another Stream (comma-separated, as --allow-*)")
 	_ = cmd.MarkFlagRequired("replicas")
 	return cmd
 }

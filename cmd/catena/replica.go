@@ -81,7 +81,7 @@ func newReplicaCommand() *cobra.Command {
 	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", 0, "MiB/s at most that this replica copies a partition it catches up on outside the chain (0: no cap)")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
-	allow = addAllowFlags(cmd, "replica", server.MethodClasses())
+	allow = addAllowFlags(cmd, "replica", server.MethodClasses(), false)
 	_ = cmd.MarkFlagRequired("id")
 	_ = cmd.MarkFlagRequired("data-dir")
 	return cmd

@@ -75,7 +75,7 @@ func TestAllowFlagsNeedTLS(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := &cobra.Command{}
-			a := addAllowFlags(cmd, "replica", server.MethodClasses())
+			a := addAllowFlags(cmd, "replica", server.MethodClasses(), false)
 			if err := cmd.ParseFlags(tc.args); err != nil {
 				t.Fatal(err)
 			}

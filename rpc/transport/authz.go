@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
-	"slices"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -27,6 +26,32 @@ import (
 
 // AnyIdentity in an allow list admits every verified certificate.
 const AnyIdentity = "*"
+
+// Anyone in an allow list admits every caller, with a certificate or
+// without (a client-facing listener whose clients need not present one).
+const Anyone = "anyone"
+
+// An entry ending in PrefixWildcard admits every identity that starts with
+// what precedes the star: spiffe://catena/ns/shop/ingest/* admits the
+// ingestion nodes of every Stream of namespace shop.
+const PrefixWildcard = "/*"
+
+// Admits reports whether an allow list admits a caller: id, or no
+// certificate when ok is false.
+func Admits(allowed []string, id string, ok bool) bool {
+	for _, a := range allowed {
+		switch {
+		case a == Anyone:
+			return true
+		case !ok:
+		case a == AnyIdentity || a == id:
+			return true
+		case strings.HasSuffix(a, PrefixWildcard) && strings.HasPrefix(id, strings.TrimSuffix(a, "*")):
+			return true
+		}
+	}
+	return false
+}
 
 // PeerIdentity returns the identity of the caller of ctx's call: ok is false
 // without a verified client certificate (plaintext, or none presented).
@@ -57,6 +82,11 @@ type Policy struct {
 	Classes map[string]string
 	// Allow lists, per class, the identities that may call its methods.
 	Allow map[string][]string
+	// ForRequest, when set, may name the list for one request instead
+	// (ok false: Allow's). Ingestion uses it to judge a request by the
+	// Stream it names. The request of a streaming call is judged at each
+	// message the server receives.
+	ForRequest func(class string, req any) (allowed []string, ok bool)
 	// Refused, when set, is told of each refusal (for metrics).
 	Refused func(method, class string, code codes.Code)
 }
@@ -73,22 +103,35 @@ func ParseAllow(s string) []string {
 	return out
 }
 
-// check returns nil when the caller of ctx may call method, else the
-// gRPC error to answer with.
-func (p *Policy) check(ctx context.Context, method string) error {
+// check returns nil when the caller of ctx may call method with req (nil:
+// not known yet), else the gRPC error to answer with.
+func (p *Policy) check(ctx context.Context, method string, req any) error {
 	class, ok := p.Classes[method]
 	if !ok {
 		return p.refuse(method, "", codes.PermissionDenied, "method %s is not open to any caller", method)
 	}
+	allowed := p.Allow[class]
+	if p.ForRequest != nil && req != nil {
+		if l, ok := p.ForRequest(class, req); ok {
+			allowed = l
+		}
+	}
 	id, ok := PeerIdentity(ctx)
+	if Admits(allowed, id, ok) {
+		return nil
+	}
 	if !ok {
 		return p.refuse(method, class, codes.Unauthenticated, "%s (%s) needs a client certificate this server's CA verifies", method, class)
 	}
-	allowed := p.Allow[class]
-	if slices.Contains(allowed, AnyIdentity) || slices.Contains(allowed, id) {
-		return nil
+	return p.refuse(method, class, codes.PermissionDenied, "identity %q may not call %s%s (%s calls are allowed to %s)", id, method, describeRequest(req), class, describeAllow(allowed))
+}
+
+// describeRequest names the Stream a request is about, for a refusal.
+func describeRequest(req any) string {
+	if r, ok := req.(interface{ GetStream() string }); ok && r.GetStream() != "" {
+		return " on stream " + r.GetStream()
 	}
-	return p.refuse(method, class, codes.PermissionDenied, "identity %q may not call %s (%s calls are allowed to %s)", id, method, class, describeAllow(allowed))
+	return ""
 }
 
 func (p *Policy) refuse(method, class string, code codes.Code, format string, args ...any) error {
@@ -109,16 +152,35 @@ func describeAllow(ids []string) string {
 func (p *Policy) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-			if err := p.check(ctx, info.FullMethod); err != nil {
+			if err := p.check(ctx, info.FullMethod, req); err != nil {
 				return nil, err
 			}
 			return handler(ctx, req)
 		}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-			if err := p.check(ss.Context(), info.FullMethod); err != nil {
+			if p.ForRequest != nil {
+				// Judged by what it asks for: at each message the
+				// handler receives, before it acts on it.
+				return handler(srv, &checkedStream{ServerStream: ss, p: p, method: info.FullMethod})
+			}
+			if err := p.check(ss.Context(), info.FullMethod, nil); err != nil {
 				return err
 			}
 			return handler(srv, ss)
 		}),
 	}
+}
+
+// checkedStream judges each message a streaming call's server receives.
+type checkedStream struct {
+	grpc.ServerStream
+	p      *Policy
+	method string
+}
+
+func (s *checkedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return s.p.check(s.Context(), s.method, m)
 }

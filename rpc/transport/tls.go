@@ -47,32 +47,68 @@ func (f TLSFiles) Config() (*tls.Config, error) {
 	if err := r.load(); err != nil {
 		return nil, err
 	}
-	// Server side: every handshake gets a config of the files as they
-	// are now, and crypto/tls verifies the client against that bundle.
+	return DynamicConfig(func() (*tls.Certificate, *x509.CertPool) {
+		m := r.current()
+		return m.cert, m.pool
+	}), nil
+}
+
+// DynamicConfig builds the config Config does from a source asked at every
+// handshake for this process's certificate and the CA pool to verify peers
+// against (the operator's certificate lives in memory, issued from its own
+// CA, not in files).
+func DynamicConfig(current func() (*tls.Certificate, *x509.CertPool)) *tls.Config {
+	// Server side: every handshake gets a config of the material as it
+	// is now, and crypto/tls verifies the client against that pool.
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, ClientAuth: tls.RequireAndVerifyClientCert}
 	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		m := r.current()
+		cert, pool := current()
 		return &tls.Config{
 			MinVersion:   tls.VersionTLS13,
-			Certificates: []tls.Certificate{*m.cert},
-			ClientCAs:    m.pool,
+			Certificates: []tls.Certificate{*cert},
+			ClientCAs:    pool,
 			ClientAuth:   tls.RequireAndVerifyClientCert,
 			NextProtos:   []string{"h2"},
 		}, nil
 	}
 	// Client side (the same config dials: replicas and ingestion are
 	// both): the certificate is asked for at each handshake, and the
-	// server's chain is verified here against the bundle as it is now
+	// server's chain is verified here against the pool as it is now
 	// (crypto/tls would verify against RootCAs fixed at start), with the
 	// usual host name check.
 	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-		return r.current().cert, nil
+		cert, _ := current()
+		return cert, nil
 	}
 	cfg.InsecureSkipVerify = true // verified by VerifyConnection, below
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-		return verifyServer(cs, r.current().pool)
+		_, pool := current()
+		return verifyServer(cs, pool)
 	}
-	return cfg, nil
+	return cfg
+}
+
+// OptionalClientCerts returns cfg (from Config or DynamicConfig) for a
+// server whose clients may come without a certificate: one presented is
+// still verified against the pool, and names the caller's identity; the
+// authorization policy decides what a caller without one may do. Client
+// facing listeners (ingestion) use it.
+func OptionalClientCerts(cfg *tls.Config) *tls.Config {
+	if cfg == nil {
+		return nil
+	}
+	out := cfg.Clone()
+	inner := cfg.GetConfigForClient
+	out.ClientAuth = tls.VerifyClientCertIfGiven
+	out.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		c, err := inner(hello)
+		if err != nil || c == nil {
+			return c, err
+		}
+		c.ClientAuth = tls.VerifyClientCertIfGiven
+		return c, nil
+	}
+	return out
 }
 
 // verifyServer verifies a server's certificate chain and name against

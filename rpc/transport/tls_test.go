@@ -203,3 +203,30 @@ func TestParseAllow(t *testing.T) {
 		}
 	}
 }
+
+func TestAdmits(t *testing.T) {
+	const ingest = "spiffe://catena/ns/shop/ingest/payments"
+	for _, tc := range []struct {
+		allowed []string
+		id      string
+		ok      bool
+		want    bool
+	}{
+		{[]string{transport.AnyIdentity}, ingest, true, true},
+		{[]string{transport.AnyIdentity}, "", false, false},
+		{[]string{transport.Anyone}, "", false, true},
+		{[]string{transport.Anyone}, ingest, true, true},
+		{[]string{ingest}, ingest, true, true},
+		{[]string{ingest}, ingest + "x", true, false},
+		{[]string{"spiffe://catena/ns/shop/ingest/*"}, ingest, true, true},
+		{[]string{"spiffe://catena/ns/shop/ingest/*"}, "spiffe://catena/ns/shop/ingest", true, false},
+		{[]string{"spiffe://catena/ns/shop/ingest/*"}, "spiffe://catena/ns/shop/ingestx/a", true, false},
+		{[]string{"spiffe://catena/ns/shop/ingest/*"}, "spiffe://catena/ns/other/ingest/a", true, false},
+		{[]string{"spiffe://catena/ns/shop/ingest/*"}, "", false, false},
+		{nil, ingest, true, false},
+	} {
+		if got := transport.Admits(tc.allowed, tc.id, tc.ok); got != tc.want {
+			t.Errorf("Admits(%q, %q, %v) = %v, want %v", tc.allowed, tc.id, tc.ok, got, tc.want)
+		}
+	}
+}

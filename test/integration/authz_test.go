@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -159,4 +161,159 @@ func dropErr(rc catenapb.ReplicaClient) error {
 	// every copy in the issue's measurement.
 	_, err := rc.Drop(ctx, &catenapb.DropRequest{Stream: "ledger", Epoch: 1, StreamDeleted: true})
 	return err
+}
+
+// TestIngestionAuthorizesEachStreamsClients is the client side of issue 18:
+// an ingestion node serving Stream payments, as the operator runs it from
+// the Stream's spec.access, lets its writer produce and its reader consume,
+// refuses the reader's produce (PermissionDenied naming the Stream) and a
+// client without a certificate (Unauthenticated, over TLS), and lets only
+// the aggregation workers reach another Stream of the pool through it.
+// Nothing a refused call asked for is stored.
+func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := transporttest.NewCA("catena-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		operator = "spiffe://catena/ns/authz/operator"
+		pool     = "spiffe://catena/ns/authz/pool/secure"
+		ingestID = "spiffe://catena/ns/authz/ingest/payments"
+		writer   = "spiffe://catena/ns/authz/stream/payments/user/writer"
+		reader   = "spiffe://catena/ns/authz/stream/payments/user/reader"
+		workers  = "spiffe://catena/ns/authz/aggregation/*"
+	)
+	files := func(name, identity string) transport.TLSFiles {
+		f, err := ca.WriteFiles(dir, name, identity, ca.PEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	rf, inf := files("replica", pool), files("ingest", ingestID)
+	raddr, iaddr, metricsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	rlog, ilog := filepath.Join(dir, "replica.log"), filepath.Join(dir, "ingest.log")
+	r := startProc(t, "secure replica", rlog, "replica", "--id", "r0", "--listen", raddr, "--data-dir", filepath.Join(dir, "data"),
+		"--tls-cert", rf.CertFile, "--tls-key", rf.KeyFile, "--tls-ca", rf.ClientCAFile,
+		"--allow-admin", operator, "--allow-replication", pool, "--allow-data", "spiffe://catena/ns/authz/ingest/*")
+	t.Cleanup(func() { r.stop(10 * time.Second) })
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("---- replica log\n%s\n---- ingest log\n%s", tailFile(rlog, 3000), tailFile(ilog, 3000))
+		}
+	})
+	opCfg, err := files("operator", operator).Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opConn, err := transport.Dial(raddr, opCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = opConn.Close() })
+	op := catenapb.NewReplicaClient(opConn)
+	members := []*catenapb.Member{{Id: "r0", Addr: raddr}}
+	for _, stream := range []string{"payments", "ledger"} {
+		eventually(t, 30*time.Second, func() error {
+			_, err := op.Configure(ctxT(t, 10*time.Second), &catenapb.ConfigureRequest{Stream: stream, Epoch: 1, Members: members, Config: &catenapb.StreamConfig{Partitions: 1}})
+			return err
+		})
+	}
+	in := startProc(t, "secure ingest", ilog, "ingest", "--listen", iaddr, "--replicas", raddr, "--metrics-listen", metricsAddr,
+		"--tls-cert", inf.CertFile, "--tls-key", inf.KeyFile, "--tls-ca", inf.ClientCAFile,
+		"--stream", "payments", "--allow-produce", writer, "--allow-consume", writer+","+reader, "--allow-metadata", writer+","+reader,
+		"--allow-other-streams", workers+","+operator)
+	t.Cleanup(func() { in.stop(10 * time.Second) })
+
+	client := func(tlsCfg *tls.Config) catenapb.IngestClient {
+		conn, err := transport.Dial(iaddr, tlsCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = conn.Close() })
+		return catenapb.NewIngestClient(conn)
+	}
+	certClient := func(name, identity string) catenapb.IngestClient {
+		cfg, err := files(name, identity).Config()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client(cfg)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	w, rd, worker := certClient("writer", writer), certClient("reader", reader), certClient("worker", "spiffe://catena/ns/authz/aggregation/clicks")
+	anon := client(&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots})
+	produce := func(c catenapb.IngestClient, stream, value string) error {
+		_, err := c.Produce(ctxT(t, 10*time.Second), &catenapb.ProduceRequest{Stream: stream, Records: []*catenapb.ProduceRecord{{Value: []byte(value)}}})
+		return err
+	}
+
+	eventually(t, 30*time.Second, func() error {
+		if in.exited() {
+			t.Fatalf("ingestion exited: %v\n%s", in.err, tailFile(ilog, 3000))
+		}
+		return produce(w, "payments", "first")
+	})
+	st := wantCode(t, produce(rd, "payments", "not allowed"), codes.PermissionDenied, "the reader's produce")
+	for _, want := range []string{reader, "/catena.v1.Ingest/Produce on stream payments", writer} {
+		if !strings.Contains(st.Message(), want) {
+			t.Errorf("the refusal %q does not say %q", st.Message(), want)
+		}
+	}
+	wantCode(t, produce(anon, "payments", "anonymous"), codes.Unauthenticated, "a produce without a certificate")
+	wantCode(t, produce(w, "ledger", "elsewhere"), codes.PermissionDenied, "the writer's produce to another Stream")
+	if err := produce(worker, "ledger", "checkpoint"); err != nil {
+		t.Fatalf("an aggregation worker's produce to another Stream of the pool: %v", err)
+	}
+
+	// The reader consumes, by Fetch and by Subscribe (judged at its
+	// request); a client without a certificate cannot.
+	fetch := func(c catenapb.IngestClient, stream string) (*catenapb.FetchResponse, error) {
+		return c.Fetch(ctxT(t, 10*time.Second), &catenapb.FetchRequest{Stream: stream, Partition: 0, Offset: 0})
+	}
+	got, err := fetch(rd, "payments")
+	if err != nil {
+		t.Fatalf("the reader's fetch: %v", err)
+	}
+	if n := len(got.GetRecords()); n != 1 || string(got.GetRecords()[0].GetValue()) != "first" {
+		t.Errorf("payments holds %d records (%v), want only the writer's", n, got.GetRecords())
+	}
+	_, err = fetch(anon, "payments")
+	wantCode(t, err, codes.Unauthenticated, "a fetch without a certificate")
+	subscribe := func(c catenapb.IngestClient) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err := c.Subscribe(ctx, &catenapb.SubscribeRequest{Stream: "payments", Partition: 0, Offset: 0})
+		if err != nil {
+			return err
+		}
+		_, err = s.Recv()
+		return err
+	}
+	if err := subscribe(rd); err != nil {
+		t.Fatalf("the reader's subscribe: %v", err)
+	}
+	wantCode(t, subscribe(anon), codes.Unauthenticated, "a subscribe without a certificate")
+	got, err = fetch(worker, "ledger")
+	if err != nil || len(got.GetRecords()) != 1 {
+		t.Fatalf("ledger after the refused produce: %v, %d records, want the worker's one", err, len(got.GetRecords()))
+	}
+
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	for _, want := range []string{
+		`catena_rpc_refused_total{class="produce",code="PermissionDenied",method="/catena.v1.Ingest/Produce"} 2`,
+		`catena_rpc_refused_total{class="produce",code="Unauthenticated",method="/catena.v1.Ingest/Produce"} 1`,
+		`catena_rpc_refused_total{class="consume",code="Unauthenticated",method="/catena.v1.Ingest/Subscribe"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
 }
