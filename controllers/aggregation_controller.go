@@ -90,6 +90,9 @@ type AggregationReconciler struct {
 	ReplicaAddr ReplicaAddrFunc
 	WorkerAddr  WorkerAddrFunc
 	IngestAddr  IngestAddrFunc
+	// Certificates, when set, issues the workers' certificate and runs
+	// them with mutual TLS (nil: plaintext).
+	Certificates *Certificates
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 
@@ -307,6 +310,14 @@ func (r *AggregationReconciler) readSource(ctx context.Context, s *aggScope) (bo
 func (r *AggregationReconciler) applyObjects(ctx context.Context, s *aggScope) (bool, error) {
 	want := desiredAggregationObjects(s.agg, s.source, r.Image)
 	addImagePullSecrets(&want.Workers.Spec.Template.Spec, r.ImagePullSecrets)
+	if c := r.Certificates; c != nil {
+		// Renewals are seen at the next look (at most
+		// maxAggProbeInterval away).
+		if _, err := c.ensureLeaf(ctx, s.agg, s.agg.TLSSecretName(), workersLeaf(s.agg), nil); err != nil {
+			return false, err
+		}
+		mountTLS(&want.Workers.Spec.Template.Spec, s.agg.TLSSecretName(), workerAccessArgs(s.agg, s.source, c.OperatorIdentity())...)
+	}
 	cp := &streamsv1alpha1.Stream{}
 	ours, err := r.applyChanged(ctx, s.agg, want.Checkpoints, cp)
 	if err != nil {
@@ -874,7 +885,18 @@ func (r *AggregationReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	if err := mgr.Add(r.workers); err != nil {
 		return fmt.Errorf("failed to register the Aggregations' worker observer: %w", err)
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr)
+	if r.Certificates != nil {
+		b = b.Owns(&corev1.Secret{}).WatchesRawSource(r.Certificates.onCAChange(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			var aggs streamsv1alpha1.AggregationList
+			if err := r.Client.List(ctx, &aggs); err != nil {
+				log.FromContext(ctx).Error(err, "Failed to list Aggregations after a CA change")
+				return nil
+			}
+			return requestsFor(aggs.Items)
+		}))
+	}
+	return b.
 		For(&streamsv1alpha1.Aggregation{}).
 		WatchesRawSource(source.Channel(r.workers.Wake, &handler.EnqueueRequestForObject{})).
 		Owns(&streamsv1alpha1.Stream{}).

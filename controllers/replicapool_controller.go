@@ -41,6 +41,9 @@ type ReplicaPoolReconciler struct {
 	// NetworkPolicy, when set, gives each pool a NetworkPolicy; when nil,
 	// one the operator made earlier is deleted.
 	NetworkPolicy *NetworkPolicyOptions
+	// Certificates, when set, issues each pool's replica certificate and
+	// runs the replicas with mutual TLS and --allow-* (nil: plaintext).
+	Certificates *Certificates
 }
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools,verbs=get;list;watch;create;update;patch;delete
@@ -52,6 +55,8 @@ type ReplicaPoolReconciler struct {
 // +kubebuilder:rbac:groups=streams.catena.io,resources=streams;replicationchains,verbs=get;list;watch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// The certificates the operator issues, and its CA.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 
 // Reconcile brings one ReplicaPool's children to their desired state and
 // records what its StatefulSet reports and what it hosts.
@@ -85,15 +90,25 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 
 	desiredSTS, svc, pdb := desiredPoolObjects(pool, r.Image)
 	addImagePullSecrets(&desiredSTS.Spec.Template.Spec, r.ImagePullSecrets)
+	var res reconcile.Result
+	if c := r.Certificates; c != nil {
+		// The Secret first: a pod waits for its volume's Secret.
+		wake, err := c.ensureLeaf(ctx, pool, pool.TLSSecretName(), poolLeaf(pool), nil)
+		if err != nil {
+			return res, err
+		}
+		mountTLS(&desiredSTS.Spec.Template.Spec, pool.TLSSecretName(), replicaAccessArgs(pool, c.OperatorIdentity())...)
+		res = requeueAt(res, wake, c.now())
+	}
 	if sts == nil {
 		logger.Info("Creating the pool's StatefulSet", "statefulSet", desiredSTS.Name, "replicas", pool.Spec.Replicas)
 	}
 	for _, obj := range []client.Object{svc, desiredSTS, pdb} {
 		if err := applyOwned(ctx, r.Client, r.Scheme, pool, obj); err != nil {
-			return reconcile.Result{}, err
+			return res, err
 		}
 	}
-	return reconcile.Result{}, r.reconcileNetworkPolicy(ctx, pool)
+	return res, r.reconcileNetworkPolicy(ctx, pool)
 }
 
 // reconcileNetworkPolicy applies the pool's NetworkPolicy when they are on,
@@ -175,7 +190,18 @@ func (r *ReplicaPoolReconciler) patchStatus(ctx context.Context, before, pool *s
 // creation and deletion change what a pool hosts.
 func (r *ReplicaPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	createOrDelete := builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr)
+	if r.Certificates != nil {
+		b = b.Owns(&corev1.Secret{}).WatchesRawSource(r.Certificates.onCAChange(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			var pools streamsv1alpha1.ReplicaPoolList
+			if err := r.Client.List(ctx, &pools); err != nil {
+				log.FromContext(ctx).Error(err, "Failed to list ReplicaPools after a CA change")
+				return nil
+			}
+			return requestsFor(pools.Items)
+		}))
+	}
+	return b.
 		For(&streamsv1alpha1.ReplicaPool{}).
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).

@@ -36,6 +36,11 @@ type Options struct {
 	WorkerAddr WorkerAddrFunc
 	// NetworkPolicy turns on a NetworkPolicy per ReplicaPool (nil: none).
 	NetworkPolicy *NetworkPolicyOptions
+	// Certificates, when set, is the operator's own CA: it issues every
+	// operand's certificate, the operands run with mutual TLS and
+	// --allow-*, and the operator's links use its own certificate from it
+	// (ReplicaTLS is then ignored). Nil: plaintext operands.
+	Certificates *Certificates
 	// AggregationIngestAddr says which ingestion address workers are told
 	// to read sources and write checkpoints through (nil: the source
 	// Stream's status.endpoints.producers). Tests point it at an ingestion
@@ -49,8 +54,15 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if opts.Image == "" {
 		return fmt.Errorf("failed to set up the operator: the replica image is empty")
 	}
+	if c := opts.Certificates; c != nil {
+		c.Client, c.Reader, c.Scheme = mgr.GetClient(), mgr.GetAPIReader(), mgr.GetScheme()
+		if err := mgr.Add(c); err != nil {
+			return fmt.Errorf("failed to register the operator's CA: %w", err)
+		}
+		opts.ReplicaTLS = c.ClientTLS()
+	}
 	pools := &ReplicaPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets,
-		NetworkPolicy: opts.NetworkPolicy}
+		NetworkPolicy: opts.NetworkPolicy, Certificates: opts.Certificates}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}
@@ -66,7 +78,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	}
 	recorder := mgr.GetEventRecorder("catena-operator")
 	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets,
-		Recorder: recorder, Conns: conns, ReplicaAddr: addr}
+		Recorder: recorder, Conns: conns, ReplicaAddr: addr, Certificates: opts.Certificates}
 	if err := streams.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("failed to set up the Stream controller: %w", err)
 	}
@@ -81,6 +93,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	aggs := &AggregationReconciler{
 		Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets, Recorder: recorder,
 		Conns: conns, ReplicaAddr: addr, WorkerAddr: opts.WorkerAddr, IngestAddr: opts.AggregationIngestAddr,
+		Certificates: opts.Certificates,
 	}
 	if err := aggs.SetupWithManager(ctx, mgr); err != nil {
 		return fmt.Errorf("failed to set up the Aggregation controller: %w", err)

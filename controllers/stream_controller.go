@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -57,6 +58,10 @@ type StreamReconciler struct {
 	ReplicaAddr ReplicaAddrFunc
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Certificates, when set, issues each Stream's ingestion and user
+	// certificates and runs ingestion with TLS and spec.access (nil:
+	// plaintext, and spec.access is not enforced).
+	Certificates *Certificates
 
 	// applied is when each Stream's pool and ingestion objects were last
 	// applied whatever their hash: between such re-applies (every
@@ -155,13 +160,74 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if ingest.Deployment != nil {
 		addImagePullSecrets(&ingest.Deployment.Spec.Template.Spec, r.ImagePullSecrets)
 	}
+	res := reconcile.Result{RequeueAfter: reapplyInterval}
+	if c := r.Certificates; c != nil {
+		wake, err := r.reconcileCertificates(ctx, stream)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		if ingest.Deployment != nil {
+			mountTLS(&ingest.Deployment.Spec.Template.Spec, stream.IngestTLSSecretName(), ingestAccessArgs(stream, c.OperatorIdentity())...)
+		}
+		res = requeueAt(res, wake, c.now())
+	} else if stream.Spec.Access != nil && obs.reapply {
+		r.event(stream, corev1.EventTypeWarning, "AccessNotEnforced", "Run",
+			"spec.access is not enforced: the operator runs without certificates (--certificates=none), so ingestion cannot tell one client from another")
+	}
 	if err := r.reconcileIngestion(ctx, stream, ingest, &obs); err != nil {
 		return reconcile.Result{}, err
 	}
 	if obs.reapply {
 		r.applied.set(req.NamespacedName, started)
 	}
-	return reconcile.Result{RequeueAfter: reapplyInterval}, nil
+	return res, nil
+}
+
+// reconcileCertificates keeps the Stream's Secrets: its ingestion pods'
+// certificate, the CA bundle for its clients, and a client certificate
+// per user of spec.access; a user no longer listed loses its Secret. It
+// returns when the next renewal is due.
+func (r *StreamReconciler) reconcileCertificates(ctx context.Context, stream *streamsv1alpha1.Stream) (time.Time, error) {
+	c := r.Certificates
+	wake, err := c.ensureLeaf(ctx, stream, stream.IngestTLSSecretName(), ingestLeaf(stream), nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if err := c.ensureBundle(ctx, stream, stream.CABundleName()); err != nil {
+		return time.Time{}, err
+	}
+	want := map[string]bool{}
+	userLabels := map[string]string{labelStream: stream.Name, labelInstance: stream.Name}
+	if a := stream.Spec.Access; a != nil {
+		for _, u := range a.Users {
+			name := stream.UserSecretName(u.Name)
+			want[name] = true
+			w, err := c.ensureLeaf(ctx, stream, name, userLeaf(stream, u.Name), userLabels)
+			if err != nil {
+				return time.Time{}, err
+			}
+			if w.Before(wake) {
+				wake = w
+			}
+		}
+	}
+	selector := CertificateLabels()
+	maps.Copy(selector, userLabels)
+	var secrets corev1.SecretList
+	if err := r.Client.List(ctx, &secrets, client.InNamespace(stream.Namespace), client.MatchingLabels(selector)); err != nil {
+		return time.Time{}, fmt.Errorf("failed to list Stream %s's user Secrets: %w", stream.Name, err)
+	}
+	for i := range secrets.Items {
+		s := &secrets.Items[i]
+		if want[s.Name] || !metav1.IsControlledBy(s, stream) {
+			continue
+		}
+		if err := r.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
+			return time.Time{}, fmt.Errorf("failed to delete Secret %s of a user no longer in spec.access: %w", s.Name, err)
+		}
+		log.FromContext(ctx).Info("Deleted the certificate of a user no longer in spec.access", "secret", s.Name)
+	}
+	return wake, nil
 }
 
 // reconcilePool applies the Stream's own pool, unless its name is taken by
@@ -415,7 +481,18 @@ func (r *StreamReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	}); err != nil {
 		return fmt.Errorf("failed to index Streams by pool: %w", err)
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr)
+	if r.Certificates != nil {
+		b = b.Owns(&corev1.Secret{}).WatchesRawSource(r.Certificates.onCAChange(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			var streams streamsv1alpha1.StreamList
+			if err := r.Client.List(ctx, &streams); err != nil {
+				log.FromContext(ctx).Error(err, "Failed to list Streams after a CA change")
+				return nil
+			}
+			return requestsFor(streams.Items)
+		}))
+	}
+	return b.
 		For(&streamsv1alpha1.Stream{}).
 		// Partitions and chains change status as they run (offsets,
 		// holds, every confirmation of a failover): the Stream looks only

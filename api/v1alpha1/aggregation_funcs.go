@@ -17,3 +17,6 @@ func (a *Aggregation) WorkersName() string { return a.Name + aggWorkersSuffix }
 // ConsumerName is the name under which the Aggregation holds retention on
 // its source and checkpoint streams.
 func (a *Aggregation) ConsumerName() string { return "aggregation." + a.Namespace + "." + a.Name }
+
+// TLSSecretName is the Secret holding the workers' certificate.
+func (a *Aggregation) TLSSecretName() string { return a.WorkersName() + "-tls" }

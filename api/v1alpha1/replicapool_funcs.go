@@ -25,3 +25,6 @@ func (p *ReplicaPool) IsReady() bool {
 	c := meta.FindStatusCondition(p.Status.Conditions, ReplicaPoolReadyCondition)
 	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == p.Generation
 }
+
+// TLSSecretName is the Secret holding the pool's replica certificate.
+func (p *ReplicaPool) TLSSecretName() string { return p.Name + "-replica-tls" }

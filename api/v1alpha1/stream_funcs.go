@@ -70,3 +70,16 @@ func (s *Stream) IsReady() bool {
 	c := meta.FindStatusCondition(s.Status.Conditions, StreamReadyCondition)
 	return c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == s.Generation
 }
+
+// Names of the certificates the operator issues for a Stream
+// (docs/security.md).
+
+// IngestTLSSecretName is the Secret holding the ingestion pods' certificate.
+func (s *Stream) IngestTLSSecretName() string { return s.IngestName() + "-tls" }
+
+// UserSecretName is the Secret holding user's client certificate.
+func (s *Stream) UserSecretName(user string) string { return s.Name + "-user-" + user }
+
+// CABundleName is the ConfigMap holding ca.crt, the CA bundle clients
+// verify the Stream's ingestion endpoints with.
+func (s *Stream) CABundleName() string { return s.Name + "-ca" }

@@ -81,6 +81,17 @@ type StreamSpec struct {
 	// +optional
 	Pod *PodOptions `json:"pod,omitempty"`
 
+	// access says who may produce to and consume from the Stream through
+	// its ingestion endpoints, when the operator issues certificates (its
+	// default, docs/security.md). Omitted: anyone who reaches an endpoint,
+	// over TLS, with a client certificate or without. Set, even empty:
+	// only the users it lists, each with a client certificate the operator
+	// issues, and Catena's own components (the namespace's aggregation
+	// workers and the operator). A change takes effect as the ingestion
+	// pods roll.
+	// +optional
+	Access *StreamAccess `json:"access,omitempty"`
+
 	// volumeReclaimPolicy says what becomes of the Stream's records when
 	// the Stream is deleted. Retain (the default) keeps them: with a pool of
 	// its own, its PersistentVolumeClaims stay after the Stream, its pool
@@ -119,6 +130,59 @@ type StreamSpec struct {
 	// zones. Only without pool.
 	// +optional
 	Placement *PlacementSpec `json:"placement,omitempty"`
+}
+
+// StreamAccess lists who may use a Stream.
+type StreamAccess struct {
+	// users each get a client certificate from the operator: the Secret
+	// <stream>-user-<name> holds tls.crt, tls.key and ca.crt (the CA
+	// bundle that verifies the ingestion endpoint), for the identity
+	// spiffe://catena/ns/<namespace>/stream/<stream>/user/<name>. The
+	// operator renews it in place; a user removed from the list loses its
+	// Secret and its access.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Users []StreamUser `json:"users,omitempty"`
+}
+
+// StreamUser is one client of a Stream and what it may do.
+type StreamUser struct {
+	// name of the user, a DNS label.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=40
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// operations the user may perform: Produce, Consume (reading, and
+	// keeping a consumer's position), or both.
+	// +required
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=2
+	Operations []StreamOperation `json:"operations"`
+}
+
+// StreamOperation is what a Stream's user may do.
+// +kubebuilder:validation:Enum=Produce;Consume
+type StreamOperation string
+
+// Operations on a Stream.
+const (
+	OperationProduce StreamOperation = "Produce"
+	OperationConsume StreamOperation = "Consume"
+)
+
+// Allows reports whether the user may perform op.
+func (u StreamUser) Allows(op StreamOperation) bool {
+	for _, o := range u.Operations {
+		if o == op {
+			return true
+		}
+	}
+	return false
 }
 
 // VolumeReclaimPolicy says what becomes of the volumes of a Stream's own

@@ -26,6 +26,7 @@ func newAggregatorCommand() *cobra.Command {
 		id, listen, ingestAddr, specFile, ckptStream, shardList, metricsAddr, pprofAddr string
 		verbosity                                                                       int
 		tlsFiles                                                                        transport.TLSFiles
+		allow                                                                           *allowFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "aggregator",
@@ -58,6 +59,10 @@ source from the offsets recorded there.`,
 				return fmt.Errorf("failed to listen on %s: %w", listen, err)
 			}
 			reg := newRegistry()
+			authz, err := allow.serverOptions(tlsConfig != nil, aggregator.MethodClasses(), reg)
+			if err != nil {
+				return err
+			}
 			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
 				return err
 			}
@@ -76,7 +81,9 @@ source from the offsets recorded there.`,
 				}
 				logger.Info("Aggregating standalone", "aggregation", req.Aggregation, "shards", req.Shards, "checkpointStream", req.CheckpointStream)
 			}
-			g := grpc.NewServer(transport.ServerOptions(tlsConfig)...)
+			// Clients querying results may come without a certificate
+			// (the --allow-* flags say whether that is enough).
+			g := grpc.NewServer(append(transport.ServerOptions(transport.OptionalClientCerts(tlsConfig)), authz...)...)
 			catenapb.RegisterAggregatorServer(g, w)
 			logger.Info("Aggregator serving", "addr", lis.Addr().String())
 			return serveGRPC(ctx, lis, g, time.Second)
@@ -93,6 +100,7 @@ source from the offsets recorded there.`,
 	f.StringVar(&shardList, "shards", "", "standalone: the source partitions to run, comma-separated (default all)")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
+	allow = addAllowFlags(cmd, "aggregation worker", aggregator.MethodClasses(), true)
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -23,6 +24,7 @@ import (
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/controllers"
+	"github.com/catena-streams/catena/internal/pki"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -40,6 +42,7 @@ func newOperatorCommand() *cobra.Command {
 		lease                         leaseTimings
 		tlsFiles                      transport.TLSFiles
 		netpol                        networkPolicyFlags
+		certs                         certificateFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "operator",
@@ -73,6 +76,10 @@ func newOperatorCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			certificates, err := certs.certificates(cmp.Or(netpol.namespace, os.Getenv("POD_NAMESPACE")), tlsFiles.Enabled())
+			if err != nil {
+				return err
+			}
 			cfg, err := ctrl.GetConfig()
 			if err != nil {
 				return fmt.Errorf("failed to find a kubeconfig: %w", err)
@@ -95,7 +102,7 @@ func newOperatorCommand() *cobra.Command {
 				return fmt.Errorf("failed to create the controller manager: %w", err)
 			}
 			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image, ImagePullSecrets: pullSecrets, ReplicaTLS: replicaTLS, FailureTimeout: failureTimeout,
-				NetworkPolicy: netpolOpts}); err != nil {
+				NetworkPolicy: netpolOpts, Certificates: certificates}); err != nil {
 				return err
 			}
 			if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -104,7 +111,7 @@ func newOperatorCommand() *cobra.Command {
 			if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 				return fmt.Errorf("failed to add the readiness check: %w", err)
 			}
-			logger.Info("Operator starting", "image", image, "metricsAddr", metricsAddr, "leaderElect", leaderElect, "watchNamespaces", watchNamespaces)
+			logger.Info("Operator starting", "image", image, "metricsAddr", metricsAddr, "leaderElect", leaderElect, "watchNamespaces", watchNamespaces, "certificates", certs.mode)
 			if err := mgr.Start(ctx); err != nil {
 				return fmt.Errorf("operator stopped: %w", err)
 			}
@@ -123,11 +130,60 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&failureTimeout, "failure-timeout", controllers.DefaultFailureTimeout, "how long a replica may stay silent, or its pod not Ready, before its chains are reordered without it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	cmd.Flags().BoolVar(&netpol.enabled, "network-policies", false, "give each ReplicaPool a NetworkPolicy: its replica port reachable only from its pods, ingestion and this operator (needs a CNI that enforces them)")
-	cmd.Flags().StringVar(&netpol.namespace, "operator-namespace", "", "the operator's namespace, for --network-policies (default: $POD_NAMESPACE)")
+	cmd.Flags().StringVar(&netpol.namespace, "operator-namespace", "", "the operator's namespace, where its CA Secret lives and which --network-policies admits (default: $POD_NAMESPACE)")
+	cmd.Flags().StringVar(&certs.mode, "certificates", certificatesOperator, "who issues the operands' certificates: operator (the operator's own CA, kept in --ca-secret; operands run with mutual TLS and per-Stream access) or none (plaintext operands, for development)")
+	cmd.Flags().StringVar(&certs.secret, "ca-secret", controllers.DefaultCASecret, "the Secret, in the operator's namespace, holding the operator's CA (created when missing)")
+	cmd.Flags().DurationVar(&certs.leafLifetime, "certificate-lifetime", pki.DefaultLeafLifetime, "lifetime of the certificates the operator issues; each is renewed at two thirds of it")
+	cmd.Flags().DurationVar(&certs.caLifetime, "ca-lifetime", pki.DefaultCALifetime, "lifetime of the operator's CA; the next CA is made at two thirds of it")
+	cmd.Flags().DurationVar(&certs.propagation, "ca-propagation", pki.DefaultPropagation, "how long a new CA is trusted everywhere before it signs")
 	cmd.Flags().StringToStringVar(&netpol.podLabels, "operator-pod-labels", map[string]string{"app.kubernetes.io/name": "catena", "app.kubernetes.io/component": "operator"},
 		"labels of the operator's pods, for --network-policies")
 	tlsFlags(cmd, &tlsFiles)
 	return cmd
+}
+
+// Values of --certificates.
+const (
+	certificatesOperator = "operator"
+	certificatesNone     = "none"
+)
+
+// certificateFlags are the operator's flags for its own CA.
+type certificateFlags struct {
+	mode, secret                          string
+	leafLifetime, caLifetime, propagation time.Duration
+}
+
+// certificates are the controllers' Certificates the flags give (nil with
+// none). namespace is the operator's.
+func (f certificateFlags) certificates(namespace string, ownFiles bool) (*controllers.Certificates, error) {
+	switch f.mode {
+	case certificatesNone:
+		return nil, nil
+	case certificatesOperator:
+	default:
+		return nil, fmt.Errorf("--certificates must be %s or %s, got %q", certificatesOperator, certificatesNone, f.mode)
+	}
+	switch {
+	case ownFiles:
+		return nil, errors.New("--tls-cert, --tls-key and --tls-ca are for --certificates=none (the operator's own CA gives it its certificate)")
+	case namespace == "":
+		return nil, errors.New("--certificates=operator needs the operator's namespace, for its CA Secret: --operator-namespace, or POD_NAMESPACE from the downward API")
+	case f.leafLifetime < time.Hour:
+		return nil, fmt.Errorf("--certificate-lifetime must be at least 1h, got %v", f.leafLifetime)
+	case f.caLifetime < 3*f.leafLifetime:
+		return nil, fmt.Errorf("--ca-lifetime (%v) must be at least three times --certificate-lifetime (%v): a certificate must not outlive the CA that signed it", f.caLifetime, f.leafLifetime)
+	case f.propagation < 0:
+		return nil, fmt.Errorf("--ca-propagation must not be negative, got %v", f.propagation)
+	}
+	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
+		return nil, fmt.Errorf("the operator's namespace %q is not a namespace name: %s", namespace, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(f.secret); len(errs) > 0 {
+		return nil, fmt.Errorf("--ca-secret %q is not a Secret name: %s", f.secret, strings.Join(errs, "; "))
+	}
+	return &controllers.Certificates{Namespace: namespace, SecretName: f.secret, LeafLifetime: f.leafLifetime,
+		Rotation: pki.Rotation{Lifetime: f.caLifetime, Propagation: f.propagation}}, nil
 }
 
 // networkPolicyFlags are the operator's flags for NetworkPolicies.
@@ -187,6 +243,8 @@ func (l leaseTimings) validate() error {
 func operatorCache(namespaces []string) (cache.Options, error) {
 	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&corev1.Pod{}: {Label: controllers.OperatorPodSelector()},
+		// Only the Secrets the operator issues: never the cluster's.
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(controllers.CertificateLabels())},
 	}}
 	if len(namespaces) == 0 {
 		return opts, nil

@@ -60,7 +60,7 @@ var _ = Describe("An Aggregation on a real node", Ordered, func() {
 		aggReady(ns, "clicks-per-key", 5*time.Minute)
 		GinkgoWriter.Printf("timing: Stream and Aggregation Ready %s after they were applied\n", since(start))
 
-		load := startChecker(ns, "clicks", "agg-load", 90*time.Second, checkerRate)
+		load := startChecker(ns, "clicks", "", "agg-load", 90*time.Second, checkerRate)
 		// Let both workers own shards and checkpoint some of the load, then
 		// delete the one owning shard 0. Waiting for the assignment to settle
 		// first matters: workers that came up at different times are
@@ -134,7 +134,7 @@ var _ = Describe("An Aggregation on a real node", Ordered, func() {
 		var s streamsv1alpha1.Stream
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "clicks"}, &s)).To(Succeed())
 		want := map[string]int64{}
-		for _, line := range jsonLines(runPod(ns, "agg-reference",
+		for _, line := range jsonLines(runPod(ns, "agg-reference", clientSecret("clicks", ""),
 			"--server", s.Status.Endpoints.Consumers, "consume", "--stream", "clicks", "--from", "earliest", "--no-follow")) {
 			var rec struct {
 				Key string `json:"key"`
@@ -149,7 +149,7 @@ var _ = Describe("An Aggregation on a real node", Ordered, func() {
 		}
 		got := map[string]int64{}
 		args := append([]string{"agg", "--aggregator", a.Status.Endpoint, "-o", "json", "get"}, keys...)
-		for _, line := range jsonLines(runPod(ns, "agg-results", args...)) {
+		for _, line := range jsonLines(runPod(ns, "agg-results", clientSecret("clicks", ""), args...)) {
 			var row struct {
 				Key    string           `json:"key"`
 				Values map[string]int64 `json:"values"`
@@ -202,10 +202,19 @@ func checkpointOffset(c *streamsv1alpha1.CheckpointReference) int64 {
 	return c.SourceOffset
 }
 
-// runPod runs catenactl with args in a pod of the suite's image and
-// returns its output once it has succeeded.
-func runPod(ns, name string, args ...string) string {
-	pod := catenactlPod(ns, name, "catenactl", args)
+// runPod runs catenactl with args in a pod of the suite's image, with the
+// TLS Secret tlsSecret (clientSecret), and returns its output once it has
+// succeeded.
+func runPod(ns, name, tlsSecret string, args ...string) string {
+	out, phase := runPodToEnd(ns, name, tlsSecret, args...)
+	Expect(phase).To(Equal(corev1.PodSucceeded), "pod %s (catenactl %s) failed:\n%s", name, strings.Join(args, " "), out)
+	return out
+}
+
+// runPodToEnd runs catenactl as runPod does and returns its output and how
+// it ended, succeeded or failed.
+func runPodToEnd(ns, name, tlsSecret string, args ...string) (string, corev1.PodPhase) {
+	pod := catenactlPod(ns, name, "catenactl", tlsSecret, args)
 	Expect(k8s.Create(ctx, pod)).To(Succeed())
 	var phase corev1.PodPhase
 	Eventually(func(g Gomega) {
@@ -216,8 +225,7 @@ func runPod(ns, name string, args ...string) string {
 	}).WithTimeout(2 * time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
 	out, err := run(env.kubectl, "logs", "-n", ns, name)
 	Expect(err).NotTo(HaveOccurred())
-	Expect(phase).To(Equal(corev1.PodSucceeded), "pod %s (catenactl %s) failed:\n%s", name, strings.Join(args, " "), out)
-	return out
+	return out, phase
 }
 
 // jsonLines are the lines of a pod's log that hold JSON objects (its

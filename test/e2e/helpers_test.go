@@ -198,10 +198,30 @@ type checkReport struct {
 	Problems   []string `json:"problems"`
 }
 
+// Where a catenactl pod finds its TLS files.
+const clientTLSDir = "/etc/catena/client"
+
+// clientSecret is the Secret a client of stream mounts: the client
+// certificate of its user, or with user "" the CA bundle alone (a client
+// without a certificate of its own).
+func clientSecret(stream, user string) string {
+	if user == "" {
+		return stream + "-ca"
+	}
+	return stream + "-user-" + user
+}
+
 // catenactlPod is a pod that runs catenactl with args once, from the
 // suite's image, as the operator's own pods run: non-root, read-only, no
-// capabilities.
-func catenactlPod(ns, name, container string, args []string) *corev1.Pod {
+// capabilities. It mounts the TLS Secret tlsSecret (clientSecret), which
+// catenactl finds through $CATENA_TLS_CA, and for a user's certificate
+// $CATENA_TLS_CERT and $CATENA_TLS_KEY.
+func catenactlPod(ns, name, container, tlsSecret string, args []string) *corev1.Pod {
+	vars := []corev1.EnvVar{{Name: "CATENA_TLS_CA", Value: clientTLSDir + "/ca.crt"}}
+	if !strings.HasSuffix(tlsSecret, "-ca") {
+		vars = append(vars, corev1.EnvVar{Name: "CATENA_TLS_CERT", Value: clientTLSDir + "/tls.crt"},
+			corev1.EnvVar{Name: "CATENA_TLS_KEY", Value: clientTLSDir + "/tls.key"})
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{
@@ -212,23 +232,28 @@ func catenactlPod(ns, name, container string, args []string) *corev1.Pod {
 			},
 			Containers: []corev1.Container{{
 				Name: container, Image: env.image, ImagePullPolicy: corev1.PullIfNotPresent,
-				Command: []string{"/usr/local/bin/catenactl"}, Args: args,
+				Command: []string{"/usr/local/bin/catenactl"}, Args: args, Env: vars,
+				VolumeMounts: []corev1.VolumeMount{{Name: "tls", MountPath: clientTLSDir, ReadOnly: true}},
 				SecurityContext: &corev1.SecurityContext{
 					ReadOnlyRootFilesystem: ptr.To(true), AllowPrivilegeEscalation: ptr.To(false),
 					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 				},
 			}},
+			Volumes: []corev1.Volume{{Name: "tls", VolumeSource: corev1.VolumeSource{
+				Secret: &corev1.SecretVolumeSource{SecretName: tlsSecret, DefaultMode: ptr.To[int32](0o444)},
+			}}},
 		},
 	}
 }
 
 // startChecker runs catenactl check from the suite's image for duration
-// at rate records/s, and waits until it is producing.
-func startChecker(ns, stream, name string, duration time.Duration, rate int) *checker {
+// at rate records/s, as user (clientSecret), and waits until it is
+// producing.
+func startChecker(ns, stream, user, name string, duration time.Duration, rate int) *checker {
 	var s streamsv1alpha1.Stream
 	Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: stream}, &s)).To(Succeed())
 	Expect(s.Status.Endpoints.Producers).NotTo(BeEmpty(), "Stream %s has no producer endpoint", stream)
-	pod := catenactlPod(ns, name, "check", []string{"--server", s.Status.Endpoints.Producers, "check", "--stream", stream,
+	pod := catenactlPod(ns, name, "check", clientSecret(stream, user), []string{"--server", s.Status.Endpoints.Producers, "check", "--stream", stream,
 		"--duration", duration.String(), "--rate", fmt.Sprint(rate), "--keys", "16",
 		"--retry-timeout", "2m", "--verify-timeout", "3m"})
 	pod.Labels = map[string]string{"app.kubernetes.io/component": "e2e-checker"}

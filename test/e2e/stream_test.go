@@ -26,6 +26,9 @@ const (
 	sampleStream     = "quickstart"
 	samplePool       = "quickstart-pool"
 	samplePartitions = 4
+	// sampleUser may produce and consume; sampleReader may only consume
+	// (the sample's spec.access).
+	sampleUser, sampleReader = "app", "reader"
 	// checkerRate is the produce load during faults, records/s.
 	checkerRate = 100
 )
@@ -74,23 +77,30 @@ var _ = Describe("A Stream on a real node", Ordered, func() {
 		kubectl("get", "service", sampleStream+"-external", "-n", ns, "-o", "wide")
 
 		// This test process runs on the node's host network, outside the
-		// cluster's pod network: what a client outside the cluster is.
+		// cluster's pod network: what a client outside the cluster is. It
+		// uses the app user's certificate, which names the external
+		// address once status reports it.
+		tlsArgs := userTLSFiles(ns, sampleStream, sampleUser)
 		catenactl := filepath.Join(repoRoot, "bin", "catenactl")
 		value := fmt.Sprintf("from the host %d", time.Now().UnixNano())
 		var out string
 		Eventually(func() error {
 			var err error
-			out, err = run(catenactl, "produce", "--server", addr, "--stream", sampleStream, "--key", "outside", "--value", value, "--retry-timeout", "10s")
+			out, err = run(catenactl, append(tlsArgs, "produce", "--server", addr, "--stream", sampleStream, "--key", "outside", "--value", value, "--retry-timeout", "10s")...)
 			return err
-		}).WithTimeout(time.Minute).WithPolling(2*time.Second).Should(Succeed(), "produce through %s: %s", addr, out)
-		out, err := run(catenactl, "consume", "--server", addr, "--stream", sampleStream, "--from", "earliest", "--no-follow")
+		}).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "produce through %s: %s", addr, out)
+		out, err := run(catenactl, append(tlsArgs, "consume", "--server", addr, "--stream", sampleStream, "--from", "earliest", "--no-follow")...)
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(ContainSubstring(value))
 	})
 
+	It("refuses a client the Stream does not allow, and a caller of a replica's admin API without the operator's certificate", func() {
+		expectAccessEnforced(ns, sampleStream, samplePool, sampleUser, sampleReader)
+	})
+
 	It("reorders its chains when a replica pod is deleted under load, and takes the pod back on its volume", func() {
 		victim := samplePool + "-1"
-		c := startChecker(ns, sampleStream, "check-delete", 60*time.Second, checkerRate)
+		c := startChecker(ns, sampleStream, sampleUser, "check-delete", 60*time.Second, checkerRate)
 		repair := expectRepair(ns, victim, "pod deleted", func(p corev1.Pod) {
 			Expect(k8s.Delete(ctx, &p)).To(Succeed())
 		}, func(before, after corev1.Pod) {
@@ -104,7 +114,7 @@ var _ = Describe("A Stream on a real node", Ordered, func() {
 
 	It("survives a replica process killed with SIGKILL under load, and reorders its chains when it stays down", func() {
 		victim := samplePool + "-0"
-		c := startChecker(ns, sampleStream, "check-kill", 90*time.Second, checkerRate)
+		c := startChecker(ns, sampleStream, sampleUser, "check-kill", 90*time.Second, checkerRate)
 
 		// A first SIGKILL: the kubelet restarts the container at once, and
 		// the replica may be back (from its volume) before the operator's
@@ -156,7 +166,7 @@ var _ = Describe("A Stream on a real node", Ordered, func() {
 	})
 
 	It("loses no acknowledged record through a helm upgrade of the operator and a rolling restart of the replicas", func() {
-		c := startChecker(ns, sampleStream, "check-rolling", 3*time.Minute, checkerRate)
+		c := startChecker(ns, sampleStream, sampleUser, "check-rolling", 3*time.Minute, checkerRate)
 		w := watchDisruption(ns)
 
 		By("upgrading the operator with helm (a new pod template rolls it)")

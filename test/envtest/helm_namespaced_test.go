@@ -6,12 +6,14 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+	"github.com/catena-streams/catena/internal/pki"
 	"github.com/catena-streams/catena/controllers"
 )
 
@@ -53,8 +55,13 @@ var _ = Describe("Helm chart in namespaced mode", func() {
 			"the ServiceAccount can read Streams of a namespace it does not watch")
 		Expect(apierrors.IsForbidden(as.List(ctx, &streams))).To(BeTrue(), "the ServiceAccount can list Streams cluster-wide")
 
+		// With the chart's default, the operator's own CA: its Secret in
+		// the release namespace (the leader election Role's), the
+		// certificates in the watched one.
 		startManagerWithConfig(cfg, func(ctx context.Context, mgr ctrl.Manager) error {
-			return controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: testImage})
+			return controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: testImage, Certificates: &controllers.Certificates{
+				Namespace: release, SecretName: controllers.DefaultCASecret, LeafLifetime: pki.DefaultLeafLifetime,
+				Rotation: pki.Rotation{Lifetime: pki.DefaultCALifetime, Propagation: pki.DefaultPropagation}}})
 		}, watched)
 		Expect(k8s.Create(ctx, manifest(watched, "Stream", "orders", "partitions: 2"))).To(Succeed())
 
@@ -73,6 +80,9 @@ var _ = Describe("Helm chart in namespaced mode", func() {
 			var pool streamsv1alpha1.ReplicaPool
 			g.Expect(k8s.Get(ctx, key(watched, "orders-pool"), &pool)).To(Succeed())
 			g.Expect(pool.Status.Selector).NotTo(BeEmpty(), "the pool's status")
+			g.Expect(k8s.Get(ctx, key(release, controllers.DefaultCASecret), &corev1.Secret{})).To(Succeed(), "the CA")
+			g.Expect(k8s.Get(ctx, key(watched, "orders-pool-replica-tls"), &corev1.Secret{})).To(Succeed(), "the replicas' certificate")
+			g.Expect(k8s.Get(ctx, key(watched, "orders-ingest-tls"), &corev1.Secret{})).To(Succeed(), "ingestion's certificate")
 		}).Should(Succeed())
 	})
 })

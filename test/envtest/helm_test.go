@@ -98,7 +98,9 @@ var _ = Describe("Helm chart", func() {
 		Expect(c.Image).To(Equal(image))
 		Expect(c.Args).To(HaveExactElements("operator", "--image="+image, "--metrics-bind-address=:8080",
 			"--health-probe-bind-address=:8081", "--leader-elect", "--leader-elect-lease-duration=15s",
-			"--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=2s", "--verbosity=0"))
+			"--leader-elect-renew-deadline=10s", "--leader-elect-retry-period=2s",
+			"--certificates=operator", "--ca-secret=catena-ca", "--certificate-lifetime=2160h", "--verbosity=0"))
+		Expect(c.Env).To(ContainElement(HaveField("Name", "POD_NAMESPACE")), "the operator's namespace, for its CA Secret")
 		Expect(c.LivenessProbe.HTTPGet).To(HaveField("Path", "/healthz"))
 		Expect(c.ReadinessProbe.HTTPGet).To(HaveField("Path", "/readyz"))
 		Expect(c.Ports).To(ContainElement(SatisfyAll(HaveField("Name", "probes"), HaveField("ContainerPort", BeEquivalentTo(8081)))))
@@ -266,6 +268,7 @@ var _ = Describe("Helm chart", func() {
 		Entry("an unknown key in image", "image.name=catena", "at '/image': additional properties 'name' not allowed"),
 		Entry("an unknown pull policy", "image.pullPolicy=Sometimes", "at '/image/pullPolicy': value must be one of"),
 		Entry("a port out of range", "metrics.service.port=70000", "at '/metrics/service/port': maximum"),
+		Entry("an unknown certificate issuer", "tls.certificates=vault", "at '/tls/certificates': value must be one of"),
 	)
 })
 
@@ -327,7 +330,10 @@ var _ = Describe("config/default", func() {
 		c, chartC := pod.Containers[0], chartPod.Containers[0]
 		Expect(c.SecurityContext).To(Equal(chartC.SecurityContext))
 		Expect(c.Image).To(Equal(chartC.Image))
-		Expect(chartC.Args).To(HaveExactElements(append(c.Args, "--verbosity=0")), "the chart adds only --verbosity")
+		Expect(chartC.Args).To(HaveExactElements(append(c.Args, "--ca-secret=catena-ca", "--certificate-lifetime=2160h", "--verbosity=0")),
+			"the chart adds only --verbosity and its CA settings' defaults")
+		Expect(c.Env).To(HaveLen(1))
+		Expect(chartC.Env).To(ConsistOf(SatisfyAll(HaveField("Name", c.Env[0].Name), HaveField("ValueFrom.FieldRef.FieldPath", c.Env[0].ValueFrom.FieldRef.FieldPath))))
 		Expect(c.Resources).To(Equal(chartC.Resources))
 	})
 })
