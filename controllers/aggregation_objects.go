@@ -142,16 +142,16 @@ func desiredCheckpointStream(agg *streamsv1alpha1.Aggregation, source *streamsv1
 			},
 		},
 		Spec: streamsv1alpha1.StreamSpec{
-			Pool:                pool,
-			Partitions:          source.Spec.Partitions,
-			ReplicationFactor:   source.Spec.ReplicationFactor,
-			MinChainLength:      source.Spec.MinChainLength,
-			Retention:           &streamsv1alpha1.RetentionSpec{Time: &metav1.Duration{Duration: checkpointRetention}},
-			Durability:          streamsv1alpha1.DurabilitySpec{Mode: streamsv1alpha1.DurabilityFsync},
-			Ingestion:           streamsv1alpha1.IngestionSpec{Replicas: checkpointIngestReplicas},
+			Pool:              pool,
+			Partitions:        source.Spec.Partitions,
+			ReplicationFactor: source.Spec.ReplicationFactor,
+			MinChainLength:    source.Spec.MinChainLength,
+			Retention:         &streamsv1alpha1.RetentionSpec{Time: &metav1.Duration{Duration: checkpointRetention}},
+			Durability:        streamsv1alpha1.DurabilitySpec{Mode: streamsv1alpha1.DurabilityFsync},
+			Ingestion:         streamsv1alpha1.IngestionSpec{Replicas: checkpointIngestReplicas},
 			// No users: only the workers (and the operator) may write
 			// or read the checkpoints.
-			Access: &streamsv1alpha1.StreamAccess{},
+			Access:              &streamsv1alpha1.StreamAccess{},
 			VolumeReclaimPolicy: streamsv1alpha1.VolumeReclaimDelete,
 		},
 	}

@@ -108,7 +108,7 @@ access:
 		Eventually(func(g Gomega) {
 			c := leaf(g, "payments-ingest-tls")
 			g.Expect(uri(c)).To(Equal("spiffe://catena/ns/" + ns + "/ingest/payments"))
-			g.Expect(c.VerifyHostname("payments." + ns + ".svc")).To(Succeed(), "the ingestion Service's name")
+			g.Expect(c.VerifyHostname("payments."+ns+".svc")).To(Succeed(), "the ingestion Service's name")
 			g.Expect(uri(leaf(g, "payments-user-billing"))).To(Equal(user("billing")))
 			g.Expect(uri(leaf(g, "payments-user-audit"))).To(Equal(user("audit")))
 			var bundle corev1.Secret

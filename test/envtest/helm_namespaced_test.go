@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
-	"github.com/catena-streams/catena/internal/pki"
 	"github.com/catena-streams/catena/controllers"
+	"github.com/catena-streams/catena/internal/pki"
 )
 
 // Namespaced mode, for teams that may only own namespaces: with
