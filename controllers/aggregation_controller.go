@@ -887,14 +887,11 @@ func (r *AggregationReconciler) SetupWithManager(ctx context.Context, mgr ctrl.M
 	}
 	b := ctrl.NewControllerManagedBy(mgr)
 	if r.Certificates != nil {
-		b = b.Owns(&corev1.Secret{}).WatchesRawSource(r.Certificates.onCAChange(func(ctx context.Context, _ client.Object) []reconcile.Request {
-			var aggs streamsv1alpha1.AggregationList
-			if err := r.Client.List(ctx, &aggs); err != nil {
-				log.FromContext(ctx).Error(err, "Failed to list Aggregations after a CA change")
-				return nil
-			}
-			return requestsFor(aggs.Items)
-		}))
+		b = r.Certificates.watchCertificates(b, "Aggregation", func(ctx context.Context) ([]reconcile.Request, error) {
+			var l streamsv1alpha1.AggregationList
+			err := r.Client.List(ctx, &l)
+			return requestsFor(l.Items), err
+		})
 	}
 	return b.
 		For(&streamsv1alpha1.Aggregation{}).

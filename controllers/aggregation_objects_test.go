@@ -48,6 +48,7 @@ func TestDesiredCheckpointStream(t *testing.T) {
 				Retention:           &streamsv1alpha1.RetentionSpec{Time: &metav1.Duration{Duration: time.Hour}},
 				Durability:          streamsv1alpha1.DurabilitySpec{Mode: streamsv1alpha1.DurabilityFsync},
 				Ingestion:           streamsv1alpha1.IngestionSpec{Replicas: 1},
+				Access:              &streamsv1alpha1.StreamAccess{},
 				VolumeReclaimPolicy: streamsv1alpha1.VolumeReclaimDelete,
 			}
 			if diff := cmp.Diff(want, cp.Spec); diff != "" {

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -228,14 +229,23 @@ func (c *Certificates) current(ctx context.Context) (*pki.CA, error) {
 	return c.ca, nil
 }
 
-// onCAChange is a source that fires whenever the CA or its bundle changes,
-// mapped by fn to the objects whose leaves must be looked at again.
-func (c *Certificates) onCAChange(fn handler.MapFunc) source.Source {
+// watchCertificates makes a controller (b) whose objects own certificates
+// watch them (a Secret deleted by hand is issued again) and the CA: when
+// it or its bundle changes, every object all lists (kind, for the log) is
+// reconciled, so that each leaf is signed by the new CA or carries its
+// bundle.
+func (c *Certificates) watchCertificates(b *builder.Builder, kind string, all func(context.Context) ([]reconcile.Request, error)) *builder.Builder {
 	ch := make(chan event.GenericEvent, 1)
 	c.mu.Lock()
 	c.subs = append(c.subs, ch)
 	c.mu.Unlock()
-	return source.Channel(ch, handler.EnqueueRequestsFromMapFunc(fn))
+	return b.Owns(&corev1.Secret{}).WatchesRawSource(source.Channel(ch, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		reqs, err := all(ctx)
+		if err != nil {
+			log.FromContext(ctx).Error(err, "Failed to list the objects whose certificates follow the CA", "kind", kind)
+		}
+		return reqs
+	})))
 }
 
 // ensureLeaf keeps the Secret name, controlled by owner, holding a
@@ -248,17 +258,9 @@ func (c *Certificates) ensureLeaf(ctx context.Context, owner client.Object, name
 		return time.Time{}, err
 	}
 	l.Lifetime = c.LeafLifetime
-	key := types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}
-	secret := &corev1.Secret{}
-	found := true
-	if err := c.Client.Get(ctx, key, secret); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return time.Time{}, fmt.Errorf("failed to read Secret %s: %w", name, err)
-		}
-		found = false
-	}
-	if found && !metav1.IsControlledBy(secret, owner) {
-		return time.Time{}, fmt.Errorf("secret %s exists and is not the operator's for %s: the operator will not overwrite it; delete or rename it", name, owner.GetName())
+	secret, found, err := c.readOwned(ctx, owner, name)
+	if err != nil {
+		return time.Time{}, err
 	}
 	now := c.now()
 	action, reason, wake := pki.PlanLeaf(secret.Data, l, ca, now)
@@ -292,21 +294,30 @@ func (c *Certificates) ensureBundle(ctx context.Context, owner client.Object, na
 	if err != nil {
 		return err
 	}
-	secret := &corev1.Secret{}
-	found := true
-	if err := c.Client.Get(ctx, types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}, secret); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("failed to read Secret %s: %w", name, err)
-		}
-		found = false
-	}
-	if found && !metav1.IsControlledBy(secret, owner) {
-		return fmt.Errorf("secret %s exists and is not the operator's for %s: the operator will not overwrite it; delete or rename it", name, owner.GetName())
+	secret, found, err := c.readOwned(ctx, owner, name)
+	if err != nil {
+		return err
 	}
 	if found && len(secret.Data) == 1 && string(secret.Data[pki.BundleKey]) == string(ca.Bundle) {
 		return nil
 	}
 	return c.write(ctx, owner, secret, found, name, corev1.SecretTypeOpaque, map[string][]byte{pki.BundleKey: ca.Bundle}, nil)
+}
+
+// readOwned reads the Secret name of owner's namespace: found is false when
+// there is none; one owner does not control is an error.
+func (c *Certificates) readOwned(ctx context.Context, owner client.Object, name string) (secret *corev1.Secret, found bool, err error) {
+	secret = &corev1.Secret{}
+	if err := c.Client.Get(ctx, types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return secret, false, nil
+		}
+		return nil, false, fmt.Errorf("failed to read Secret %s: %w", name, err)
+	}
+	if !metav1.IsControlledBy(secret, owner) {
+		return nil, false, fmt.Errorf("secret %s exists and is not the operator's for %s: the operator will not overwrite it; delete or rename it", name, owner.GetName())
+	}
+	return secret, true, nil
 }
 
 // write creates (found false) or updates a Secret the operator issues.

@@ -192,14 +192,11 @@ func (r *ReplicaPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	createOrDelete := builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})
 	b := ctrl.NewControllerManagedBy(mgr)
 	if r.Certificates != nil {
-		b = b.Owns(&corev1.Secret{}).WatchesRawSource(r.Certificates.onCAChange(func(ctx context.Context, _ client.Object) []reconcile.Request {
-			var pools streamsv1alpha1.ReplicaPoolList
-			if err := r.Client.List(ctx, &pools); err != nil {
-				log.FromContext(ctx).Error(err, "Failed to list ReplicaPools after a CA change")
-				return nil
-			}
-			return requestsFor(pools.Items)
-		}))
+		b = r.Certificates.watchCertificates(b, "ReplicaPool", func(ctx context.Context) ([]reconcile.Request, error) {
+			var l streamsv1alpha1.ReplicaPoolList
+			err := r.Client.List(ctx, &l)
+			return requestsFor(l.Items), err
+		})
 	}
 	return b.
 		For(&streamsv1alpha1.ReplicaPool{}).

@@ -483,14 +483,11 @@ func (r *StreamReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manage
 	}
 	b := ctrl.NewControllerManagedBy(mgr)
 	if r.Certificates != nil {
-		b = b.Owns(&corev1.Secret{}).WatchesRawSource(r.Certificates.onCAChange(func(ctx context.Context, _ client.Object) []reconcile.Request {
-			var streams streamsv1alpha1.StreamList
-			if err := r.Client.List(ctx, &streams); err != nil {
-				log.FromContext(ctx).Error(err, "Failed to list Streams after a CA change")
-				return nil
-			}
-			return requestsFor(streams.Items)
-		}))
+		b = r.Certificates.watchCertificates(b, "Stream", func(ctx context.Context) ([]reconcile.Request, error) {
+			var l streamsv1alpha1.StreamList
+			err := r.Client.List(ctx, &l)
+			return requestsFor(l.Items), err
+		})
 	}
 	return b.
 		For(&streamsv1alpha1.Stream{}).

@@ -119,6 +119,14 @@ const (
 // --tls-cert, --tls-key and --tls-ca, then args. The files are re-read when
 // the Secret changes (transport.TLSFiles), so a renewal needs no restart.
 func mountTLS(spec *corev1.PodSpec, secret string, args ...string) {
+	// The key is readable by the owner and the pod's group: the files
+	// belong to fsGroup, the group the container runs as.
+	if spec.SecurityContext == nil {
+		spec.SecurityContext = &corev1.PodSecurityContext{}
+	}
+	if spec.SecurityContext.FSGroup == nil {
+		spec.SecurityContext.FSGroup = ptr.To(replicaUID)
+	}
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: tlsVolume, VolumeSource: corev1.VolumeSource{
 		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o440)},
 	}})

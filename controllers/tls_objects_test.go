@@ -107,3 +107,17 @@ func TestIngestLeafNamesTheExternalAddress(t *testing.T) {
 		t.Errorf("without an external listener: %v %v", l.DNSNames, l.IPs)
 	}
 }
+
+// TestMountTLSLetsTheContainerReadTheKey: Secret files belong to root
+// unless the pod has an fsGroup, and the key is not world-readable, so a
+// pod running as 65532 (ingestion, workers) needs fsGroup to read it.
+func TestMountTLSLetsTheContainerReadTheKey(t *testing.T) {
+	spec := corev1.PodSpec{SecurityContext: restrictedPod(), Containers: []corev1.Container{{Name: "c"}}}
+	mountTLS(&spec, "s")
+	if g := spec.SecurityContext.FSGroup; g == nil || *g != *spec.SecurityContext.RunAsGroup {
+		t.Fatalf("fsGroup %v, want the container's group %d", g, *spec.SecurityContext.RunAsGroup)
+	}
+	if m := *spec.Volumes[0].Secret.DefaultMode; m&0o004 != 0 || m&0o040 == 0 {
+		t.Errorf("mode %o: the key must be group-readable and not world-readable", m)
+	}
+}

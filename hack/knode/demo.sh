@@ -74,13 +74,26 @@ k wait -n "$DEMO_NS" --for=condition=Ready "stream/$STREAM" --timeout=5m
 k get -n "$DEMO_NS" streams,partitions,replicationchains,pods,pvc
 server=$(k get -n "$DEMO_NS" "stream/$STREAM" -o 'jsonpath={.status.endpoints.producers}')
 
+# The Stream's access lets its user app produce and consume: catenactl pods
+# mount app's client certificate, which the operator issued in the Secret
+# $STREAM-user-app, and find it through CATENA_TLS_*. kubectl run merges
+# this into the pod it makes (its container is named after the pod).
+overrides() {
+  cat <<EOT | tr -d '\n'
+{"spec": {"containers": [{"name": "$1",
+  "env": [{"name": "CATENA_TLS_CA", "value": "/tls/ca.crt"}, {"name": "CATENA_TLS_CERT", "value": "/tls/tls.crt"}, {"name": "CATENA_TLS_KEY", "value": "/tls/tls.key"}],
+  "volumeMounts": [{"name": "tls", "mountPath": "/tls", "readOnly": true}]}],
+  "volumes": [{"name": "tls", "secret": {"secretName": "$STREAM-user-app"}}]}}
+EOT
+}
+
 # catenactl NAME ARGS...: one catenactl run in a pod, its output printed.
 catenactl() {
   local name=$1
   shift
   k delete pod -n "$DEMO_NS" "$name" --ignore-not-found --wait=true >/dev/null
   k run -n "$DEMO_NS" "$name" --image="$IMAGE" --image-pull-policy=IfNotPresent --restart=Never \
-    --command -- /usr/local/bin/catenactl --server "$server" "$@" >/dev/null
+    --override-type=strategic --overrides="$(overrides "$name")" --command -- /usr/local/bin/catenactl --server "$server" "$@" >/dev/null
   k wait -n "$DEMO_NS" --for=jsonpath='{.status.phase}'=Succeeded "pod/$name" --timeout=2m >/dev/null
   echo "\$ catenactl $*"
   k logs -n "$DEMO_NS" "$name"
@@ -141,9 +154,12 @@ step "Try next (the demo keeps running until make demo-down)"
 cat <<EOT
 export KUBECONFIG=$KUBECONFIG
 $kubectl_bin get -n $DEMO_NS streams,replicationchains -o wide
-$kubectl_bin run -n $DEMO_NS -it --rm bench --image=$IMAGE --restart=Never --command -- \\
+# as the Stream's user app (its certificate, from the Secret $STREAM-user-app):
+$kubectl_bin run -n $DEMO_NS -it --rm bench --image=$IMAGE --restart=Never --override-type=strategic \\
+    --overrides='$(overrides bench)' --command -- \\
     /usr/local/bin/catenactl --server $server bench --stream $STREAM --records 20000
-$kubectl_bin run -n $DEMO_NS -it --rm check --image=$IMAGE --restart=Never --command -- \\
+$kubectl_bin run -n $DEMO_NS -it --rm check --image=$IMAGE --restart=Never --override-type=strategic \\
+    --overrides='$(overrides check)' --command -- \\
     /usr/local/bin/catenactl --server $server check --stream $STREAM --duration 60s
     # and, meanwhile in another terminal, delete a replica pod and watch
     # kubectl get replicationchains -n $DEMO_NS -w

@@ -28,22 +28,12 @@ import (
 // records are intact; the operator's identity is let through.
 func TestReplicaAdminNeedsTheOperatorsIdentity(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := transporttest.NewCA("catena-test")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const (
 		operator = "spiffe://catena/ns/authz/operator"
 		pool     = "spiffe://catena/ns/authz/pool/secure"
 		ingest   = "spiffe://catena/ns/authz/ingest/ledger"
 	)
-	files := func(name, identity string) transport.TLSFiles {
-		f, err := ca.WriteFiles(dir, name, identity, ca.PEM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	_, files := testCA(t, dir)
 	rf := files("replica", pool)
 	addr, metricsAddr := freeAddr(t), freeAddr(t)
 	logPath := filepath.Join(dir, "replica.log")
@@ -172,10 +162,6 @@ func dropErr(rc catenapb.ReplicaClient) error {
 // Nothing a refused call asked for is stored.
 func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 	dir := t.TempDir()
-	ca, err := transporttest.NewCA("catena-test")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const (
 		operator = "spiffe://catena/ns/authz/operator"
 		pool     = "spiffe://catena/ns/authz/pool/secure"
@@ -184,13 +170,7 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 		reader   = "spiffe://catena/ns/authz/stream/payments/user/reader"
 		workers  = "spiffe://catena/ns/authz/aggregation/*"
 	)
-	files := func(name, identity string) transport.TLSFiles {
-		f, err := ca.WriteFiles(dir, name, identity, ca.PEM)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return f
-	}
+	ca, files := testCA(t, dir)
 	rf, inf := files("replica", pool), files("ingest", ingestID)
 	raddr, iaddr, metricsAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	rlog, ilog := filepath.Join(dir, "replica.log"), filepath.Join(dir, "ingest.log")
@@ -315,5 +295,23 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// testCA makes a CA for one test, and a function that issues identity a
+// certificate and writes it, its key and the CA under dir.
+func testCA(t *testing.T, dir string) (*transporttest.CA, func(name, identity string) transport.TLSFiles) {
+	t.Helper()
+	ca, err := transporttest.NewCA("catena-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, func(name, identity string) transport.TLSFiles {
+		t.Helper()
+		f, err := ca.WriteFiles(dir, name, identity, ca.PEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
 	}
 }
