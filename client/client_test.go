@@ -104,7 +104,7 @@ func TestClientLeavesAServerThatIsNotGRPC(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			srv := clienttest.Start(t)
-			srv.CreateStream("s", 1)
+			srv.AddStream("s", 1)
 			srv.Append("s", 0, &catenapb.Record{Value: []byte("v")})
 			front := newSwitchingAddr(t, srv.Addr, startHTTP2NotFound(t))
 

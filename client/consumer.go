@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,6 +174,23 @@ func (c *Client) ListStreams(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	return resp.Streams, nil
+}
+
+// CreateStream creates a stream of partitions partitions where the server
+// allows it (catena dev; on Kubernetes a stream is a Stream object and this
+// fails with FailedPrecondition), and describes it.
+func (c *Client) CreateStream(ctx context.Context, stream string, partitions int) (*catenapb.StreamDescription, error) {
+	if partitions < 1 || partitions > math.MaxUint32 {
+		return nil, status.Errorf(codes.InvalidArgument, "partitions must be at least 1, got %d", partitions)
+	}
+	return c.ingest.CreateStream(ctx, &catenapb.CreateStreamRequest{Stream: stream, Partitions: uint32(partitions)})
+}
+
+// DeleteStream deletes a stream and every copy of its records, where
+// CreateStream is allowed.
+func (c *Client) DeleteStream(ctx context.Context, stream string) error {
+	_, err := c.ingest.DeleteStream(ctx, &catenapb.DeleteStreamRequest{Stream: stream})
+	return err
 }
 
 // SubscribeOptions tune a Subscription.

@@ -161,7 +161,7 @@ func TestSubscribeReconnects(t *testing.T) {
 
 func TestDescribeAndList(t *testing.T) {
 	srv, c := setup(t, 3)
-	srv.CreateStream("a", 1)
+	srv.AddStream("a", 1)
 	ctx := context.Background()
 	names, err := c.ListStreams(ctx)
 	if err != nil || len(names) != 2 || names[0] != "a" || names[1] != "s" {

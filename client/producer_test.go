@@ -19,7 +19,7 @@ import (
 func setup(t *testing.T, partitions int) (*clienttest.Server, *client.Client) {
 	t.Helper()
 	srv := clienttest.Start(t)
-	srv.CreateStream("s", partitions)
+	srv.AddStream("s", partitions)
 	c, err := client.Dial(context.Background(), srv.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -344,7 +344,7 @@ func TestProducerFlushAndClose(t *testing.T) {
 	}
 	// Flush honours its context.
 	srv2 := clienttest.Start(t)
-	srv2.CreateStream("s", 1)
+	srv2.AddStream("s", 1)
 	release := srv2.GateProduce()
 	defer release()
 	c2, _ := client.Dial(context.Background(), srv2.Addr)

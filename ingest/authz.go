@@ -15,6 +15,8 @@ const (
 	ClassConsume = "consume"
 	// ClassMetadata describes and lists streams.
 	ClassMetadata = "metadata"
+	// ClassAdmin creates and deletes streams (catena dev only).
+	ClassAdmin = "admin"
 )
 
 // MethodClasses maps each Ingest method to its class.
@@ -31,6 +33,9 @@ func MethodClasses() map[string]string {
 
 		catenapb.Ingest_DescribeStream_FullMethodName: ClassMetadata,
 		catenapb.Ingest_ListStreams_FullMethodName:    ClassMetadata,
+
+		catenapb.Ingest_CreateStream_FullMethodName: ClassAdmin,
+		catenapb.Ingest_DeleteStream_FullMethodName: ClassAdmin,
 	}
 }
 

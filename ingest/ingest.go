@@ -71,6 +71,9 @@ type Options struct {
 	Logger          logr.Logger
 	// Registerer receives the ingestion metrics (nil: not exported).
 	Registerer prometheus.Registerer
+	// Streams, when set, lets clients create and delete streams
+	// (CreateStream, DeleteStream); nil refuses them.
+	Streams StreamAdmin
 }
 
 // Server implements catenapb.IngestServer.
@@ -78,6 +81,7 @@ type Server struct {
 	catenapb.UnimplementedIngestServer
 
 	logger  logr.Logger
+	admin   StreamAdmin
 	metrics *metrics
 	pool    *transport.Pool
 	disc    *discovery
@@ -115,6 +119,7 @@ func New(opts Options) (*Server, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		logger:      opts.Logger,
+		admin:       opts.Streams,
 		metrics:     newMetrics(opts.Registerer),
 		pool:        transport.NewPool(opts.TLS),
 		ctx:         ctx,

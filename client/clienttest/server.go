@@ -100,8 +100,8 @@ func StartWith(tb TB, opts ...grpc.ServerOption) *Server {
 // Stop stops the server, cancelling open streams.
 func (s *Server) Stop() { s.grpc.Stop() }
 
-// CreateStream adds a stream with n partitions.
-func (s *Server) CreateStream(name string, partitions int) {
+// AddStream adds a stream with n partitions.
+func (s *Server) AddStream(name string, partitions int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.streams[name] = &stream{parts: make([][]*catenapb.Record, partitions), changed: make(chan struct{}), epoch: 1}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"os"
 	"strconv"
@@ -56,14 +57,24 @@ func newAggCommand(a *app) *cobra.Command {
 	return cmd
 }
 
-func (f *aggFlags) connect(ctx context.Context) (catenapb.AggregatorClient, func(), error) {
+// connect dials the aggregation worker, over TLS with a's --tls-* (a
+// worker on Kubernetes serves TLS, with results open to the source's
+// consumers).
+func (f *aggFlags) connect(ctx context.Context, a *app) (catenapb.AggregatorClient, func(), error) {
 	if f.output != "table" && f.output != "json" {
 		return nil, nil, usageErrorf("--output %q must be table or json", f.output)
 	}
 	if strings.TrimSpace(f.addr) == "" {
 		return nil, nil, usageErrorf("--aggregator is empty")
 	}
-	conn, err := transport.Dial(f.addr, nil)
+	var tlsCfg *tls.Config
+	if a.tls.enabled() {
+		var err error
+		if tlsCfg, err = a.tls.config(); err != nil {
+			return nil, nil, err
+		}
+	}
+	conn, err := transport.Dial(f.addr, tlsCfg)
 	if err != nil {
 		return nil, nil, failure(err)
 	}
@@ -87,7 +98,7 @@ func newAggGetCommand(a *app, f *aggFlags) *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 			defer cancel()
-			c, closeConn, err := f.connect(ctx)
+			c, closeConn, err := f.connect(ctx, a)
 			if err != nil {
 				return err
 			}
@@ -224,7 +235,7 @@ func newAggListCommand(a *app, f *aggFlags) *cobra.Command {
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 			defer cancel()
-			c, closeConn, err := f.connect(ctx)
+			c, closeConn, err := f.connect(ctx, a)
 			if err != nil {
 				return err
 			}
@@ -270,7 +281,7 @@ func newAggStatusCommand(a *app, f *aggFlags) *cobra.Command {
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 			defer cancel()
-			c, closeConn, err := f.connect(ctx)
+			c, closeConn, err := f.connect(ctx, a)
 			if err != nil {
 				return err
 			}

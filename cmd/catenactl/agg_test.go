@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+	"github.com/catena-streams/catena/rpc/transport/transporttest"
 )
 
 // fakeAggregator answers like a worker whose merged results hold keys a
@@ -87,5 +89,38 @@ func TestAgg(t *testing.T) {
 				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d, stdout with %q, stderr with %q", r.code, r.stdout, r.stderr, tc.code, tc.out, tc.err)
 			}
 		})
+	}
+}
+
+// TestAggOverTLS: a worker on Kubernetes serves TLS; agg takes the same
+// --tls-* as every other command (it dialled in plaintext before).
+func TestAggOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := transporttest.NewCA("catena-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvFiles, err := ca.WriteFiles(dir, "worker", "spiffe://catena/ns/t/aggregation/a", ca.PEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := srvFiles.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(transport.ServerOptions(transport.OptionalClientCerts(cfg))...)
+	catenapb.RegisterAggregatorServer(g, fakeAggregator{})
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	args := []string{"agg", "--aggregator", lis.Addr().String(), "get", "a"}
+	if r := catenactl(t, bg(), nil, "", append([]string{"--tls-ca", srvFiles.ClientCAFile}, args...)...); r.code != 0 || !strings.Contains(r.stdout, "a    3") {
+		t.Fatalf("over TLS: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := catenactl(t, bg(), nil, "", args...); r.code == 0 {
+		t.Fatalf("plaintext to a TLS worker succeeded: %q", r.stdout)
 	}
 }

@@ -86,7 +86,7 @@ type ackOut struct {
 
 func newServer(t *testing.T) *clienttest.Server {
 	srv := clienttest.Start(t)
-	srv.CreateStream("s", 2)
+	srv.AddStream("s", 2)
 	return srv
 }
 
@@ -337,7 +337,7 @@ func TestConsumeFollowEndsOnCancel(t *testing.T) {
 
 func TestDescribe(t *testing.T) {
 	srv := newServer(t)
-	srv.CreateStream("other", 1)
+	srv.AddStream("other", 1)
 	seed(srv)
 	r := catenactl(t, bg(), srv, "", "describe", "--stream", "s")
 	if r.code != 0 {

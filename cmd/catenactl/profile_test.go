@@ -17,7 +17,7 @@ func TestProfiles(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv("CATENA_CONFIG", filepath.Join(dir, "cfg", "catenactl.yaml"))
 	plain := clienttest.Start(t)
-	plain.CreateStream("s", 1)
+	plain.AddStream("s", 1)
 
 	secure, cli := startTLSServer(t, dir)
 	produce := []string{"produce", "--stream", "s", "--partition", "0", "--value", "v", "--retry-timeout", "1s"}
@@ -102,9 +102,9 @@ func TestProfiles(t *testing.T) {
 func TestStreamCompletion(t *testing.T) {
 	t.Setenv("CATENA_CONFIG", filepath.Join(t.TempDir(), "catenactl.yaml"))
 	srv := clienttest.Start(t)
-	srv.CreateStream("orders", 1)
-	srv.CreateStream("order-audit", 1)
-	srv.CreateStream("clicks", 1)
+	srv.AddStream("orders", 1)
+	srv.AddStream("order-audit", 1)
+	srv.AddStream("clicks", 1)
 	if r := catenactl(t, bg(), nil, "", "profile", "create", "local", "--server", srv.Addr); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
@@ -121,7 +121,7 @@ func TestStreamCompletion(t *testing.T) {
 // from their flags, and making a profile says what is missing.
 func TestNoConfigDirectory(t *testing.T) {
 	srv := clienttest.Start(t)
-	srv.CreateStream("s", 1)
+	srv.AddStream("s", 1)
 	t.Setenv("CATENA_CONFIG", "")
 	t.Setenv("HOME", "")
 	t.Setenv("XDG_CONFIG_HOME", "")

@@ -107,6 +107,7 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newProduceCommand(a),
 		newConsumeCommand(a),
 		newDescribeCommand(a),
+		newStreamCommand(a),
 		newConsumersCommand(a),
 		newAggCommand(a),
 		newBenchCommand(a),

@@ -101,7 +101,7 @@ func startTLSServer(t *testing.T, dir string) (*clienttest.Server, transport.TLS
 		t.Fatal(err)
 	}
 	srv := clienttest.StartWith(t, transport.ServerOptions(cfg)...)
-	srv.CreateStream("s", 1)
+	srv.AddStream("s", 1)
 	cli, err := ca.WriteFiles(dir, "client", "spiffe://catena/ns/t/client/me", ca.PEM)
 	if err != nil {
 		t.Fatal(err)

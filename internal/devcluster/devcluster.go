@@ -98,9 +98,12 @@ type State struct {
 	Metrics string `json:"metrics,omitempty"`
 	// Stream is the first of Streams, for readers written when dev hosted
 	// one stream.
-	Stream   string         `json:"stream"`
-	Streams  []string       `json:"streams"`
-	Replicas []ReplicaState `json:"replicas"`
+	Stream  string   `json:"stream"`
+	Streams []string `json:"streams"`
+	// Created are the streams clients created (catenactl stream
+	// create), mastered again at the next start.
+	Created  []CreatedStream `json:"created,omitempty"`
+	Replicas []ReplicaState  `json:"replicas"`
 }
 
 // ReplicaState describes one replica child process.
@@ -171,6 +174,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	// tells which addresses the chains were configured with.
 	prev, _ := readState(spec.DataDir)
 	_ = os.Remove(filepath.Join(spec.DataDir, StateFile))
+	spec.Streams = withCreated(spec.Streams, prev)
 
 	ingestLis, err := net.Listen("tcp", spec.Listen)
 	if err != nil {
@@ -212,7 +216,8 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		}
 	}
 
-	ing, err := ingest.New(ingest.Options{Replicas: addrs(children), Logger: log.WithValues("role", "ingest"), Registerer: spec.Registerer})
+	admin := &streamAdmin{ops: make(chan adminOp)}
+	ing, err := ingest.New(ingest.Options{Replicas: addrs(children), Logger: log.WithValues("role", "ingest"), Registerer: spec.Registerer, Streams: admin})
 	if err != nil {
 		return err
 	}
@@ -224,6 +229,9 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	defer g.Stop()
 
 	st := State{Ingest: ingestLis.Addr().String(), Stream: spec.Streams[0].Name, Streams: streamNames(spec.Streams)}
+	if prev != nil {
+		st.Created = prev.Created
+	}
 	if spec.ServeMetrics != nil {
 		var prevMetrics string
 		if prev != nil {
@@ -254,6 +262,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	}
 	m := newMaster(pool, log.WithValues("component", "master"), addrs, spec.Replication, spec.FailureTimeout, streams...)
 	defer m.stop()
+	run := &runState{spec: spec, pool: pool, children: children, load: load, log: log, state: &st, master: m}
 	for _, c := range children {
 		m.obs.Started(c.ID)
 	}
@@ -351,6 +360,8 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 			delete(m.failed, nc.ID)
 			m.obs.Started(nc.ID)
 			m.repair(ctx)
+		case op := <-admin.ops:
+			run.handle(ctx, op)
 		case <-tick.C:
 			m.repair(ctx)
 		}

@@ -1738,6 +1738,138 @@ func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
 	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
 }
 
+type CreateStreamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partitions    uint32                 `protobuf:"varint,2,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateStreamRequest) Reset() {
+	*x = CreateStreamRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateStreamRequest) ProtoMessage() {}
+
+func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateStreamRequest.ProtoReflect.Descriptor instead.
+func (*CreateStreamRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CreateStreamRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *CreateStreamRequest) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+type DeleteStreamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteStreamRequest) Reset() {
+	*x = DeleteStreamRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteStreamRequest) ProtoMessage() {}
+
+func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
+func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *DeleteStreamRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+type DeleteStreamResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteStreamResponse) Reset() {
+	*x = DeleteStreamResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteStreamResponse) ProtoMessage() {}
+
+func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
+func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+}
+
 type ListStreamsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Streams       []string               `protobuf:"bytes,1,rep,name=streams,proto3" json:"streams,omitempty"`
@@ -1747,7 +1879,7 @@ type ListStreamsResponse struct {
 
 func (x *ListStreamsResponse) Reset() {
 	*x = ListStreamsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +1891,7 @@ func (x *ListStreamsResponse) String() string {
 func (*ListStreamsResponse) ProtoMessage() {}
 
 func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +1904,7 @@ func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsResponse.ProtoReflect.Descriptor instead.
 func (*ListStreamsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListStreamsResponse) GetStreams() []string {
@@ -1799,7 +1931,7 @@ type ReportHeadUnreachableRequest struct {
 
 func (x *ReportHeadUnreachableRequest) Reset() {
 	*x = ReportHeadUnreachableRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1943,7 @@ func (x *ReportHeadUnreachableRequest) String() string {
 func (*ReportHeadUnreachableRequest) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1956,7 @@ func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableRequest.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReportHeadUnreachableRequest) GetStream() string {
@@ -1877,7 +2009,7 @@ type ReportHeadUnreachableResponse struct {
 
 func (x *ReportHeadUnreachableResponse) Reset() {
 	*x = ReportHeadUnreachableResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +2021,7 @@ func (x *ReportHeadUnreachableResponse) String() string {
 func (*ReportHeadUnreachableResponse) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +2034,7 @@ func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableResponse.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 type HoldRetentionRequest struct {
@@ -1918,7 +2050,7 @@ type HoldRetentionRequest struct {
 
 func (x *HoldRetentionRequest) Reset() {
 	*x = HoldRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2062,7 @@ func (x *HoldRetentionRequest) String() string {
 func (*HoldRetentionRequest) ProtoMessage() {}
 
 func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2075,7 @@ func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRetentionRequest.ProtoReflect.Descriptor instead.
 func (*HoldRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HoldRetentionRequest) GetStream() string {
@@ -1986,7 +2118,7 @@ type ReleaseRetentionRequest struct {
 
 func (x *ReleaseRetentionRequest) Reset() {
 	*x = ReleaseRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2130,7 @@ func (x *ReleaseRetentionRequest) String() string {
 func (*ReleaseRetentionRequest) ProtoMessage() {}
 
 func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2143,7 @@ func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReleaseRetentionRequest) GetStream() string {
@@ -2045,7 +2177,7 @@ type ReleaseRetentionResponse struct {
 
 func (x *ReleaseRetentionResponse) Reset() {
 	*x = ReleaseRetentionResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2189,7 @@ func (x *ReleaseRetentionResponse) String() string {
 func (*ReleaseRetentionResponse) ProtoMessage() {}
 
 func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2202,7 @@ func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReleaseRetentionResponse) GetReleased() []uint32 {
@@ -2093,7 +2225,7 @@ type CatchUpRequest struct {
 
 func (x *CatchUpRequest) Reset() {
 	*x = CatchUpRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2237,7 @@ func (x *CatchUpRequest) String() string {
 func (*CatchUpRequest) ProtoMessage() {}
 
 func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2250,7 @@ func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
 func (*CatchUpRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CatchUpRequest) GetChain() *ConfigureRequest {
@@ -2156,7 +2288,7 @@ type ReadFramesRequest struct {
 
 func (x *ReadFramesRequest) Reset() {
 	*x = ReadFramesRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2168,7 +2300,7 @@ func (x *ReadFramesRequest) String() string {
 func (*ReadFramesRequest) ProtoMessage() {}
 
 func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2181,7 +2313,7 @@ func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReadFramesRequest) GetStream() string {
@@ -2235,7 +2367,7 @@ type ReadFramesResponse struct {
 
 func (x *ReadFramesResponse) Reset() {
 	*x = ReadFramesResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +2379,7 @@ func (x *ReadFramesResponse) String() string {
 func (*ReadFramesResponse) ProtoMessage() {}
 
 func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +2392,7 @@ func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadFramesResponse) GetFrames() [][]byte {
@@ -2305,7 +2437,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2449,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,7 +2462,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -2371,7 +2503,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2515,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2528,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -2417,7 +2549,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2561,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2574,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -2484,7 +2616,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2628,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2641,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -2552,7 +2684,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +2696,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +2709,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -2611,7 +2743,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2623,7 +2755,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2636,7 +2768,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Member) GetId() string {
@@ -2672,7 +2804,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2684,7 +2816,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2697,7 +2829,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -2807,7 +2939,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +2951,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +2964,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -3014,7 +3146,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3158,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3171,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -3066,7 +3198,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3078,7 +3210,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3223,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -3131,7 +3263,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3143,7 +3275,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3156,7 +3288,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -3216,7 +3348,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3228,7 +3360,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3241,7 +3373,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -3300,7 +3432,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3444,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3457,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -3396,7 +3528,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3408,7 +3540,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3421,7 +3553,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -3519,7 +3651,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3531,7 +3663,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3544,7 +3676,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
 }
 
 type BatchData struct {
@@ -3557,7 +3689,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3569,7 +3701,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3582,7 +3714,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -3608,7 +3740,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3620,7 +3752,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3633,7 +3765,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -3657,7 +3789,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3669,7 +3801,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3682,7 +3814,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -3861,7 +3993,15 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x03 \x03(\v2\x11.catena.v1.MemberR\amembers\x126\n" +
 	"\breplicas\x18\x04 \x03(\v2\x1a.catena.v1.PartitionStatusR\breplicas\"\x14\n" +
-	"\x12ListStreamsRequest\"/\n" +
+	"\x12ListStreamsRequest\"M\n" +
+	"\x13CreateStreamRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x01(\rR\n" +
+	"partitions\"-\n" +
+	"\x13DeleteStreamRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\"\x16\n" +
+	"\x14DeleteStreamResponse\"/\n" +
 	"\x13ListStreamsResponse\x12\x18\n" +
 	"\astreams\x18\x01 \x03(\tR\astreams\"\xb8\x01\n" +
 	"\x1cReportHeadUnreachableRequest\x12\x16\n" +
@@ -4032,7 +4172,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tROLE_HEAD\x10\x01\x12\x0f\n" +
 	"\vROLE_MIDDLE\x10\x02\x12\r\n" +
 	"\tROLE_TAIL\x10\x03\x12\r\n" +
-	"\tROLE_SOLE\x10\x042\xce\x05\n" +
+	"\tROLE_SOLE\x10\x042\xed\x06\n" +
 	"\x06Ingest\x12@\n" +
 	"\aProduce\x12\x19.catena.v1.ProduceRequest\x1a\x1a.catena.v1.ProduceResponse\x12:\n" +
 	"\x05Fetch\x12\x17.catena.v1.FetchRequest\x1a\x18.catena.v1.FetchResponse\x12D\n" +
@@ -4042,7 +4182,9 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\vListStreams\x12\x1d.catena.v1.ListStreamsRequest\x1a\x1e.catena.v1.ListStreamsResponse\x12g\n" +
 	"\x14CommitConsumerOffset\x12&.catena.v1.CommitConsumerOffsetRequest\x1a'.catena.v1.CommitConsumerOffsetResponse\x12R\n" +
 	"\rListConsumers\x12\x1f.catena.v1.ListConsumersRequest\x1a .catena.v1.ListConsumersResponse\x12U\n" +
-	"\x0eDeleteConsumer\x12 .catena.v1.DeleteConsumerRequest\x1a!.catena.v1.DeleteConsumerResponse2\xca\b\n" +
+	"\x0eDeleteConsumer\x12 .catena.v1.DeleteConsumerRequest\x1a!.catena.v1.DeleteConsumerResponse\x12L\n" +
+	"\fCreateStream\x12\x1e.catena.v1.CreateStreamRequest\x1a\x1c.catena.v1.StreamDescription\x12O\n" +
+	"\fDeleteStream\x12\x1e.catena.v1.DeleteStreamRequest\x1a\x1f.catena.v1.DeleteStreamResponse2\xca\b\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -4074,7 +4216,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),                       // 0: catena.v1.Durability
 	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
@@ -4103,33 +4245,36 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*StreamDescription)(nil),             // 24: catena.v1.StreamDescription
 	(*PartitionDescription)(nil),          // 25: catena.v1.PartitionDescription
 	(*ListStreamsRequest)(nil),            // 26: catena.v1.ListStreamsRequest
-	(*ListStreamsResponse)(nil),           // 27: catena.v1.ListStreamsResponse
-	(*ReportHeadUnreachableRequest)(nil),  // 28: catena.v1.ReportHeadUnreachableRequest
-	(*ReportHeadUnreachableResponse)(nil), // 29: catena.v1.ReportHeadUnreachableResponse
-	(*HoldRetentionRequest)(nil),          // 30: catena.v1.HoldRetentionRequest
-	(*ReleaseRetentionRequest)(nil),       // 31: catena.v1.ReleaseRetentionRequest
-	(*ReleaseRetentionResponse)(nil),      // 32: catena.v1.ReleaseRetentionResponse
-	(*CatchUpRequest)(nil),                // 33: catena.v1.CatchUpRequest
-	(*ReadFramesRequest)(nil),             // 34: catena.v1.ReadFramesRequest
-	(*ReadFramesResponse)(nil),            // 35: catena.v1.ReadFramesResponse
-	(*DropRequest)(nil),                   // 36: catena.v1.DropRequest
-	(*DropResponse)(nil),                  // 37: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),               // 38: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),              // 39: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),               // 40: catena.v1.TruncateRequest
-	(*Member)(nil),                        // 41: catena.v1.Member
-	(*ConfigureRequest)(nil),              // 42: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),               // 43: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),                 // 44: catena.v1.StatusRequest
-	(*StatusResponse)(nil),                // 45: catena.v1.StatusResponse
-	(*AppendRequest)(nil),                 // 46: catena.v1.AppendRequest
-	(*AppendRecord)(nil),                  // 47: catena.v1.AppendRecord
-	(*AppendResponse)(nil),                // 48: catena.v1.AppendResponse
-	(*ReplicateFrame)(nil),                // 49: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                     // 50: catena.v1.LinkHello
-	(*BatchData)(nil),                     // 51: catena.v1.BatchData
-	(*CommitNotice)(nil),                  // 52: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                  // 53: catena.v1.ReplicateAck
+	(*CreateStreamRequest)(nil),           // 27: catena.v1.CreateStreamRequest
+	(*DeleteStreamRequest)(nil),           // 28: catena.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),          // 29: catena.v1.DeleteStreamResponse
+	(*ListStreamsResponse)(nil),           // 30: catena.v1.ListStreamsResponse
+	(*ReportHeadUnreachableRequest)(nil),  // 31: catena.v1.ReportHeadUnreachableRequest
+	(*ReportHeadUnreachableResponse)(nil), // 32: catena.v1.ReportHeadUnreachableResponse
+	(*HoldRetentionRequest)(nil),          // 33: catena.v1.HoldRetentionRequest
+	(*ReleaseRetentionRequest)(nil),       // 34: catena.v1.ReleaseRetentionRequest
+	(*ReleaseRetentionResponse)(nil),      // 35: catena.v1.ReleaseRetentionResponse
+	(*CatchUpRequest)(nil),                // 36: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),             // 37: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),            // 38: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),                   // 39: catena.v1.DropRequest
+	(*DropResponse)(nil),                  // 40: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),               // 41: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),              // 42: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),               // 43: catena.v1.TruncateRequest
+	(*Member)(nil),                        // 44: catena.v1.Member
+	(*ConfigureRequest)(nil),              // 45: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),               // 46: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),                 // 47: catena.v1.StatusRequest
+	(*StatusResponse)(nil),                // 48: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                 // 49: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                  // 50: catena.v1.AppendRecord
+	(*AppendResponse)(nil),                // 51: catena.v1.AppendResponse
+	(*ReplicateFrame)(nil),                // 52: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 53: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 54: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 55: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 56: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
@@ -4142,22 +4287,22 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	1,  // 7: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
 	4,  // 8: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
 	25, // 9: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	41, // 10: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	43, // 11: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	42, // 12: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	44, // 10: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	46, // 11: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	45, // 12: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
 	5,  // 13: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
-	41, // 14: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	44, // 14: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
 	4,  // 15: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	41, // 16: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	44, // 16: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
 	2,  // 17: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
 	4,  // 18: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
 	5,  // 19: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
 	6,  // 20: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
-	43, // 21: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	47, // 22: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	50, // 23: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	51, // 24: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	52, // 25: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	46, // 21: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	50, // 22: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	53, // 23: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	54, // 24: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	55, // 25: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
 	15, // 26: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
 	18, // 27: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
 	20, // 28: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
@@ -4167,47 +4312,51 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	7,  // 32: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
 	9,  // 33: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
 	12, // 34: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
-	42, // 35: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	44, // 36: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	46, // 37: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	46, // 38: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	49, // 39: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	18, // 40: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	21, // 41: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	38, // 42: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	40, // 43: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	36, // 44: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	33, // 45: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	34, // 46: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	30, // 47: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	31, // 48: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	28, // 49: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	17, // 50: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	19, // 51: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	19, // 52: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	22, // 53: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	24, // 54: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	27, // 55: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	8,  // 56: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	10, // 57: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	13, // 58: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	43, // 59: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	45, // 60: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	48, // 61: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	48, // 62: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	53, // 63: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	19, // 64: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	22, // 65: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	39, // 66: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	43, // 67: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	37, // 68: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	43, // 69: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	35, // 70: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	43, // 71: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	32, // 72: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	29, // 73: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	50, // [50:74] is the sub-list for method output_type
-	26, // [26:50] is the sub-list for method input_type
+	27, // 35: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
+	28, // 36: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
+	45, // 37: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	47, // 38: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	49, // 39: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	49, // 40: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	52, // 41: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	18, // 42: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	21, // 43: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	41, // 44: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	43, // 45: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	39, // 46: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	36, // 47: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	37, // 48: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	33, // 49: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	34, // 50: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	31, // 51: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	17, // 52: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	19, // 53: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	19, // 54: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	22, // 55: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	24, // 56: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	30, // 57: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	8,  // 58: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	10, // 59: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	13, // 60: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	24, // 61: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	29, // 62: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	46, // 63: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	48, // 64: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	51, // 65: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	51, // 66: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	56, // 67: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	19, // 68: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	22, // 69: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	42, // 70: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	46, // 71: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	40, // 72: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	46, // 73: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	38, // 74: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	46, // 75: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	35, // 76: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	32, // 77: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	52, // [52:78] is the sub-list for method output_type
+	26, // [26:52] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -4219,14 +4368,14 @@ func file_catena_v1_catena_proto_init() {
 		return
 	}
 	file_catena_v1_catena_proto_msgTypes[11].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[28].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[41].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[46].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[31].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[44].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[49].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[50].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[53].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -4236,7 +4385,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   51,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -36,6 +36,8 @@ const (
 	Ingest_CommitConsumerOffset_FullMethodName = "/catena.v1.Ingest/CommitConsumerOffset"
 	Ingest_ListConsumers_FullMethodName        = "/catena.v1.Ingest/ListConsumers"
 	Ingest_DeleteConsumer_FullMethodName       = "/catena.v1.Ingest/DeleteConsumer"
+	Ingest_CreateStream_FullMethodName         = "/catena.v1.Ingest/CreateStream"
+	Ingest_DeleteStream_FullMethodName         = "/catena.v1.Ingest/DeleteStream"
 )
 
 // IngestClient is the client API for Ingest service.
@@ -68,6 +70,15 @@ type IngestClient interface {
 	// DeleteConsumer releases a consumer's holds on every partition of a
 	// stream (on every member of each chain). Idempotent.
 	DeleteConsumer(ctx context.Context, in *DeleteConsumerRequest, opts ...grpc.CallOption) (*DeleteConsumerResponse, error)
+	// CreateStream creates a stream of the given partitions where the
+	// deployment lets clients do so (catena dev, which is the chain master of
+	// its streams); on Kubernetes streams are Stream objects and the call is
+	// FAILED_PRECONDITION. INVALID_ARGUMENT for a bad name or partition count,
+	// ALREADY_EXISTS for a stream that exists: nothing is changed.
+	CreateStream(ctx context.Context, in *CreateStreamRequest, opts ...grpc.CallOption) (*StreamDescription, error)
+	// DeleteStream deletes a stream and every copy of its records, where
+	// CreateStream is allowed. NOT_FOUND for an unknown stream.
+	DeleteStream(ctx context.Context, in *DeleteStreamRequest, opts ...grpc.CallOption) (*DeleteStreamResponse, error)
 }
 
 type ingestClient struct {
@@ -177,6 +188,26 @@ func (c *ingestClient) DeleteConsumer(ctx context.Context, in *DeleteConsumerReq
 	return out, nil
 }
 
+func (c *ingestClient) CreateStream(ctx context.Context, in *CreateStreamRequest, opts ...grpc.CallOption) (*StreamDescription, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StreamDescription)
+	err := c.cc.Invoke(ctx, Ingest_CreateStream_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *ingestClient) DeleteStream(ctx context.Context, in *DeleteStreamRequest, opts ...grpc.CallOption) (*DeleteStreamResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteStreamResponse)
+	err := c.cc.Invoke(ctx, Ingest_DeleteStream_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IngestServer is the server API for Ingest service.
 // All implementations must embed UnimplementedIngestServer
 // for forward compatibility.
@@ -207,6 +238,15 @@ type IngestServer interface {
 	// DeleteConsumer releases a consumer's holds on every partition of a
 	// stream (on every member of each chain). Idempotent.
 	DeleteConsumer(context.Context, *DeleteConsumerRequest) (*DeleteConsumerResponse, error)
+	// CreateStream creates a stream of the given partitions where the
+	// deployment lets clients do so (catena dev, which is the chain master of
+	// its streams); on Kubernetes streams are Stream objects and the call is
+	// FAILED_PRECONDITION. INVALID_ARGUMENT for a bad name or partition count,
+	// ALREADY_EXISTS for a stream that exists: nothing is changed.
+	CreateStream(context.Context, *CreateStreamRequest) (*StreamDescription, error)
+	// DeleteStream deletes a stream and every copy of its records, where
+	// CreateStream is allowed. NOT_FOUND for an unknown stream.
+	DeleteStream(context.Context, *DeleteStreamRequest) (*DeleteStreamResponse, error)
 	mustEmbedUnimplementedIngestServer()
 }
 
@@ -243,6 +283,12 @@ func (UnimplementedIngestServer) ListConsumers(context.Context, *ListConsumersRe
 }
 func (UnimplementedIngestServer) DeleteConsumer(context.Context, *DeleteConsumerRequest) (*DeleteConsumerResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteConsumer not implemented")
+}
+func (UnimplementedIngestServer) CreateStream(context.Context, *CreateStreamRequest) (*StreamDescription, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateStream not implemented")
+}
+func (UnimplementedIngestServer) DeleteStream(context.Context, *DeleteStreamRequest) (*DeleteStreamResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteStream not implemented")
 }
 func (UnimplementedIngestServer) mustEmbedUnimplementedIngestServer() {}
 func (UnimplementedIngestServer) testEmbeddedByValue()                {}
@@ -420,6 +466,42 @@ func _Ingest_DeleteConsumer_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Ingest_CreateStream_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateStreamRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IngestServer).CreateStream(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Ingest_CreateStream_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IngestServer).CreateStream(ctx, req.(*CreateStreamRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Ingest_DeleteStream_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteStreamRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IngestServer).DeleteStream(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Ingest_DeleteStream_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IngestServer).DeleteStream(ctx, req.(*DeleteStreamRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Ingest_ServiceDesc is the grpc.ServiceDesc for Ingest service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -458,6 +540,14 @@ var Ingest_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteConsumer",
 			Handler:    _Ingest_DeleteConsumer_Handler,
+		},
+		{
+			MethodName: "CreateStream",
+			Handler:    _Ingest_CreateStream_Handler,
+		},
+		{
+			MethodName: "DeleteStream",
+			Handler:    _Ingest_DeleteStream_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -89,8 +89,14 @@ var _ = Describe("A Stream on a real node", Ordered, func() {
 			out, err = run(catenactl, append(tlsArgs, "produce", "--server", addr, "--stream", sampleStream, "--key", "outside", "--value", value, "--retry-timeout", "10s")...)
 			return err
 		}).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "produce through %s: %s", addr, out)
-		out, err := run(catenactl, append(tlsArgs, "consume", "--server", addr, "--stream", sampleStream, "--from", "earliest", "--no-follow")...)
-		Expect(err).NotTo(HaveOccurred(), out)
+		// The other ingestion pod may still serve the certificate from
+		// before the external address was known: kubelet refreshes a
+		// Secret volume within a minute or so.
+		Eventually(func() error {
+			var err error
+			out, err = run(catenactl, append(tlsArgs, "consume", "--server", addr, "--stream", sampleStream, "--from", "earliest", "--no-follow")...)
+			return err
+		}).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "consume through %s: %s", addr, out)
 		Expect(out).To(ContainSubstring(value))
 	})
 
