@@ -565,3 +565,31 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// TestStreamCommandsRefuseBadInput: usage errors exit 2 before anything is
+// dialled; a server that cannot create streams says why (exit 1).
+func TestStreamCommandsRefuseBadInput(t *testing.T) {
+	srv := clienttest.Start(t)
+	srv.AddStream("s", 1)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		err  string
+	}{
+		{"delete without --yes", []string{"stream", "delete", "s"}, 2, "erases every copy of its records: say --yes"},
+		{"create without partitions", []string{"stream", "create", "x", "--partitions", "0"}, 2, "--partitions must be at least 1"},
+		{"create without a name", []string{"stream", "create"}, 2, "accepts 1 arg"},
+		{"a server that cannot create streams", []string{"stream", "create", "x"}, 1, "CreateStream"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := catenactl(t, bg(), srv, "", tc.args...)
+			if r.code != tc.code || !strings.Contains(r.stderr, tc.err) {
+				t.Fatalf("exit %d, stderr %q; want exit %d with %q", r.code, r.stderr, tc.code, tc.err)
+			}
+		})
+	}
+	if r := catenactl(t, bg(), srv, "", "stream", "list"); r.code != 0 || r.stdout != "s\n" {
+		t.Fatalf("list: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
