@@ -75,6 +75,10 @@ type Certificates struct {
 	issuer *pki.CA
 	renew  time.Time
 	subs   []chan event.GenericEvent
+	// trustedSince is when this process first handed out a bundle holding
+	// the next CA (zero: none pending): the switch waits the propagation
+	// time after it, whatever the CA Secret's clock says.
+	trustedSince time.Time
 }
 
 func (c *Certificates) init() {
@@ -158,7 +162,10 @@ func (c *Certificates) syncCA(ctx context.Context, logger logr.Logger) (time.Tim
 		found = false
 	}
 	now := c.now()
-	data, changed, wake, err := pki.PlanCA(secret.Data, "catena "+c.Namespace, now, c.Rotation)
+	c.mu.Lock()
+	trusted := c.trustedSince
+	c.mu.Unlock()
+	data, changed, wake, err := pki.PlanCA(secret.Data, "catena "+c.Namespace, now, trusted, c.Rotation)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("the CA Secret %s cannot be used (fix or delete it by hand; every certificate the operator issued chains to it): %w", key, err)
 	}
@@ -186,6 +193,15 @@ func (c *Certificates) syncCA(ctx context.Context, logger logr.Logger) (time.Tim
 		return time.Time{}, err
 	}
 	c.load(ca)
+	// load has asked every object to hand out this bundle.
+	c.mu.Lock()
+	switch next := len(data[pki.NextCertKey]) > 0; {
+	case next && c.trustedSince.IsZero():
+		c.trustedSince = now
+	case !next:
+		c.trustedSince = time.Time{}
+	}
+	c.mu.Unlock()
 	return wake, nil
 }
 

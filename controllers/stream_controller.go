@@ -146,6 +146,17 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	desired := desiredStreamChildren(stream)
 	started := r.now()
 	obs.reapply = r.reapplyDue(req.NamespacedName)
+	// Certificates first: nothing they need comes from the steps below,
+	// and a step that fails must not hold back a CA bundle or a user's
+	// removal.
+	res := reconcile.Result{RequeueAfter: reapplyInterval}
+	if c := r.Certificates; c != nil {
+		wake, err := r.reconcileCertificates(ctx, stream)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		res = requeueAt(res, wake, c.now())
+	}
 	pool, err := r.reconcilePool(ctx, stream, desired.Pool, &obs)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -160,16 +171,10 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	if ingest.Deployment != nil {
 		addImagePullSecrets(&ingest.Deployment.Spec.Template.Spec, r.ImagePullSecrets)
 	}
-	res := reconcile.Result{RequeueAfter: reapplyInterval}
 	if c := r.Certificates; c != nil {
-		wake, err := r.reconcileCertificates(ctx, stream)
-		if err != nil {
-			return reconcile.Result{}, err
-		}
 		if ingest.Deployment != nil {
 			mountTLS(&ingest.Deployment.Spec.Template.Spec, stream.IngestTLSSecretName(), ingestAccessArgs(stream, c.OperatorIdentity())...)
 		}
-		res = requeueAt(res, wake, c.now())
 	} else if stream.Spec.Access != nil && obs.reapply {
 		r.event(stream, corev1.EventTypeWarning, "AccessNotEnforced", "Run",
 			"spec.access is not enforced: the operator runs without certificates (--certificates=none), so ingestion cannot tell one client from another")
@@ -185,32 +190,20 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 
 // reconcileCertificates keeps the Stream's Secrets: its ingestion pods'
 // certificate, the CA bundle for its clients, and a client certificate
-// per user of spec.access; a user no longer listed loses its Secret. It
-// returns when the next renewal is due.
+// per user of spec.access; a user no longer listed loses its Secret first.
+// It returns when the next renewal is due. A user's certificate that
+// cannot be issued (a Secret of its name in the way) is reported as an
+// Event and does not hold back the others, nor the ingestion pods' access
+// lists, which do not depend on it.
 func (r *StreamReconciler) reconcileCertificates(ctx context.Context, stream *streamsv1alpha1.Stream) (time.Time, error) {
 	c := r.Certificates
-	wake, err := c.ensureLeaf(ctx, stream, stream.IngestTLSSecretName(), ingestLeaf(stream), nil)
-	if err != nil {
-		return time.Time{}, err
-	}
-	if err := c.ensureBundle(ctx, stream, stream.CABundleName()); err != nil {
-		return time.Time{}, err
-	}
 	want := map[string]bool{}
-	userLabels := map[string]string{labelStream: stream.Name, labelInstance: stream.Name}
 	if a := stream.Spec.Access; a != nil {
 		for _, u := range a.Users {
-			name := stream.UserSecretName(u.Name)
-			want[name] = true
-			w, err := c.ensureLeaf(ctx, stream, name, userLeaf(stream, u.Name), userLabels)
-			if err != nil {
-				return time.Time{}, err
-			}
-			if w.Before(wake) {
-				wake = w
-			}
+			want[stream.UserSecretName(u.Name)] = true
 		}
 	}
+	userLabels := map[string]string{labelStream: stream.Name, labelInstance: stream.Name}
 	selector := CertificateLabels()
 	maps.Copy(selector, userLabels)
 	var secrets corev1.SecretList
@@ -226,6 +219,30 @@ func (r *StreamReconciler) reconcileCertificates(ctx context.Context, stream *st
 			return time.Time{}, fmt.Errorf("failed to delete Secret %s of a user no longer in spec.access: %w", s.Name, err)
 		}
 		log.FromContext(ctx).Info("Deleted the certificate of a user no longer in spec.access", "secret", s.Name)
+	}
+
+	wake, err := c.ensureLeaf(ctx, stream, stream.IngestTLSSecretName(), ingestLeaf(stream), nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if err := c.ensureBundle(ctx, stream, stream.CABundleName()); err != nil {
+		return time.Time{}, err
+	}
+	if a := stream.Spec.Access; a != nil {
+		for _, u := range a.Users {
+			w, err := c.ensureLeaf(ctx, stream, stream.UserSecretName(u.Name), userLeaf(stream, u.Name), userLabels)
+			if err != nil {
+				if ctx.Err() != nil {
+					return time.Time{}, err
+				}
+				r.event(stream, corev1.EventTypeWarning, "UserCertificateFailed", "Issue", "user %s: %v", u.Name, err)
+				log.FromContext(ctx).Error(err, "Failed to issue a user's certificate", "user", u.Name)
+				continue
+			}
+			if w.Before(wake) {
+				wake = w
+			}
+		}
 	}
 	return wake, nil
 }

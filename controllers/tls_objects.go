@@ -84,7 +84,10 @@ func ingestLeaf(stream *streamsv1alpha1.Stream) pki.Leaf {
 	}
 	for _, h := range hosts {
 		switch ip := net.ParseIP(h); {
-		case h == "":
+		case h == "" || inCluster(h):
+			// The API refuses such an advertisedHost: a certificate for
+			// it would let the Stream's ingestion pose as another
+			// namespace's Service.
 		case ip != nil:
 			if !slices.ContainsFunc(l.IPs, ip.Equal) {
 				l.IPs = append(l.IPs, ip)
@@ -94,6 +97,13 @@ func ingestLeaf(stream *streamsv1alpha1.Stream) pki.Leaf {
 		}
 	}
 	return l
+}
+
+// inCluster reports whether a host name is one of the cluster's own:
+// a Service or pod name (*.svc, *.cluster.local) or a single label.
+func inCluster(h string) bool {
+	h = strings.ToLower(strings.TrimSuffix(h, "."))
+	return !strings.Contains(h, ".") || strings.HasSuffix(h, ".svc") || strings.Contains(h, ".svc.") || strings.HasSuffix(h, ".cluster.local")
 }
 
 // userLeaf is a Stream user's client certificate.
@@ -142,14 +152,17 @@ func mountTLS(spec *corev1.PodSpec, secret string, args ...string) {
 // replicaAccessArgs are a pool's --allow-* flags: admin calls from the
 // operator only, replication from the pool's own replicas, appends and
 // reads from the namespace's ingestion nodes (and the operator, which
-// releases a deleted Aggregation's holds). Naming ingestion by prefix keeps
-// the replicas' pod template, and so the pods, unchanged as Streams come
-// and go.
+// releases a deleted Aggregation's holds), status from all of those (not
+// from Stream users, whose certificates come from the same CA). Naming
+// ingestion by prefix keeps the replicas' pod template, and so the pods,
+// unchanged as Streams come and go.
 func replicaAccessArgs(pool *streamsv1alpha1.ReplicaPool, operator string) []string {
+	data := allIngestion(pool.Namespace) + "," + operator
 	return []string{
 		"--allow-admin=" + operator,
 		"--allow-replication=" + poolIdentity(pool),
-		"--allow-data=" + allIngestion(pool.Namespace) + "," + operator,
+		"--allow-data=" + data,
+		"--allow-status=" + poolIdentity(pool) + "," + data,
 	}
 }
 

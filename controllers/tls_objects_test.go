@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"net"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -70,7 +71,8 @@ func TestReplicaAccessArgsAdmitIngestionByNamespace(t *testing.T) {
 	pool := &streamsv1alpha1.ReplicaPool{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "orders"}}
 	args := replicaAccessArgs(pool, testOperator)
 	want := []string{"--allow-admin=" + testOperator, "--allow-replication=spiffe://catena/ns/shop/pool/orders",
-		"--allow-data=spiffe://catena/ns/shop/ingest/*," + testOperator}
+		"--allow-data=spiffe://catena/ns/shop/ingest/*," + testOperator,
+		"--allow-status=spiffe://catena/ns/shop/pool/orders,spiffe://catena/ns/shop/ingest/*," + testOperator}
 	if diff := cmp.Diff(want, args); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
 	}
@@ -101,6 +103,14 @@ func TestIngestLeafNamesTheExternalAddress(t *testing.T) {
 	}
 	if l.Identity != "spiffe://catena/ns/shop/ingest/payments" {
 		t.Errorf("identity %s", l.Identity)
+	}
+	// A cluster name is never put in the certificate (the API refuses it
+	// too): it would let this Stream's ingestion pose as another Service.
+	for _, h := range []string{"orders-0.orders.bank.svc", "payments.bank.svc.cluster.local", "gateway"} {
+		s.Spec.Ingestion.External.AdvertisedHost = h
+		if l := ingestLeaf(s); slices.Contains(l.DNSNames, h) {
+			t.Errorf("advertisedHost %s is in the certificate", h)
+		}
 	}
 	s.Spec.Ingestion.External = nil
 	if l := ingestLeaf(s); len(l.IPs) != 0 || len(l.DNSNames) != 4 {

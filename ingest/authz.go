@@ -42,14 +42,14 @@ func MethodClasses() map[string]string {
 // ForStream judges requests by the Stream they name, for a
 // transport.Policy's ForRequest: those about own keep the class's list;
 // those about any other Stream (an ingestion node reaches every Stream of
-// its pool) are allowed to others only. On Kubernetes own is the Stream
+// its pool), and those about no Stream in particular (ListStreams names
+// them all), are allowed to others only. On Kubernetes own is the Stream
 // the node serves, whose spec.access the class lists come from, and others
 // are the namespace's aggregation workers (they write their checkpoint
 // Streams through the source's ingestion) and the operator.
 func ForStream(own string, others []string) func(class string, req any) ([]string, bool) {
 	return func(_ string, req any) ([]string, bool) {
-		r, ok := req.(interface{ GetStream() string })
-		if !ok || r.GetStream() == own {
+		if r, ok := req.(interface{ GetStream() string }); ok && r.GetStream() == own {
 			return nil, false
 		}
 		return others, true

@@ -321,10 +321,14 @@ type ExternalListener struct {
 	// name in front of the nodes or the load balancer). Empty: the
 	// internal address of the node of a ready ingestion pod for NodePort
 	// (on most clouds not reachable from outside: set this), the load
-	// balancer's for LoadBalancer.
+	// balancer's for LoadBalancer. The ingestion pods' certificate names
+	// it, so it may not be one of the cluster's own names (a single label,
+	// *.svc, *.cluster.local): that would let the Stream's ingestion pose
+	// as another namespace's Service.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:Pattern=`^([a-zA-Z0-9]([a-zA-Z0-9.-]*[a-zA-Z0-9])?|[0-9a-fA-F:.]*:[0-9a-fA-F:.]*)$`
+	// +kubebuilder:validation:XValidation:rule="self.contains(':') || (self.contains('.') && !self.lowerAscii().endsWith('.svc') && !self.lowerAscii().contains('.svc.') && !self.lowerAscii().endsWith('.cluster.local'))",message="advertisedHost must be a name clients outside the cluster resolve (with a dot, not *.svc or *.cluster.local) or an address"
 	AdvertisedHost string `json:"advertisedHost,omitempty"`
 
 	// annotations go on the Service: a cloud load balancer's settings.

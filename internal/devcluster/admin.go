@@ -144,6 +144,12 @@ func (r *runState) deleteStream(ctx context.Context, name string) error {
 	r.master.streams = slices.DeleteFunc(r.master.streams, func(s *masterStream) bool { return s.name == name })
 	r.state.Created = slices.DeleteFunc(r.state.Created, func(s CreatedStream) bool { return s.Name == name })
 	r.state.Streams = slices.DeleteFunc(r.state.Streams, func(s string) bool { return s == name })
+	if r.state.Stream == name {
+		r.state.Stream = ""
+		if len(r.state.Streams) > 0 {
+			r.state.Stream = r.state.Streams[0]
+		}
+	}
 	r.log.Info("Deleted stream", "stream", name)
 	return r.saveState()
 }

@@ -52,8 +52,9 @@ const (
 	DefaultLeafLifetime = 90 * 24 * time.Hour
 	// DefaultPropagation is how long the next CA is trusted before it
 	// signs: kubelet refreshes Secret volumes within about a minute and a
-	// half; this leaves room for a slow node.
-	DefaultPropagation = 10 * time.Minute
+	// half, and clients outside the cluster that copied ca.crt need time
+	// to fetch the new bundle (a rotation comes every three years or so).
+	DefaultPropagation = 24 * time.Hour
 )
 
 // RenewAt is when a certificate valid from notBefore to notAfter is due
@@ -95,9 +96,13 @@ type Rotation struct {
 // PlanCA returns the CA Secret's data as it should be at now, given what it
 // holds (nil or empty: no CA yet), and whether that differs. It creates a
 // CA; at two thirds of the signing CA's life it adds the next CA to the
-// bundle; after the propagation time the next CA signs; CAs that expired
-// leave the bundle. wake is when the plan should be made again.
-func PlanCA(data map[string][]byte, name string, now time.Time, r Rotation) (out map[string][]byte, changed bool, wake time.Time, err error) {
+// bundle; the next CA signs once the propagation time has passed both
+// since it was added and since trustedSince, when the caller first handed
+// the bundle holding it to every certificate it issued (zero: not yet; an
+// operator that was down while the clock ran must hand it out again before
+// the switch); CAs that expired leave the bundle. wake is when the plan
+// should be made again.
+func PlanCA(data map[string][]byte, name string, now, trustedSince time.Time, r Rotation) (out map[string][]byte, changed bool, wake time.Time, err error) {
 	if len(data) == 0 {
 		certPEM, keyPEM, err := newCA(name, now, r.Lifetime)
 		if err != nil {
@@ -120,6 +125,12 @@ func PlanCA(data map[string][]byte, name string, now time.Time, r Rotation) (out
 		signs, err := time.Parse(time.RFC3339, string(nextSigns))
 		if err != nil {
 			return nil, false, time.Time{}, fmt.Errorf("the CA Secret's %s: %w", NextSignsKey, err)
+		}
+		if !trustedSince.IsZero() && trustedSince.Add(r.Propagation).After(signs) {
+			signs = trustedSince.Add(r.Propagation)
+		}
+		if trustedSince.IsZero() {
+			signs = later(signs, now.Add(r.Propagation))
 		}
 		if !now.Before(signs) {
 			// The next CA has been trusted everywhere long enough.
@@ -169,6 +180,13 @@ func PlanCA(data map[string][]byte, name string, now time.Time, r Rotation) (out
 	}
 	out[BundleKey] = b.Bytes()
 	return out, !equalData(data, out), wake, nil
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // Leaf is what a certificate the operator issues says.

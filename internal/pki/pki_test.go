@@ -14,7 +14,12 @@ var (
 
 func mustPlanCA(t *testing.T, data map[string][]byte, now time.Time) (map[string][]byte, bool, time.Time) {
 	t.Helper()
-	out, changed, wake, err := PlanCA(data, "catena-test", now, rot)
+	return mustPlanCATrusted(t, data, now, t0)
+}
+
+func mustPlanCATrusted(t *testing.T, data map[string][]byte, now, trustedSince time.Time) (map[string][]byte, bool, time.Time) {
+	t.Helper()
+	out, changed, wake, err := PlanCA(data, "catena-test", now, trustedSince, rot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +88,18 @@ func TestCARotatesInTwoSteps(t *testing.T) {
 		t.Fatal("changed during propagation")
 	}
 
+	// An operator that was down while the clock ran: it hands the bundle
+	// out first, then waits the propagation time again.
+	if _, changed, wake := mustPlanCATrusted(t, step1, at.Add(5*rot.Propagation), time.Time{}); changed || !wake.Equal(at.Add(6*rot.Propagation)) {
+		t.Fatalf("switched (%v) before this operator handed the bundle out; wake %v", changed, wake)
+	}
+	if _, changed, _ := mustPlanCATrusted(t, step1, at.Add(5*rot.Propagation), at.Add(5*rot.Propagation)); changed {
+		t.Fatal("switched as soon as the bundle was handed out")
+	}
+	if _, changed, _ := mustPlanCATrusted(t, step1, at.Add(6*rot.Propagation), at.Add(5*rot.Propagation)); !changed {
+		t.Fatal("did not switch a propagation time after the bundle was handed out")
+	}
+
 	// After propagation: the next CA signs; both stay trusted.
 	step2, changed, wake := mustPlanCA(t, step1, at.Add(rot.Propagation))
 	if !changed || string(step2[CertKey]) != string(step1[NextCertKey]) || len(step2[NextCertKey]) != 0 {
@@ -112,7 +129,7 @@ func TestPlanCARefusesACAThatDoesNotLoad(t *testing.T) {
 		"empty bundle":      {CertKey: created[CertKey], KeyKey: created[KeyKey]},
 		"garbage":           {CertKey: []byte("x"), KeyKey: []byte("y")},
 	} {
-		if _, _, _, err := PlanCA(data, "catena-test", t0, rot); err == nil {
+		if _, _, _, err := PlanCA(data, "catena-test", t0, t0, rot); err == nil {
 			t.Errorf("%s: a CA that does not load was replaced; want an error", name)
 		}
 	}

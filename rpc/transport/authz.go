@@ -160,7 +160,12 @@ func (p *Policy) ServerOptions() []grpc.ServerOption {
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 			if p.ForRequest != nil {
 				// Judged by what it asks for: at each message the
-				// handler receives, before it acts on it.
+				// handler receives, before it acts on it; a method of
+				// no class is refused at once, and nothing is sent
+				// before a received message has passed.
+				if _, ok := p.Classes[info.FullMethod]; !ok {
+					return p.check(ss.Context(), info.FullMethod, nil)
+				}
 				return handler(srv, &checkedStream{ServerStream: ss, p: p, method: info.FullMethod})
 			}
 			if err := p.check(ss.Context(), info.FullMethod, nil); err != nil {
@@ -171,16 +176,29 @@ func (p *Policy) ServerOptions() []grpc.ServerOption {
 	}
 }
 
-// checkedStream judges each message a streaming call's server receives.
+// checkedStream judges each message a streaming call's server receives,
+// and sends nothing until one has passed.
 type checkedStream struct {
 	grpc.ServerStream
 	p      *Policy
 	method string
+	passed bool
 }
 
 func (s *checkedStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	return s.p.check(s.Context(), s.method, m)
+	if err := s.p.check(s.Context(), s.method, m); err != nil {
+		return err
+	}
+	s.passed = true
+	return nil
+}
+
+func (s *checkedStream) SendMsg(m any) error {
+	if !s.passed {
+		return status.Error(codes.PermissionDenied, "nothing is sent before the request is judged")
+	}
+	return s.ServerStream.SendMsg(m)
 }

@@ -117,6 +117,12 @@ placement: {nodeSpread: Required, zoneSpread: None, nodeSelector: {disk: nvme}}`
 			"spec.ingestion.external.advertisedHost in body should match"),
 		Entry("an advertised host with a port", "ext-hostport", "partitions: 3\ningestion: {external: {type: NodePort, advertisedHost: 'ingest.example.com:31070'}}",
 			"spec.ingestion.external.advertisedHost in body should match"),
+		Entry("an advertised host that names another namespace's Service", "ext-svc", "partitions: 3\ningestion: {external: {type: NodePort, advertisedHost: 'orders-0.orders.bank.svc'}}",
+			"advertisedHost must be a name clients outside the cluster resolve"),
+		Entry("an advertised host that is a cluster name", "ext-local", "partitions: 3\ningestion: {external: {type: NodePort, advertisedHost: 'payments.bank.svc.cluster.local'}}",
+			"advertisedHost must be a name clients outside the cluster resolve"),
+		Entry("an advertised host of a single label", "ext-label", "partitions: 3\ningestion: {external: {type: NodePort, advertisedHost: payments}}",
+			"advertisedHost must be a name clients outside the cluster resolve"),
 	)
 
 	DescribeTable("rejects an invalid change to a Stream, keeping what was stored",
