@@ -322,4 +322,6 @@ func killContainer(p corev1.Pod, container string) {
 func dumpNamespace(ns string) {
 	_, _ = run(env.kubectl, "get", "-n", ns, "streams,partitions,replicationchains,pods,pvc,events", "-o", "wide")
 	_, _ = run(env.kubectl, "logs", "-n", env.releaseNamespace, "-l", "app.kubernetes.io/component=operator", "--tail", "200")
+	_, _ = run(env.kubectl, "logs", "-n", ns, "-l", "app.kubernetes.io/component=replica", "--prefix", "--tail", "80")
+	_, _ = run(env.kubectl, "logs", "-n", ns, "-l", "app.kubernetes.io/component=ingest", "--prefix", "--tail", "40")
 }
