@@ -44,7 +44,7 @@ func userTLSFiles(ns, stream, user string) []string {
 // operator's own CA: a client whose identity the Stream does not allow to
 // produce is refused, one it allows succeeds, one without a certificate is
 // refused; and a caller with a certificate of the same CA that is not the
-// operator's is refused every admin call on a replica's port, which stores
+// operator's is refused Status and every admin call on a replica's port, which stores
 // nothing new.
 func expectAccessEnforced(ns, stream, pool, writer, reader string) {
 	var s streamsv1alpha1.Stream
