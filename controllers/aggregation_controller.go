@@ -316,7 +316,7 @@ func (r *AggregationReconciler) applyObjects(ctx context.Context, s *aggScope) (
 		if _, err := c.ensureLeaf(ctx, s.agg, s.agg.TLSSecretName(), workersLeaf(s.agg), nil); err != nil {
 			return false, err
 		}
-		mountTLS(&want.Workers.Spec.Template.Spec, s.agg.TLSSecretName(), workerAccessArgs(s.agg, s.source, c.OperatorIdentity())...)
+		mountTLS(&want.Workers.Spec.Template.Spec, s.agg.TLSSecretName(), c.podArgs(workerAccessArgs(s.agg, s.source, c.OperatorIdentity())...)...)
 	}
 	cp := &streamsv1alpha1.Stream{}
 	ours, err := r.applyChanged(ctx, s.agg, want.Checkpoints, cp)

@@ -61,6 +61,8 @@ type Certificates struct {
 	Namespace, SecretName string
 	Rotation              pki.Rotation
 	LeafLifetime          time.Duration
+	// MetricsTLS runs every pod's metrics over HTTPS (--metrics-tls).
+	MetricsTLS bool
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 
@@ -91,6 +93,19 @@ func (c *Certificates) now() time.Time {
 	}
 	return time.Now()
 }
+
+// podArgs are args, and --metrics-tls when metrics go over TLS.
+func (c *Certificates) podArgs(args ...string) []string {
+	if c.MetricsTLS {
+		return append(args, "--metrics-tls")
+	}
+	return args
+}
+
+// BundleName is the ConfigMap, beside the CA Secret, holding only the CA
+// bundle: what a scraper (a PodMonitor's tlsConfig) or a client outside
+// the cluster needs to verify Catena's servers.
+func (c *Certificates) BundleName() string { return c.SecretName + "-bundle" }
 
 // OperatorIdentity is the identity of the operator's client certificate.
 func (c *Certificates) OperatorIdentity() string { return OperatorIdentity(c.Namespace) }
@@ -192,6 +207,9 @@ func (c *Certificates) syncCA(ctx context.Context, logger logr.Logger) (time.Tim
 	if err != nil {
 		return time.Time{}, err
 	}
+	if err := c.publishBundle(ctx, ca.Bundle); err != nil {
+		return time.Time{}, err
+	}
 	c.load(ca)
 	// load has asked every object to hand out this bundle.
 	c.mu.Lock()
@@ -203,6 +221,34 @@ func (c *Certificates) syncCA(ctx context.Context, logger logr.Logger) (time.Tim
 	}
 	c.mu.Unlock()
 	return wake, nil
+}
+
+// publishBundle keeps the ConfigMap BundleName holding bundle.
+func (c *Certificates) publishBundle(ctx context.Context, bundle []byte) error {
+	key := types.NamespacedName{Namespace: c.Namespace, Name: c.BundleName()}
+	cm := &corev1.ConfigMap{}
+	if err := c.Reader.Get(ctx, key, cm); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("failed to read ConfigMap %s: %w", key, err)
+		}
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.BundleName(), Labels: CertificateLabels()},
+			Data: map[string]string{pki.BundleKey: string(bundle)}}
+		if err := c.Client.Create(ctx, cm); err != nil {
+			return fmt.Errorf("failed to create ConfigMap %s: %w", key, err)
+		}
+		return nil
+	}
+	if cm.Data[pki.BundleKey] == string(bundle) {
+		return nil
+	}
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[pki.BundleKey] = string(bundle)
+	if err := c.Client.Update(ctx, cm); err != nil {
+		return fmt.Errorf("failed to update ConfigMap %s: %w", key, err)
+	}
+	return nil
 }
 
 // load makes ca the one issuing, and tells the reconcilers when it or its

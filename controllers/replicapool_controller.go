@@ -97,7 +97,7 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		if err != nil {
 			return res, err
 		}
-		mountTLS(&desiredSTS.Spec.Template.Spec, pool.TLSSecretName(), replicaAccessArgs(pool, c.OperatorIdentity())...)
+		mountTLS(&desiredSTS.Spec.Template.Spec, pool.TLSSecretName(), c.podArgs(replicaAccessArgs(pool, c.OperatorIdentity())...)...)
 		res = requeueAt(res, wake, c.now())
 	}
 	if sts == nil {

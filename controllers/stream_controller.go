@@ -173,7 +173,7 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	}
 	if c := r.Certificates; c != nil {
 		if ingest.Deployment != nil {
-			mountTLS(&ingest.Deployment.Spec.Template.Spec, stream.IngestTLSSecretName(), ingestAccessArgs(stream, c.OperatorIdentity())...)
+			mountTLS(&ingest.Deployment.Spec.Template.Spec, stream.IngestTLSSecretName(), c.podArgs(ingestAccessArgs(stream, c.OperatorIdentity())...)...)
 		}
 	} else if stream.Spec.Access != nil && obs.reapply {
 		r.event(stream, corev1.EventTypeWarning, "AccessNotEnforced", "Run",

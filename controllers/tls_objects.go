@@ -66,7 +66,7 @@ func podNames(svc, namespace string) []string {
 // ingestion and the operator at <pod>.<service>.<namespace>.svc, and
 // presented on their links to one another.
 func poolLeaf(pool *streamsv1alpha1.ReplicaPool) pki.Leaf {
-	return pki.Leaf{Identity: poolIdentity(pool), DNSNames: podNames(pool.ServiceName(), pool.Namespace)}
+	return pki.Leaf{Identity: poolIdentity(pool), DNSNames: append(podNames(pool.ServiceName(), pool.Namespace), transport.MetricsServerName)}
 }
 
 // ingestLeaf is the certificate of a Stream's ingestion pods: served to
@@ -74,7 +74,7 @@ func poolLeaf(pool *streamsv1alpha1.ReplicaPool) pki.Leaf {
 // (its advertisedHost, else the address status reports), and presented to
 // replicas.
 func ingestLeaf(stream *streamsv1alpha1.Stream) pki.Leaf {
-	l := pki.Leaf{Identity: ingestIdentity(stream), DNSNames: serviceNames(stream.IngestServiceName(), stream.Namespace)}
+	l := pki.Leaf{Identity: ingestIdentity(stream), DNSNames: append(serviceNames(stream.IngestServiceName(), stream.Namespace), transport.MetricsServerName)}
 	var hosts []string
 	if ext := stream.Spec.Ingestion.External; ext != nil {
 		hosts = append(hosts, ext.AdvertisedHost)
@@ -116,8 +116,11 @@ func userLeaf(stream *streamsv1alpha1.Stream, user string) pki.Leaf {
 // Aggregation's Service, and presented to ingestion.
 func workersLeaf(agg *streamsv1alpha1.Aggregation) pki.Leaf {
 	names := append(podNames(agg.WorkersName(), agg.Namespace), serviceNames(aggServiceName(agg), agg.Namespace)...)
-	return pki.Leaf{Identity: workersIdentity(agg), DNSNames: names}
+	return pki.Leaf{Identity: workersIdentity(agg), DNSNames: append(names, transport.MetricsServerName)}
 }
+
+// Every server certificate also names transport.MetricsServerName, which a
+// scraper that reaches pods by address verifies them with (--metrics-tls).
 
 // Where a pod finds its certificate.
 const (

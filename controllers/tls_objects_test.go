@@ -94,7 +94,7 @@ func TestIngestLeafNamesTheExternalAddress(t *testing.T) {
 	s.Spec.Ingestion.External = &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeNodePort, AdvertisedHost: "payments.shop.example"}
 	s.Status.Endpoints.External = "192.0.2.10:31234"
 	l := ingestLeaf(s)
-	wantDNS := []string{"payments", "payments.shop", "payments.shop.svc", "payments.shop.svc.cluster.local", "payments.shop.example"}
+	wantDNS := []string{"payments", "payments.shop", "payments.shop.svc", "payments.shop.svc.cluster.local", transport.MetricsServerName, "payments.shop.example"}
 	if diff := cmp.Diff(wantDNS, l.DNSNames); diff != "" {
 		t.Errorf("DNS names (-want +got):\n%s", diff)
 	}
@@ -113,7 +113,7 @@ func TestIngestLeafNamesTheExternalAddress(t *testing.T) {
 		}
 	}
 	s.Spec.Ingestion.External = nil
-	if l := ingestLeaf(s); len(l.IPs) != 0 || len(l.DNSNames) != 4 {
+	if l := ingestLeaf(s); len(l.IPs) != 0 || len(l.DNSNames) != 5 {
 		t.Errorf("without an external listener: %v %v", l.DNSNames, l.IPs)
 	}
 }

@@ -25,6 +25,7 @@ func newAggregatorCommand() *cobra.Command {
 	var (
 		id, listen, ingestAddr, specFile, ckptStream, shardList, metricsAddr, pprofAddr string
 		verbosity                                                                       int
+		metricsOverTLS                                                                  bool
 		tlsFiles                                                                        transport.TLSFiles
 		allow                                                                           *allowFlags
 	)
@@ -63,7 +64,7 @@ source from the offsets recorded there.`,
 			if err != nil {
 				return err
 			}
-			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
+			if err := serveMetricsTLS(ctx, metricsAddr, reg, metricsOverTLS, tlsConfig, logger); err != nil {
 				return err
 			}
 			if err := servePprof(ctx, pprofAddr, logger); err != nil {
@@ -100,6 +101,7 @@ source from the offsets recorded there.`,
 	f.StringVar(&shardList, "shards", "", "standalone: the source partitions to run, comma-separated (default all)")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
+	metricsFlag(cmd, &metricsOverTLS)
 	allow = addAllowFlags(cmd, "aggregation worker", aggregator.MethodClasses(), true)
 	return cmd
 }

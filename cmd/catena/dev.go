@@ -54,7 +54,7 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 			ctx, cancel := signalContext()
 			defer cancel()
 			reg := newRegistry()
-			spec.ServeMetrics = func(addr string) error { return serveMetrics(ctx, addr, reg, spec.Logger) }
+			spec.ServeMetrics = func(addr string) error { return serveMetrics(ctx, addr, reg, nil, spec.Logger) }
 			if err := servePprof(ctx, pprofAddr, spec.Logger); err != nil {
 				return err
 			}

@@ -17,6 +17,7 @@ func newIngestCommand() *cobra.Command {
 		listen, metricsAddr, pprofAddr string
 		replicas                       []string
 		verbosity                      int
+		metricsOverTLS                 bool
 		tlsFiles                       transport.TLSFiles
 		allow                          *allowFlags
 		stream, allowOthers            string
@@ -50,7 +51,7 @@ func newIngestCommand() *cobra.Command {
 				return err
 			}
 			defer srv.Close()
-			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
+			if err := serveMetricsTLS(ctx, metricsAddr, reg, metricsOverTLS, tlsConfig, logger); err != nil {
 				return err
 			}
 			if err := servePprof(ctx, pprofAddr, logger); err != nil {
@@ -75,6 +76,7 @@ func newIngestCommand() *cobra.Command {
 	pprofFlag(cmd, &pprofAddr)
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
+	metricsFlag(cmd, &metricsOverTLS)
 	allow = addAllowFlags(cmd, "ingestion node", ingest.MethodClasses(), true)
 	cmd.Flags().StringVar(&stream, "stream", "", "the Stream whose access the --allow-* flags give; requests about other Streams are allowed to --allow-other-streams only (empty: the flags cover every Stream)")
 	cmd.Flags().StringVar(&allowOthers, "allow-other-streams", transport.AnyIdentity, "with --stream: identities that may make any call about another Stream (comma-separated, as --allow-*)")

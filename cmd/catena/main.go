@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -106,14 +107,40 @@ func serveGRPC(ctx context.Context, lis net.Listener, g *grpc.Server, grace time
 }
 
 // serveMetrics serves /metrics from reg on addr (empty: disabled).
-func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, logger logr.Logger) error {
+func serveMetrics(ctx context.Context, addr string, reg *prometheus.Registry, tlsConfig *tls.Config, logger logr.Logger) error {
 	if addr == "" {
 		return nil
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	return serveHTTP(ctx, addr, mux, "metrics", logger)
+	return serveHTTP(ctx, addr, mux, transport.HTTPServerConfig(tlsConfig), "metrics", logger)
+}
+
+// serveMetricsTLS is serveMetrics over TLS when on (--metrics-tls).
+func serveMetricsTLS(ctx context.Context, addr string, reg *prometheus.Registry, on bool, tlsConfig *tls.Config, logger logr.Logger) error {
+	cfg, err := metricsTLS(on, tlsConfig)
+	if err != nil {
+		return err
+	}
+	return serveMetrics(ctx, addr, reg, cfg, logger)
+}
+
+// metricsFlag adds --metrics-tls to a command with --tls-*.
+func metricsFlag(cmd *cobra.Command, on *bool) {
+	cmd.Flags().BoolVar(on, "metrics-tls", false, "serve metrics over HTTPS with the --tls-* certificate (scrapers verify it against --tls-ca; no client certificate needed)")
+}
+
+// metricsTLS is the metrics server's TLS config: tlsConfig with
+// --metrics-tls, nil (plain HTTP) without.
+func metricsTLS(on bool, tlsConfig *tls.Config) (*tls.Config, error) {
+	switch {
+	case !on:
+		return nil, nil
+	case tlsConfig == nil:
+		return nil, errors.New("--metrics-tls needs --tls-cert, --tls-key and --tls-ca")
+	}
+	return tlsConfig, nil
 }
 
 // pprofFlag adds --pprof-listen: Go profiles are off unless it is set, and
@@ -133,15 +160,18 @@ func servePprof(ctx context.Context, addr string, logger logr.Logger) error {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return serveHTTP(ctx, addr, mux, "profiles", logger)
+	return serveHTTP(ctx, addr, mux, nil, "profiles", logger)
 }
 
-// serveHTTP serves h on addr until ctx ends; what names it in logs and
-// errors.
-func serveHTTP(ctx context.Context, addr string, h http.Handler, what string, logger logr.Logger) error {
+// serveHTTP serves h on addr (over TLS with tlsConfig, when set) until
+// ctx ends; what names it in logs and errors.
+func serveHTTP(ctx context.Context, addr string, h http.Handler, tlsConfig *tls.Config, what string, logger logr.Logger) error {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("failed to listen for %s on %s: %w", what, addr, err)
+	}
+	if tlsConfig != nil {
+		lis = tls.NewListener(lis, tlsConfig)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

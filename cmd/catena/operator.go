@@ -136,6 +136,7 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&certs.leafLifetime, "certificate-lifetime", pki.DefaultLeafLifetime, "lifetime of the certificates the operator issues; each is renewed at two thirds of it")
 	cmd.Flags().DurationVar(&certs.caLifetime, "ca-lifetime", pki.DefaultCALifetime, "lifetime of the operator's CA; the next CA is made at two thirds of it")
 	cmd.Flags().DurationVar(&certs.propagation, "ca-propagation", pki.DefaultPropagation, "how long a new CA is trusted everywhere before it signs")
+	cmd.Flags().BoolVar(&certs.metricsTLS, "metrics-tls", false, "with --certificates=operator: every pod it runs serves metrics over HTTPS (verify with the ConfigMap <ca-secret>-bundle and the server name "+transport.MetricsServerName+")")
 	cmd.Flags().StringToStringVar(&netpol.podLabels, "operator-pod-labels", map[string]string{"app.kubernetes.io/name": "catena", "app.kubernetes.io/component": "operator"},
 		"labels of the operator's pods, for --network-policies")
 	tlsFlags(cmd, &tlsFiles)
@@ -152,6 +153,7 @@ const (
 type certificateFlags struct {
 	mode, secret                          string
 	leafLifetime, caLifetime, propagation time.Duration
+	metricsTLS                            bool
 }
 
 // certificates are the controllers' Certificates the flags give (nil with
@@ -159,6 +161,9 @@ type certificateFlags struct {
 func (f certificateFlags) certificates(namespace string, ownFiles bool) (*controllers.Certificates, error) {
 	switch f.mode {
 	case certificatesNone:
+		if f.metricsTLS {
+			return nil, errors.New("--metrics-tls needs --certificates=operator: the pods' metrics are served with the certificates it issues")
+		}
 		return nil, nil
 	case certificatesOperator:
 	default:
@@ -183,7 +188,7 @@ func (f certificateFlags) certificates(namespace string, ownFiles bool) (*contro
 		return nil, fmt.Errorf("--ca-secret %q is not a Secret name: %s", f.secret, strings.Join(errs, "; "))
 	}
 	return &controllers.Certificates{Namespace: namespace, SecretName: f.secret, LeafLifetime: f.leafLifetime,
-		Rotation: pki.Rotation{Lifetime: f.caLifetime, Propagation: f.propagation}}, nil
+		Rotation: pki.Rotation{Lifetime: f.caLifetime, Propagation: f.propagation}, MetricsTLS: f.metricsTLS}, nil
 }
 
 // networkPolicyFlags are the operator's flags for NetworkPolicies.

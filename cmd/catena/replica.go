@@ -23,6 +23,7 @@ func newReplicaCommand() *cobra.Command {
 	var (
 		id, listen, dataDir, metricsAddr, pprofAddr string
 		verbosity, catchUpRate                      int
+		metricsOverTLS                              bool
 		tlsFiles                                    transport.TLSFiles
 		allow                                       *allowFlags
 	)
@@ -61,7 +62,7 @@ func newReplicaCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("failed to listen on %s: %w", listen, err)
 			}
-			if err := serveMetrics(ctx, metricsAddr, reg, logger); err != nil {
+			if err := serveMetricsTLS(ctx, metricsAddr, reg, metricsOverTLS, tlsConfig, logger); err != nil {
 				return err
 			}
 			if err := servePprof(ctx, pprofAddr, logger); err != nil {
@@ -81,6 +82,7 @@ func newReplicaCommand() *cobra.Command {
 	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", 0, "MiB/s at most that this replica copies a partition it catches up on outside the chain (0: no cap)")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
+	metricsFlag(cmd, &metricsOverTLS)
 	allow = addAllowFlags(cmd, "replica", server.MethodClasses(), false)
 	_ = cmd.MarkFlagRequired("id")
 	_ = cmd.MarkFlagRequired("data-dir")

@@ -39,7 +39,7 @@ func TestProfilesAreApartFromMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	metrics, profiles := freeAddr(t), freeAddr(t)
-	if err := serveMetrics(ctx, metrics, newRegistry(), logr.Discard()); err != nil {
+	if err := serveMetrics(ctx, metrics, newRegistry(), nil, logr.Discard()); err != nil {
 		t.Fatal(err)
 	}
 	if err := servePprof(ctx, profiles, logr.Discard()); err != nil {

@@ -201,3 +201,29 @@ func (r *reloader) read() (*material, error) {
 	}
 	return &material{cert: &cert, pool: pool, certPEM: certPEM, keyPEM: keyPEM, caPEM: caPEM}, nil
 }
+
+// MetricsServerName is a name every certificate the operator issues to a
+// server carries, so that a scraper reaching pods by address (Prometheus)
+// can verify them with one server name. .invalid never resolves (RFC
+// 2606): no client dials it by accident.
+const MetricsServerName = "metrics.catena.invalid"
+
+// HTTPServerConfig returns cfg (from Config or DynamicConfig) for an HTTPS
+// server: client certificates optional, HTTP/2 or HTTP/1.1.
+func HTTPServerConfig(cfg *tls.Config) *tls.Config {
+	out := OptionalClientCerts(cfg)
+	if out == nil {
+		return nil
+	}
+	inner := out.GetConfigForClient
+	out.NextProtos = []string{"h2", "http/1.1"}
+	out.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		c, err := inner(hello)
+		if err != nil || c == nil {
+			return c, err
+		}
+		c.NextProtos = []string{"h2", "http/1.1"}
+		return c, nil
+	}
+	return out
+}

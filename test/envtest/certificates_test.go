@@ -74,6 +74,9 @@ var _ = Describe("The operator's certificates", func() {
 			g.Expect(k8s.Get(ctx, key(opNS, controllers.DefaultCASecret), &ca)).To(Succeed())
 			g.Expect(ca.Data).To(HaveKey(pki.KeyKey))
 			g.Expect(ca.Data).To(HaveKey(pki.BundleKey))
+			var bundle corev1.ConfigMap
+			g.Expect(k8s.Get(ctx, key(opNS, controllers.DefaultCASecret+"-bundle"), &bundle)).To(Succeed(), "the published bundle")
+			g.Expect(bundle.Data[pki.BundleKey]).To(Equal(string(ca.Data[pki.BundleKey])))
 		}).Should(Succeed())
 
 		Eventually(func(g Gomega) {

@@ -22,6 +22,8 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	"github.com/catena-streams/catena/rpc/transport"
 )
 
 // chartDir is the Helm chart, relative to this package.
@@ -216,6 +218,29 @@ var _ = Describe("Helm chart", func() {
 		Expect(pm.Object["spec"]).To(HaveKeyWithValue("podMetricsEndpoints", ConsistOf(HaveKeyWithValue("port", "metrics"))))
 		// The operator's series carry the namespace of what they count.
 		Expect(byKind["ServiceMonitor"].Object["spec"]).To(HaveKeyWithValue("endpoints", ConsistOf(HaveKeyWithValue("honorLabels", true))))
+
+		By("scraping over HTTPS with metrics.tls, verified against the operator's CA bundle")
+		var tlsPM, operator *unstructured.Unstructured
+		for _, obj := range helmTemplate("catena", "catena-system", "--set", "metrics.podMonitor.enabled=true", "--set", "metrics.tls.enabled=true") {
+			switch obj.GetKind() {
+			case "PodMonitor":
+				tlsPM = obj
+			case "Deployment":
+				operator = obj
+			}
+		}
+		Expect(tlsPM).NotTo(BeNil())
+		Expect(tlsPM.Object["spec"]).To(HaveKeyWithValue("podMetricsEndpoints", ConsistOf(SatisfyAll(
+			HaveKeyWithValue("scheme", "https"),
+			HaveKeyWithValue("tlsConfig", map[string]any{
+				"ca":         map[string]any{"configMap": map[string]any{"name": "catena-ca-bundle", "key": "ca.crt"}},
+				"serverName": transport.MetricsServerName,
+			})))))
+		containers, _, _ := unstructured.NestedSlice(operator.Object, "spec", "template", "spec", "containers")
+		Expect(containers[0]).To(HaveKeyWithValue("args", ContainElement("--metrics-tls")))
+		_, stderr, err := runHelm("template", "catena", chartDir, "--namespace", "catena-system", "--set", "metrics.tls.enabled=true", "--set", "tls.certificates=none")
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring("metrics.tls.enabled needs tls.certificates: operator"))
 
 		By("shipping the Grafana dashboard for the sidecar, as the JSON in the chart")
 		var dashboard *unstructured.Unstructured

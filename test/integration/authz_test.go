@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -313,5 +314,56 @@ func testCA(t *testing.T, dir string) (*transporttest.CA, func(name, identity st
 			t.Fatal(err)
 		}
 		return f
+	}
+}
+
+// TestMetricsOverTLS: with --metrics-tls a replica serves /metrics over
+// HTTPS with its certificate, which a scraper verifies against the CA; the
+// flag without a certificate is refused at start.
+func TestMetricsOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, files := testCA(t, dir)
+	rf := files("replica", "spiffe://catena/ns/authz/pool/secure")
+	addr, metricsAddr := freeAddr(t), freeAddr(t)
+	logPath := filepath.Join(dir, "replica.log")
+	p := startProc(t, "replica", logPath, "replica", "--id", "r0", "--listen", addr, "--data-dir", filepath.Join(dir, "data"),
+		"--metrics-listen", metricsAddr, "--metrics-tls",
+		"--tls-cert", rf.CertFile, "--tls-key", rf.KeyFile, "--tls-ca", rf.ClientCAFile)
+	t.Cleanup(func() { p.stop(10 * time.Second) })
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.PEM)
+	scraper := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
+	eventually(t, 30*time.Second, func() error {
+		if p.exited() {
+			t.Fatalf("the replica exited: %v\n%s", p.err, tailFile(logPath, 3000))
+		}
+		resp, err := scraper.Get("https://" + metricsAddr + "/metrics")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "go_goroutines") {
+			return fmt.Errorf("status %d, %d bytes", resp.StatusCode, len(body))
+		}
+		return nil
+	})
+	if resp, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+		_ = resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Error("metrics served in plaintext too")
+		}
+	}
+
+	bad := startProc(t, "replica without a certificate", filepath.Join(dir, "bad.log"), "replica", "--id", "r1", "--listen", freeAddr(t),
+		"--data-dir", filepath.Join(dir, "bad"), "--metrics-listen", freeAddr(t), "--metrics-tls")
+	eventually(t, 10*time.Second, func() error {
+		if !bad.exited() {
+			return errors.New("still running")
+		}
+		return nil
+	})
+	if out := tailFile(filepath.Join(dir, "bad.log"), 2000); !strings.Contains(out, "--metrics-tls needs --tls-cert") {
+		t.Errorf("refused without saying why: %s", out)
 	}
 }
