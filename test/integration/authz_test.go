@@ -117,20 +117,10 @@ func TestReplicaAdminNeedsTheOperatorsIdentity(t *testing.T) {
 			before.GetEpoch(), before.GetLogEnd(), after.GetEpoch(), after.GetLogEnd(), after.GetCommitted())
 	}
 
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	for _, want := range []string{
+	expectMetrics(t, metricsAddr,
 		`catena_rpc_refused_total{class="admin",code="PermissionDenied",method="/catena.v1.Replica/Drop"} 2`,
 		`catena_rpc_refused_total{class="data",code="PermissionDenied",method="/catena.v1.Replica/Append"} 1`,
-	} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("metrics lack %s", want)
-		}
-	}
+	)
 
 	// The operator's own Drop goes through.
 	if err := dropErr(op); err != nil {
@@ -282,21 +272,11 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 		t.Fatalf("ledger after the refused produce: %v, %d records, want the worker's one", err, len(got.GetRecords()))
 	}
 
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	for _, want := range []string{
+	expectMetrics(t, metricsAddr,
 		`catena_rpc_refused_total{class="produce",code="PermissionDenied",method="/catena.v1.Ingest/Produce"} 2`,
 		`catena_rpc_refused_total{class="produce",code="Unauthenticated",method="/catena.v1.Ingest/Produce"} 1`,
 		`catena_rpc_refused_total{class="consume",code="Unauthenticated",method="/catena.v1.Ingest/Subscribe"} 1`,
-	} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("metrics lack %s", want)
-		}
-	}
+	)
 }
 
 // testCA makes a CA for one test, and a function that issues identity a
@@ -365,5 +345,21 @@ func TestMetricsOverTLS(t *testing.T) {
 	})
 	if out := tailFile(filepath.Join(dir, "bad.log"), 2000); !strings.Contains(out, "--metrics-tls needs --tls-cert") {
 		t.Errorf("refused without saying why: %s", out)
+	}
+}
+
+// expectMetrics fails t unless the metrics at addr hold every line of want.
+func expectMetrics(t *testing.T, addr string, want ...string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	for _, w := range want {
+		if !strings.Contains(string(body), w) {
+			t.Errorf("metrics lack %s", w)
+		}
 	}
 }
