@@ -1,9 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 func TestLeaseTimingsValidate(t *testing.T) {
@@ -33,11 +37,23 @@ func TestLeaseTimingsValidate(t *testing.T) {
 
 func TestOperatorCacheWatchesTheNamespacesGiven(t *testing.T) {
 	all, err := operatorCache(nil)
-	if err != nil || all.DefaultNamespaces != nil || len(all.ByObject) != 1 {
-		t.Fatalf("no namespaces: %+v, %v; want every namespace, pods by label", all, err)
+	if err != nil || all.DefaultNamespaces != nil || len(all.ByObject) != 2 {
+		t.Fatalf("no namespaces: %+v, %v; want every namespace, pods and Secrets by label", all, err)
+	}
+	for obj, want := range map[client.Object]string{&corev1.Pod{}: "app.kubernetes.io/component in (aggregator,ingest,replica),app.kubernetes.io/name=catena",
+		&corev1.Secret{}: "app.kubernetes.io/component=certificate,app.kubernetes.io/managed-by=catena-operator,app.kubernetes.io/name=catena"} {
+		var got string
+		for o, by := range all.ByObject {
+			if fmt.Sprintf("%T", o) == fmt.Sprintf("%T", obj) {
+				got = by.Label.String()
+			}
+		}
+		if got != want {
+			t.Errorf("%T cached by %q, want %q (the operator's own only)", obj, got, want)
+		}
 	}
 	some, err := operatorCache([]string{"shop", "billing"})
-	if err != nil || len(some.DefaultNamespaces) != 2 || len(some.ByObject) != 1 {
+	if err != nil || len(some.DefaultNamespaces) != 2 || len(some.ByObject) != 2 {
 		t.Fatalf("two namespaces: %+v, %v", some, err)
 	}
 	if _, ok := some.DefaultNamespaces["billing"]; !ok {
@@ -72,5 +88,40 @@ func TestNetworkPolicyFlags(t *testing.T) {
 		if _, err := tc.f.options(""); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.f, err, tc.want)
 		}
+	}
+}
+
+func TestCertificateFlags(t *testing.T) {
+	good := certificateFlags{mode: certificatesOperator, secret: "catena-ca", leafLifetime: 90 * 24 * time.Hour, caLifetime: 5 * 365 * 24 * time.Hour, propagation: time.Hour}
+	for _, tc := range []struct {
+		name      string
+		f         func(*certificateFlags)
+		namespace string
+		ownFiles  bool
+		want      string // "" accepted
+	}{
+		{"the defaults", func(*certificateFlags) {}, "catena-system", false, ""},
+		{"none", func(f *certificateFlags) { f.mode = certificatesNone }, "", false, ""},
+		{"an unknown issuer", func(f *certificateFlags) { f.mode = "vault" }, "catena-system", false, `--certificates must be operator or none, got "vault"`},
+		{"no namespace for the CA", func(*certificateFlags) {}, "", false, "needs the operator's namespace"},
+		{"the operator's own files as well", func(*certificateFlags) {}, "catena-system", true, "are for --certificates=none"},
+		{"a CA shorter-lived than three certificates", func(f *certificateFlags) { f.caLifetime = 2 * f.leafLifetime }, "catena-system", false, "must be at least three times --certificate-lifetime"},
+		{"certificates under an hour", func(f *certificateFlags) { f.leafLifetime = time.Minute }, "catena-system", false, "--certificate-lifetime must be at least 1h"},
+		{"metrics over TLS without certificates", func(f *certificateFlags) { f.mode, f.metricsTLS = certificatesNone, true }, "", false, "--metrics-tls needs --certificates=operator"},
+		{"a bad Secret name", func(f *certificateFlags) { f.secret = "Catena_CA" }, "catena-system", false, `--ca-secret "Catena_CA" is not a Secret name`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := good
+			tc.f(&f)
+			c, err := f.certificates(tc.namespace, tc.ownFiles)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			case tc.want == "" && f.mode == certificatesOperator && (c == nil || c.Namespace != tc.namespace || c.SecretName != "catena-ca"):
+				t.Fatalf("certificates %+v", c)
+			}
+		})
 	}
 }
