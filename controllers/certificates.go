@@ -207,9 +207,6 @@ func (c *Certificates) syncCA(ctx context.Context, logger logr.Logger) (time.Tim
 	if err != nil {
 		return time.Time{}, err
 	}
-	if err := c.publishBundle(ctx, ca.Bundle); err != nil {
-		return time.Time{}, err
-	}
 	c.load(ca)
 	// load has asked every object to hand out this bundle.
 	c.mu.Lock()
@@ -220,6 +217,11 @@ func (c *Certificates) syncCA(ctx context.Context, logger logr.Logger) (time.Tim
 		c.trustedSince = time.Time{}
 	}
 	c.mu.Unlock()
+	// Published after the load: issuing does not wait on it, and a
+	// failure is retried by the caller.
+	if err := c.publishBundle(ctx, ca.Bundle); err != nil {
+		return time.Time{}, err
+	}
 	return wake, nil
 }
 

@@ -202,3 +202,37 @@ aggregates: [{name: total, function: Count}]
 		Entry("a user twice", `access: {users: [{name: a, operations: [Produce]}, {name: a, operations: [Consume]}]}`, "Duplicate value"),
 	)
 })
+
+// A CA of the user's own, put in the CA Secret before the operator starts,
+// is the one that issues.
+var _ = Describe("The operator's certificates from a CA of one's own", func() {
+	It("issues from the CA Secret it finds, and publishes its bundle", func() {
+		ns, opNS := newNamespace(), newNamespace()
+		own, _, _, err := pki.PlanCA(nil, "acme intermediate", time.Now(), time.Time{}, pki.Rotation{Lifetime: 365 * 24 * time.Hour})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: opNS, Name: controllers.DefaultCASecret}, Data: own})).To(Succeed())
+		startOperator(controllers.Options{Image: testImage, Certificates: &controllers.Certificates{
+			Namespace: opNS, SecretName: controllers.DefaultCASecret, LeafLifetime: 24 * time.Hour,
+			Rotation: pki.Rotation{Lifetime: 30 * 24 * time.Hour, Propagation: time.Minute},
+		}}, ns, opNS)
+		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "mine", `replicas: 1`))).To(Succeed())
+		roots := x509.NewCertPool()
+		Expect(roots.AppendCertsFromPEM(own[pki.BundleKey])).To(BeTrue())
+		Eventually(func(g Gomega) {
+			var s corev1.Secret
+			g.Expect(k8s.Get(ctx, key(ns, "mine-replica-tls"), &s)).To(Succeed())
+			blk, _ := pem.Decode(s.Data[pki.CertKey])
+			g.Expect(blk).NotTo(BeNil())
+			cert, err := x509.ParseCertificate(blk.Bytes)
+			g.Expect(err).NotTo(HaveOccurred())
+			_, err = cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+			g.Expect(err).NotTo(HaveOccurred(), "not issued by the CA put in the Secret")
+			var cm corev1.ConfigMap
+			g.Expect(k8s.Get(ctx, key(opNS, controllers.DefaultCASecret+"-bundle"), &cm)).To(Succeed())
+			g.Expect(cm.Data[pki.BundleKey]).To(Equal(string(own[pki.BundleKey])))
+		}).Should(Succeed())
+		var stored corev1.Secret
+		Expect(k8s.Get(ctx, key(opNS, controllers.DefaultCASecret), &stored)).To(Succeed())
+		Expect(stored.Data).To(Equal(own), "the operator changed a CA it was given")
+	})
+})
