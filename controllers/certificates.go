@@ -77,6 +77,11 @@ type Certificates struct {
 	issuer *pki.CA
 	renew  time.Time
 	subs   []chan event.GenericEvent
+	// kept remembers, per Secret, the last PlanLeaf that kept it, so that
+	// the reconcile loop (a Stream reconciles on every chain change of a
+	// failover) parses and verifies a certificate only when the Secret,
+	// the CA or what it must name changed, or its renewal is due.
+	kept map[types.NamespacedName]keptLeaf
 	// trustedSince is when this process first handed out a bundle holding
 	// the next CA (zero: none pending): the switch waits the propagation
 	// time after it, whatever the CA Secret's clock says.
@@ -327,10 +332,18 @@ func (c *Certificates) ensureLeaf(ctx context.Context, owner client.Object, name
 		return time.Time{}, err
 	}
 	now := c.now()
+	key := types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}
+	fingerprint := fmt.Sprint(l.Identity, l.DNSNames, l.IPs)
+	if found {
+		if wake, ok := c.stillKept(key, secret.ResourceVersion, ca, fingerprint, now); ok {
+			return wake, nil
+		}
+	}
 	action, reason, wake := pki.PlanLeaf(secret.Data, l, ca, now)
 	var data map[string][]byte
 	switch action {
 	case pki.LeafKeep:
+		c.keep(key, keptLeaf{resourceVersion: secret.ResourceVersion, ca: ca, leaf: fingerprint, wake: wake})
 		return wake, nil
 	case pki.LeafBundle:
 		data = maps.Clone(secret.Data)
@@ -410,6 +423,36 @@ func (c *Certificates) write(ctx context.Context, owner client.Object, secret *c
 		return fmt.Errorf("failed to create Secret %s: %w", name, err)
 	}
 	return nil
+}
+
+// keptLeaf is a leaf Secret found good: at resourceVersion, signed by ca,
+// for the leaf fingerprinted, until wake.
+type keptLeaf struct {
+	resourceVersion string
+	ca              *pki.CA
+	leaf            string
+	wake            time.Time
+}
+
+// stillKept returns the wake of a Secret found good before and unchanged
+// since.
+func (c *Certificates) stillKept(key types.NamespacedName, rv string, ca *pki.CA, leaf string, now time.Time) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k, ok := c.kept[key]
+	if !ok || k.resourceVersion != rv || k.ca != ca || k.leaf != leaf || !now.Before(k.wake) {
+		return time.Time{}, false
+	}
+	return k.wake, true
+}
+
+func (c *Certificates) keep(key types.NamespacedName, k keptLeaf) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.kept == nil {
+		c.kept = map[types.NamespacedName]keptLeaf{}
+	}
+	c.kept[key] = k
 }
 
 // requeueAt merges a wake time into a reconcile result.

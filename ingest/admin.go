@@ -47,6 +47,10 @@ func (s *Server) DeleteStream(ctx context.Context, req *catenapb.DeleteStreamReq
 		return nil, err
 	}
 	// Forget it at once: a produce right after must not find its chains.
-	<-s.disc.requestRefresh()
+	select {
+	case <-s.disc.requestRefresh():
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	return &catenapb.DeleteStreamResponse{}, nil
 }

@@ -94,18 +94,24 @@ func DynamicConfig(current func() (*tls.Certificate, *x509.CertPool)) *tls.Confi
 // authorization policy decides what a caller without one may do. Client
 // facing listeners (ingestion) use it.
 func OptionalClientCerts(cfg *tls.Config) *tls.Config {
+	return serverVariant(cfg, func(c *tls.Config) { c.ClientAuth = tls.VerifyClientCertIfGiven })
+}
+
+// serverVariant returns a copy of cfg whose per-handshake server config
+// (GetConfigForClient) is changed by set too.
+func serverVariant(cfg *tls.Config, set func(*tls.Config)) *tls.Config {
 	if cfg == nil {
 		return nil
 	}
 	out := cfg.Clone()
+	set(out)
 	inner := cfg.GetConfigForClient
-	out.ClientAuth = tls.VerifyClientCertIfGiven
 	out.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 		c, err := inner(hello)
 		if err != nil || c == nil {
 			return c, err
 		}
-		c.ClientAuth = tls.VerifyClientCertIfGiven
+		set(c)
 		return c, nil
 	}
 	return out
@@ -211,19 +217,8 @@ const MetricsServerName = "metrics.catena.invalid"
 // HTTPServerConfig returns cfg (from Config or DynamicConfig) for an HTTPS
 // server: client certificates optional, HTTP/2 or HTTP/1.1.
 func HTTPServerConfig(cfg *tls.Config) *tls.Config {
-	out := OptionalClientCerts(cfg)
-	if out == nil {
-		return nil
-	}
-	inner := out.GetConfigForClient
-	out.NextProtos = []string{"h2", "http/1.1"}
-	out.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
-		c, err := inner(hello)
-		if err != nil || c == nil {
-			return c, err
-		}
+	return serverVariant(cfg, func(c *tls.Config) {
+		c.ClientAuth = tls.VerifyClientCertIfGiven
 		c.NextProtos = []string{"h2", "http/1.1"}
-		return c, nil
-	}
-	return out
+	})
 }
