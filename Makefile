@@ -96,8 +96,9 @@ test: build lint verify envtest-assets chart-check ## Run unit, integration, fau
 	$(GO) test -run='^$$' -fuzz=FuzzScanObject -fuzztime=$(FUZZTIME) ./aggregator/
 
 .PHONY: envtest-assets
-envtest-assets: ## Build (once, cached per version outside the checkout) kube-apiserver, etcd and kubectl for envtest.
+envtest-assets: ## Build (once, cached per version outside the checkout) kube-apiserver, etcd and kubectl for envtest, and cert-manager's controllers.
 	hack/k8s-binaries.sh
+	hack/cert-manager/build.sh
 
 .PHONY: helm
 helm: ## Build (once, cached per version outside the checkout) helm for chart-check and envtest.

@@ -92,7 +92,7 @@ type AggregationReconciler struct {
 	IngestAddr  IngestAddrFunc
 	// Certificates, when set, issues the workers' certificate and runs
 	// them with mutual TLS (nil: plaintext).
-	Certificates *Certificates
+	Certificates CertificateIssuer
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 

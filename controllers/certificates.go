@@ -16,14 +16,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
-	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/catena-streams/catena/internal/pki"
 	"github.com/catena-streams/catena/rpc/transport"
@@ -76,7 +73,8 @@ type Certificates struct {
 	own    *tls.Certificate
 	issuer *pki.CA
 	renew  time.Time
-	subs   []chan event.GenericEvent
+	// followers are woken when the CA or its bundle changes.
+	followers bundleFollowers
 	// kept remembers, per Secret, the last PlanLeaf that kept it, so that
 	// the reconcile loop (a Stream reconciles on every chain change of a
 	// failover) parses and verifies a certificate only when the Secret,
@@ -142,6 +140,12 @@ func (c *Certificates) ownMaterial() (*tls.Certificate, *x509.CertPool) {
 		}
 	}
 	return c.own, c.roots
+}
+
+// bind takes the manager's client, its reader past the cache and scheme.
+func (c *Certificates) bind(mgr ctrl.Manager) error {
+	c.Client, c.Reader, c.Scheme = mgr.GetClient(), mgr.GetAPIReader(), mgr.GetScheme()
+	return nil
 }
 
 // NeedLeaderElection: only the leader keeps the CA, as only it reconciles.
@@ -232,30 +236,7 @@ func (c *Certificates) syncCA(ctx context.Context, logger logr.Logger) (time.Tim
 
 // publishBundle keeps the ConfigMap BundleName holding bundle.
 func (c *Certificates) publishBundle(ctx context.Context, bundle []byte) error {
-	key := types.NamespacedName{Namespace: c.Namespace, Name: c.BundleName()}
-	cm := &corev1.ConfigMap{}
-	if err := c.Reader.Get(ctx, key, cm); err != nil {
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("failed to read ConfigMap %s: %w", key, err)
-		}
-		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.BundleName(), Labels: CertificateLabels()},
-			Data: map[string]string{pki.BundleKey: string(bundle)}}
-		if err := c.Client.Create(ctx, cm); err != nil {
-			return fmt.Errorf("failed to create ConfigMap %s: %w", key, err)
-		}
-		return nil
-	}
-	if cm.Data[pki.BundleKey] == string(bundle) {
-		return nil
-	}
-	if cm.Data == nil {
-		cm.Data = map[string]string{}
-	}
-	cm.Data[pki.BundleKey] = string(bundle)
-	if err := c.Client.Update(ctx, cm); err != nil {
-		return fmt.Errorf("failed to update ConfigMap %s: %w", key, err)
-	}
-	return nil
+	return publishBundleConfigMap(ctx, c.Client, c.Reader, types.NamespacedName{Namespace: c.Namespace, Name: c.BundleName()}, bundle)
 }
 
 // load makes ca the one issuing, and tells the reconcilers when it or its
@@ -275,12 +256,7 @@ func (c *Certificates) load(ca *pki.CA) {
 		close(c.loaded)
 		return
 	}
-	for _, ch := range c.subs {
-		select {
-		case ch <- event.GenericEvent{}:
-		default: // one pending is enough
-		}
-	}
+	c.followers.wake()
 }
 
 // current returns the CA, waiting for its first load.
@@ -304,17 +280,7 @@ func (c *Certificates) current(ctx context.Context) (*pki.CA, error) {
 // reconciled, so that each leaf is signed by the new CA or carries its
 // bundle.
 func (c *Certificates) watchCertificates(b *builder.Builder, kind string, all func(context.Context) ([]reconcile.Request, error)) *builder.Builder {
-	ch := make(chan event.GenericEvent, 1)
-	c.mu.Lock()
-	c.subs = append(c.subs, ch)
-	c.mu.Unlock()
-	return b.Owns(&corev1.Secret{}).WatchesRawSource(source.Channel(ch, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		reqs, err := all(ctx)
-		if err != nil {
-			log.FromContext(ctx).Error(err, "Failed to list the objects whose certificates follow the CA", "kind", kind)
-		}
-		return reqs
-	})))
+	return c.followers.follow(b.Owns(&corev1.Secret{}), kind, all)
 }
 
 // ensureLeaf keeps the Secret name, controlled by owner, holding a
@@ -327,7 +293,7 @@ func (c *Certificates) ensureLeaf(ctx context.Context, owner client.Object, name
 		return time.Time{}, err
 	}
 	l.Lifetime = c.LeafLifetime
-	secret, found, err := c.readOwned(ctx, owner, name)
+	secret, found, err := readOwnedSecret(ctx, c.Client, owner, name)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -356,7 +322,7 @@ func (c *Certificates) ensureLeaf(ctx context.Context, owner client.Object, name
 		data = pki.LeafData(certPEM, keyPEM, ca)
 		wake = now.Add(c.LeafLifetime * 2 / 3)
 	}
-	if err := c.write(ctx, owner, secret, found, name, corev1.SecretTypeTLS, data, extraLabels); err != nil {
+	if err := writeOwnedSecret(ctx, c.Client, c.Scheme, owner, secret, found, name, corev1.SecretTypeTLS, data, extraLabels); err != nil {
 		return time.Time{}, err
 	}
 	log.FromContext(ctx).Info("Issued a certificate", "secret", name, "identity", l.Identity, "reason", reason, "bundleOnly", action == pki.LeafBundle)
@@ -371,58 +337,13 @@ func (c *Certificates) ensureBundle(ctx context.Context, owner client.Object, na
 	if err != nil {
 		return err
 	}
-	secret, found, err := c.readOwned(ctx, owner, name)
-	if err != nil {
-		return err
-	}
-	if found && len(secret.Data) == 1 && string(secret.Data[pki.BundleKey]) == string(ca.Bundle) {
-		return nil
-	}
-	return c.write(ctx, owner, secret, found, name, corev1.SecretTypeOpaque, map[string][]byte{pki.BundleKey: ca.Bundle}, nil)
+	return ensureBundleSecret(ctx, c.Client, c.Scheme, owner, name, ca.Bundle)
 }
 
-// readOwned reads the Secret name of owner's namespace: found is false when
-// there is none; one owner does not control is an error.
-func (c *Certificates) readOwned(ctx context.Context, owner client.Object, name string) (secret *corev1.Secret, found bool, err error) {
-	secret = &corev1.Secret{}
-	if err := c.Client.Get(ctx, types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}, secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			return secret, false, nil
-		}
-		return nil, false, fmt.Errorf("failed to read Secret %s: %w", name, err)
-	}
-	if !metav1.IsControlledBy(secret, owner) {
-		return nil, false, fmt.Errorf("secret %s exists and is not the operator's for %s: the operator will not overwrite it; delete or rename it", name, owner.GetName())
-	}
-	return secret, true, nil
-}
-
-// write creates (found false) or updates a Secret the operator issues.
-func (c *Certificates) write(ctx context.Context, owner client.Object, secret *corev1.Secret, found bool, name string, typ corev1.SecretType, data map[string][]byte, extraLabels map[string]string) error {
-	if found {
-		secret.Data = data
-		if err := c.Client.Update(ctx, secret); err != nil {
-			return fmt.Errorf("failed to update Secret %s: %w", name, err)
-		}
-		return nil
-	}
-	labels := CertificateLabels()
-	maps.Copy(labels, extraLabels)
-	secret = &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: owner.GetNamespace(), Name: name, Labels: labels},
-		Type:       typ,
-		Data:       data,
-	}
-	if err := controllerutil.SetControllerReference(owner, secret, c.Scheme); err != nil {
-		return fmt.Errorf("failed to set the owner of Secret %s: %w", name, err)
-	}
-	if err := c.Client.Create(ctx, secret); err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("secret %s exists and is not the operator's for %s (it lacks the labels %v): the operator will not overwrite it; delete or rename it", name, owner.GetName(), CertificateLabels())
-		}
-		return fmt.Errorf("failed to create Secret %s: %w", name, err)
-	}
-	return nil
+// pruneLeaves deletes the Secrets of owner, labelled selector, that keep
+// does not name.
+func (c *Certificates) pruneLeaves(ctx context.Context, owner client.Object, selector map[string]string, keep map[string]bool) error {
+	return pruneSecrets(ctx, c.Client, owner, selector, keep)
 }
 
 // keptLeaf is a leaf Secret found good: at resourceVersion, signed by ca,

@@ -17,14 +17,7 @@ import (
 func TestEnsureLeafLooksAgainWhenTheSecretChanges(t *testing.T) {
 	env := newLedgerTestEnv(t)
 	ctx := context.Background()
-	caData, _, _, err := pki.PlanCA(nil, "test", time.Now(), time.Time{}, pki.Rotation{Lifetime: 1000 * time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := pki.ParseCA(caData)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := newTestCA(t)
 	c := &Certificates{Client: env.client, Scheme: env.client.Scheme(), Namespace: "ops", LeafLifetime: 100 * time.Hour}
 	c.load(ca)
 	leaf := ingestLeaf(env.stream)
@@ -71,7 +64,7 @@ func TestEnsureLeafLooksAgainWhenTheSecretChanges(t *testing.T) {
 
 	// A rotated CA (another bundle): the bundle is handed out.
 	next := *ca
-	next.Bundle = append(append([]byte{}, ca.Bundle...), caData[pki.CertKey]...)
+	next.Bundle = append(append([]byte{}, ca.Bundle...), newTestCA(t).Bundle...)
 	c.load(&next)
 	ensure(leaf)
 	if got := read(); string(got.Data[pki.BundleKey]) != string(next.Bundle) {

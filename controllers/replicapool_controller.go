@@ -43,7 +43,7 @@ type ReplicaPoolReconciler struct {
 	NetworkPolicy *NetworkPolicyOptions
 	// Certificates, when set, issues each pool's replica certificate and
 	// runs the replicas with mutual TLS and --allow-* (nil: plaintext).
-	Certificates *Certificates
+	Certificates CertificateIssuer
 }
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools,verbs=get;list;watch;create;update;patch;delete
@@ -57,6 +57,7 @@ type ReplicaPoolReconciler struct {
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
 // The certificates the operator issues, and its CA.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=cert-manager.io,resources=certificates,verbs=get;list;watch;create;update;patch;delete
 
 // Reconcile brings one ReplicaPool's children to their desired state and
 // records what its StatefulSet reports and what it hosts.

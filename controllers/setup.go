@@ -36,11 +36,12 @@ type Options struct {
 	WorkerAddr WorkerAddrFunc
 	// NetworkPolicy turns on a NetworkPolicy per ReplicaPool (nil: none).
 	NetworkPolicy *NetworkPolicyOptions
-	// Certificates, when set, is the operator's own CA: it issues every
-	// operand's certificate, the operands run with mutual TLS and
-	// --allow-*, and the operator's links use its own certificate from it
-	// (ReplicaTLS is then ignored). Nil: plaintext operands.
-	Certificates *Certificates
+	// Certificates, when set, issues every operand's certificate (the
+	// operator's own CA, or a cert-manager issuer): the operands run with
+	// mutual TLS and --allow-*, and the operator's links use its own
+	// certificate from it (ReplicaTLS is then ignored). Nil: plaintext
+	// operands.
+	Certificates CertificateIssuer
 	// AggregationIngestAddr says which ingestion address workers are told
 	// to read sources and write checkpoints through (nil: the source
 	// Stream's status.endpoints.producers). Tests point it at an ingestion
@@ -55,7 +56,9 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 		return fmt.Errorf("failed to set up the operator: the replica image is empty")
 	}
 	if c := opts.Certificates; c != nil {
-		c.Client, c.Reader, c.Scheme = mgr.GetClient(), mgr.GetAPIReader(), mgr.GetScheme()
+		if err := c.bind(mgr); err != nil {
+			return err
+		}
 		if err := mgr.Add(c); err != nil {
 			return fmt.Errorf("failed to register the operator's CA: %w", err)
 		}

@@ -61,7 +61,7 @@ type StreamReconciler struct {
 	// Certificates, when set, issues each Stream's ingestion and user
 	// certificates and runs ingestion with TLS and spec.access (nil:
 	// plaintext, and spec.access is not enforced).
-	Certificates *Certificates
+	Certificates CertificateIssuer
 
 	// applied is when each Stream's pool and ingestion objects were last
 	// applied whatever their hash: between such re-applies (every
@@ -206,19 +206,8 @@ func (r *StreamReconciler) reconcileCertificates(ctx context.Context, stream *st
 	userLabels := map[string]string{labelStream: stream.Name, labelInstance: stream.Name}
 	selector := CertificateLabels()
 	maps.Copy(selector, userLabels)
-	var secrets corev1.SecretList
-	if err := r.Client.List(ctx, &secrets, client.InNamespace(stream.Namespace), client.MatchingLabels(selector)); err != nil {
-		return time.Time{}, fmt.Errorf("failed to list Stream %s's user Secrets: %w", stream.Name, err)
-	}
-	for i := range secrets.Items {
-		s := &secrets.Items[i]
-		if want[s.Name] || !metav1.IsControlledBy(s, stream) {
-			continue
-		}
-		if err := r.Client.Delete(ctx, s); err != nil && !apierrors.IsNotFound(err) {
-			return time.Time{}, fmt.Errorf("failed to delete Secret %s of a user no longer in spec.access: %w", s.Name, err)
-		}
-		log.FromContext(ctx).Info("Deleted the certificate of a user no longer in spec.access", "secret", s.Name)
+	if err := c.pruneLeaves(ctx, stream, selector, want); err != nil {
+		return time.Time{}, fmt.Errorf("failed to remove the certificates of users no longer in spec.access: %w", err)
 	}
 
 	wake, err := c.ensureLeaf(ctx, stream, stream.IngestTLSSecretName(), ingestLeaf(stream), nil)

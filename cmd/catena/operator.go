@@ -131,12 +131,15 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	cmd.Flags().BoolVar(&netpol.enabled, "network-policies", false, "give each ReplicaPool a NetworkPolicy: its replica port reachable only from its pods, ingestion and this operator (needs a CNI that enforces them)")
 	cmd.Flags().StringVar(&netpol.namespace, "operator-namespace", "", "the operator's namespace, where its CA Secret lives and which --network-policies admits (default: $POD_NAMESPACE)")
-	cmd.Flags().StringVar(&certs.mode, "certificates", certificatesOperator, "who issues the operands' certificates: operator (the operator's own CA, kept in --ca-secret; operands run with mutual TLS and per-Stream access) or none (plaintext operands, for development)")
-	cmd.Flags().StringVar(&certs.secret, "ca-secret", controllers.DefaultCASecret, "the Secret, in the operator's namespace, holding the operator's CA (created when missing)")
+	cmd.Flags().StringVar(&certs.mode, "certificates", certificatesOperator, "who issues the operands' certificates: operator (the operator's own CA, kept in --ca-secret), cert-manager (Certificates signed by --issuer-name), both with mutual TLS among operands and per-Stream access; or none (plaintext operands, for development)")
+	cmd.Flags().StringVar(&certs.secret, "ca-secret", controllers.DefaultCASecret, "the Secret, in the operator's namespace, holding the operator's CA (created when missing); with any issuer, <ca-secret>-bundle is the ConfigMap publishing the trust bundle")
+	cmd.Flags().StringVar(&certs.issuer.Name, "issuer-name", "", "with --certificates=cert-manager: the issuer that signs every certificate (it must return its CA in ca.crt: a CA or Vault issuer)")
+	cmd.Flags().StringVar(&certs.issuer.Kind, "issuer-kind", "ClusterIssuer", "with --certificates=cert-manager: ClusterIssuer, or Issuer (then one of that name in the operator's namespace and each namespace it runs pods in, all under one root CA)")
+	cmd.Flags().StringVar(&certs.issuer.Group, "issuer-group", "cert-manager.io", "with --certificates=cert-manager: the issuer's API group (another for an external issuer)")
 	cmd.Flags().DurationVar(&certs.leafLifetime, "certificate-lifetime", pki.DefaultLeafLifetime, "lifetime of the certificates the operator issues; each is renewed at two thirds of it")
 	cmd.Flags().DurationVar(&certs.caLifetime, "ca-lifetime", pki.DefaultCALifetime, "lifetime of the operator's CA; the next CA is made at two thirds of it")
 	cmd.Flags().DurationVar(&certs.propagation, "ca-propagation", pki.DefaultPropagation, "how long a new CA is trusted everywhere before it signs")
-	cmd.Flags().BoolVar(&certs.metricsTLS, "metrics-tls", false, "with --certificates=operator: every pod it runs serves metrics over HTTPS (verify with the ConfigMap <ca-secret>-bundle and the server name "+transport.MetricsServerName+")")
+	cmd.Flags().BoolVar(&certs.metricsTLS, "metrics-tls", false, "with --certificates=operator or cert-manager: every pod it runs serves metrics over HTTPS (verify with the ConfigMap <ca-secret>-bundle and the server name "+transport.MetricsServerName+")")
 	cmd.Flags().StringToStringVar(&netpol.podLabels, "operator-pod-labels", map[string]string{"app.kubernetes.io/name": "catena", "app.kubernetes.io/component": "operator"},
 		"labels of the operator's pods, for --network-policies")
 	tlsFlags(cmd, &tlsFiles)
@@ -145,47 +148,63 @@ func newOperatorCommand() *cobra.Command {
 
 // Values of --certificates.
 const (
-	certificatesOperator = "operator"
-	certificatesNone     = "none"
+	certificatesOperator    = "operator"
+	certificatesCertManager = "cert-manager"
+	certificatesNone        = "none"
 )
 
 // certificateFlags are the operator's flags for its own CA.
 type certificateFlags struct {
 	mode, secret                          string
+	issuer                                controllers.IssuerRef
 	leafLifetime, caLifetime, propagation time.Duration
 	metricsTLS                            bool
 }
 
-// certificates are the controllers' Certificates the flags give (nil with
-// none). namespace is the operator's.
-func (f certificateFlags) certificates(namespace string, ownFiles bool) (*controllers.Certificates, error) {
+// certificates is the issuer the flags give (nil with none). namespace is
+// the operator's.
+func (f certificateFlags) certificates(namespace string, ownFiles bool) (controllers.CertificateIssuer, error) {
 	switch f.mode {
 	case certificatesNone:
 		if f.metricsTLS {
-			return nil, errors.New("--metrics-tls needs --certificates=operator: the pods' metrics are served with the certificates it issues")
+			return nil, errors.New("--metrics-tls needs --certificates=operator or cert-manager: the pods' metrics are served with the certificates it issues")
 		}
 		return nil, nil
-	case certificatesOperator:
+	case certificatesOperator, certificatesCertManager:
 	default:
-		return nil, fmt.Errorf("--certificates must be %s or %s, got %q", certificatesOperator, certificatesNone, f.mode)
+		return nil, fmt.Errorf("--certificates must be %s, %s or %s, got %q", certificatesOperator, certificatesCertManager, certificatesNone, f.mode)
 	}
 	switch {
 	case ownFiles:
-		return nil, errors.New("--tls-cert, --tls-key and --tls-ca are for --certificates=none (the operator's own CA gives it its certificate)")
+		return nil, fmt.Errorf("--tls-cert, --tls-key and --tls-ca are for --certificates=none (with %s, the operator's certificate comes from its issuer)", f.mode)
 	case namespace == "":
-		return nil, errors.New("--certificates=operator needs the operator's namespace, for its CA Secret: --operator-namespace, or POD_NAMESPACE from the downward API")
+		return nil, fmt.Errorf("--certificates=%s needs the operator's namespace, for its own certificate and the trust bundle: --operator-namespace, or POD_NAMESPACE from the downward API", f.mode)
 	case f.leafLifetime < time.Hour:
 		return nil, fmt.Errorf("--certificate-lifetime must be at least 1h, got %v", f.leafLifetime)
-	case f.caLifetime < 3*f.leafLifetime:
-		return nil, fmt.Errorf("--ca-lifetime (%v) must be at least three times --certificate-lifetime (%v): a certificate must not outlive the CA that signed it", f.caLifetime, f.leafLifetime)
-	case f.propagation < 0:
-		return nil, fmt.Errorf("--ca-propagation must not be negative, got %v", f.propagation)
 	}
 	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
 		return nil, fmt.Errorf("the operator's namespace %q is not a namespace name: %s", namespace, strings.Join(errs, "; "))
 	}
 	if errs := validation.IsDNS1123Subdomain(f.secret); len(errs) > 0 {
 		return nil, fmt.Errorf("--ca-secret %q is not a Secret name: %s", f.secret, strings.Join(errs, "; "))
+	}
+	if f.mode == certificatesCertManager {
+		switch {
+		case f.issuer.Name == "":
+			return nil, errors.New("--certificates=cert-manager needs --issuer-name: the Issuer or ClusterIssuer that signs every certificate")
+		case f.issuer.Kind != "Issuer" && f.issuer.Kind != "ClusterIssuer" && f.issuer.Group == "cert-manager.io":
+			return nil, fmt.Errorf("--issuer-kind must be Issuer or ClusterIssuer for group cert-manager.io, got %q", f.issuer.Kind)
+		case f.issuer.Kind == "" || f.issuer.Group == "":
+			return nil, errors.New("--issuer-kind and --issuer-group must not be empty")
+		}
+		return &controllers.CertManager{Namespace: namespace, Issuer: f.issuer, OperatorCertificate: controllers.DefaultOperatorCertificate,
+			BundleConfigMap: f.secret + "-bundle", LeafLifetime: f.leafLifetime, MetricsTLS: f.metricsTLS}, nil
+	}
+	switch {
+	case f.caLifetime < 3*f.leafLifetime:
+		return nil, fmt.Errorf("--ca-lifetime (%v) must be at least three times --certificate-lifetime (%v): a certificate must not outlive the CA that signed it", f.caLifetime, f.leafLifetime)
+	case f.propagation < 0:
+		return nil, fmt.Errorf("--ca-propagation must not be negative, got %v", f.propagation)
 	}
 	return &controllers.Certificates{Namespace: namespace, SecretName: f.secret, LeafLifetime: f.leafLifetime,
 		Rotation: pki.Rotation{Lifetime: f.caLifetime, Propagation: f.propagation}, MetricsTLS: f.metricsTLS}, nil

@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/catena-streams/catena/controllers"
 )
 
 func TestLeaseTimingsValidate(t *testing.T) {
@@ -92,7 +94,9 @@ func TestNetworkPolicyFlags(t *testing.T) {
 }
 
 func TestCertificateFlags(t *testing.T) {
-	good := certificateFlags{mode: certificatesOperator, secret: "catena-ca", leafLifetime: 90 * 24 * time.Hour, caLifetime: 5 * 365 * 24 * time.Hour, propagation: time.Hour}
+	good := certificateFlags{mode: certificatesOperator, secret: "catena-ca", leafLifetime: 90 * 24 * time.Hour, caLifetime: 5 * 365 * 24 * time.Hour, propagation: time.Hour,
+		issuer: controllers.IssuerRef{Kind: "ClusterIssuer", Group: "cert-manager.io"}}
+	certManager := func(f *certificateFlags) { f.mode, f.issuer.Name = certificatesCertManager, "catena-ca" }
 	for _, tc := range []struct {
 		name      string
 		f         func(*certificateFlags)
@@ -102,7 +106,17 @@ func TestCertificateFlags(t *testing.T) {
 	}{
 		{"the defaults", func(*certificateFlags) {}, "catena-system", false, ""},
 		{"none", func(f *certificateFlags) { f.mode = certificatesNone }, "", false, ""},
-		{"an unknown issuer", func(f *certificateFlags) { f.mode = "vault" }, "catena-system", false, `--certificates must be operator or none, got "vault"`},
+		{"an unknown issuer", func(f *certificateFlags) { f.mode = "vault" }, "catena-system", false, `--certificates must be operator, cert-manager or none, got "vault"`},
+		{"cert-manager", certManager, "catena-system", false, ""},
+		{"cert-manager with an Issuer of each namespace", func(f *certificateFlags) { certManager(f); f.issuer.Kind = "Issuer" }, "catena-system", false, ""},
+		{"cert-manager with an external issuer", func(f *certificateFlags) {
+			certManager(f)
+			f.issuer.Kind, f.issuer.Group = "AWSPCAClusterIssuer", "awspca.cert-manager.io"
+		}, "catena-system", false, ""},
+		{"cert-manager without an issuer", func(f *certificateFlags) { f.mode = certificatesCertManager }, "catena-system", false, "needs --issuer-name"},
+		{"cert-manager with an unknown kind", func(f *certificateFlags) { certManager(f); f.issuer.Kind = "Issuers" }, "catena-system", false, `--issuer-kind must be Issuer or ClusterIssuer for group cert-manager.io, got "Issuers"`},
+		{"cert-manager without a namespace", certManager, "", false, "--certificates=cert-manager needs the operator's namespace"},
+		{"cert-manager and the operator's own files", certManager, "catena-system", true, "are for --certificates=none"},
 		{"no namespace for the CA", func(*certificateFlags) {}, "", false, "needs the operator's namespace"},
 		{"the operator's own files as well", func(*certificateFlags) {}, "catena-system", true, "are for --certificates=none"},
 		{"a CA shorter-lived than three certificates", func(f *certificateFlags) { f.caLifetime = 2 * f.leafLifetime }, "catena-system", false, "must be at least three times --certificate-lifetime"},
@@ -119,8 +133,18 @@ func TestCertificateFlags(t *testing.T) {
 				t.Fatalf("refused: %v", err)
 			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)
-			case tc.want == "" && f.mode == certificatesOperator && (c == nil || c.Namespace != tc.namespace || c.SecretName != "catena-ca"):
-				t.Fatalf("certificates %+v", c)
+			case tc.want == "" && f.mode == certificatesNone && c != nil:
+				// A typed nil in the interface would turn TLS on.
+				t.Fatalf("none gave %#v", c)
+			case tc.want == "" && f.mode == certificatesOperator:
+				if own, ok := c.(*controllers.Certificates); !ok || own.Namespace != tc.namespace || own.SecretName != "catena-ca" {
+					t.Fatalf("certificates %#v", c)
+				}
+			case tc.want == "" && f.mode == certificatesCertManager:
+				if cm, ok := c.(*controllers.CertManager); !ok || cm.Namespace != tc.namespace || cm.Issuer != f.issuer ||
+					cm.BundleConfigMap != "catena-ca-bundle" || cm.OperatorCertificate != controllers.DefaultOperatorCertificate {
+					t.Fatalf("cert-manager %#v", c)
+				}
 			}
 		})
 	}

@@ -259,6 +259,28 @@ var _ = Describe("Helm chart", func() {
 			Data: map[string]string{"catena.json": data["catena.json"]}})).To(Succeed(), "the API server takes it (size)")
 	})
 
+	It("hands certificates to cert-manager with tls.certificates: cert-manager", func() {
+		var deploy appsv1.Deployment
+		var role rbacv1.Role
+		for _, obj := range helmTemplate("catena", "catena-system", "--set", "tls.certificates=cert-manager", "--set", "tls.issuer.name=corp-ca",
+			"--set", "tls.issuer.kind=Issuer", "--set", "metrics.tls.enabled=true") {
+			switch obj.GetKind() {
+			case "Deployment":
+				Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &deploy)).To(Succeed())
+			case "Role":
+				Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &role)).To(Succeed())
+			}
+		}
+		Expect(deploy.Spec.Template.Spec.Containers[0].Args).To(ContainElements("--certificates=cert-manager", "--issuer-name=corp-ca",
+			"--issuer-kind=Issuer", "--issuer-group=cert-manager.io", "--ca-secret=catena-ca", "--metrics-tls"))
+		Expect(role.Rules).To(ContainElement(rbacv1.PolicyRule{APIGroups: []string{"cert-manager.io"}, Resources: []string{"certificates"},
+			Verbs: []string{"get", "create", "update"}}), "the operator's own Certificate, in its namespace")
+
+		_, stderr, err := runHelm("template", "catena", chartDir, "--namespace", "catena-system", "--set", "tls.certificates=cert-manager")
+		Expect(err).To(HaveOccurred())
+		Expect(stderr).To(ContainSubstring("tls.certificates: cert-manager needs tls.issuer.name"))
+	})
+
 	It("turns on the operator's NetworkPolicies with the labels of its own pods", func() {
 		var deploy appsv1.Deployment
 		for _, obj := range helmTemplate("catena", "catena-system", "--set", "networkPolicy.enabled=true") {
