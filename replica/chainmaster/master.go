@@ -249,13 +249,14 @@ func Plan(in Input) (*Repair, error) {
 // the planner.
 func drops(in Input, cur chainplan.Chain, plan chainplan.Plan) []Call {
 	complete := plan.Reason == chainplan.ReasonNoChange && len(plan.Actions) == 0
-	var committed uint64
 	for _, m := range cur.Members {
-		committed = max(committed, in.Reports[m].GetCommitted())
-	}
-	for _, m := range cur.Members {
+		// A member lacks committed records by its own report (its commit
+		// notice beyond its durable end), not by another member's
+		// committed offset read at another instant: under steady writes
+		// that is beyond every member's durable end, and stale copies
+		// were never dropped while writes flowed.
 		ps := in.Reports[m]
-		if !in.Answered[m] || ps == nil || ps.GetEpoch() != cur.Epoch || ps.GetError() != "" || ps.GetDurable() < committed {
+		if !in.Answered[m] || ps == nil || ps.GetEpoch() != cur.Epoch || ps.GetError() != "" || ps.GetDurable() < ps.GetCommittedNotice() {
 			complete = false
 		}
 	}
@@ -295,6 +296,7 @@ func replicaOf(in Input, id string, cur chainplan.Chain) chainplan.Replica {
 		return r
 	}
 	r.Epoch, r.LogEnd, r.DurableEnd, r.Committed, r.LastLogEpoch = ps.GetEpoch(), ps.GetLogEnd(), ps.GetDurable(), ps.GetCommitted(), ps.GetLastLogEpoch()
+	r.CommittedNotice = ps.GetCommittedNotice()
 	r.Restarted = ps.GetRestored()
 	r.SuccessorSilentMs = max(ps.GetSuccessorDownMs(), ps.GetSuccessorStalledMs())
 	switch {

@@ -19,6 +19,13 @@ func rep(epoch uint64, members []string, end uint64, c *catenapb.StreamConfig) *
 	return ps
 }
 
+// joining is ps of a member that joined the chain at the tail and is being
+// copied the records committed when it was configured (committed).
+func joining(ps *catenapb.PartitionStatus, committed uint64) *catenapb.PartitionStatus {
+	ps.CommittedNotice = committed
+	return ps
+}
+
 // calls renders a repair's calls: kind(to@epoch [members]).
 func calls(r *Repair) string {
 	if r == nil {
@@ -163,7 +170,7 @@ func TestPlan(t *testing.T) {
 			in: Input{Config: cfg, Addrs: addrs4, Answered: all4, Replication: 3, MinLength: 2,
 				Chain: &chainplan.Chain{Epoch: 3, Members: bcd},
 				Reports: map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 7, cfg),
-					"b": rep(3, bcd, 9, cfg), "c": rep(3, bcd, 9, cfg), "d": rep(3, bcd, 4, cfg)}},
+					"b": rep(3, bcd, 9, cfg), "c": rep(3, bcd, 9, cfg), "d": joining(rep(3, bcd, 4, cfg), 9)}},
 			want: "nothing",
 		},
 		{

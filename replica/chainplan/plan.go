@@ -49,7 +49,11 @@
 //     not counted as a full copy: not toward the minimum chain length, and
 //     it is never made head. If every full copy fails and only catching-up
 //     members survive, the chain is kept as it is and writes are refused:
-//     promoting a partial copy would lose committed records.
+//     promoting a partial copy would lose committed records. Whether a
+//     member blocks the chain's growth is judged from its own report
+//     instead (its commit notice beyond its durable end): the reports are
+//     read at different instants, and under steady writes another member's
+//     committed offset is beyond a durable end read a moment earlier.
 //   - When the survivors (full copies) are fewer than MinLength the new
 //     chain is still installed (so reads and repair go on) but
 //     WritesAllowed is false. When no member survives the chain is kept
@@ -156,6 +160,12 @@ type Replica struct {
 	Epoch uint64
 	// LogEnd, DurableEnd and Committed are what the replica reports.
 	LogEnd, DurableEnd, Committed uint64
+	// CommittedNotice is the highest committed offset the replica has been
+	// told of (by its predecessor, a copy's source, or the master's
+	// Configure). Beyond DurableEnd only while it lacks committed records:
+	// the one comparison that needs no other replica's report, read at
+	// another instant.
+	CommittedNotice uint64
 	// LastLogEpoch is the epoch of the last batch in its log (0: empty).
 	LastLogEpoch uint64
 	// Restarted: the replica reopened this partition from its volume and
@@ -419,7 +429,7 @@ func Next(in Input) (Plan, error) {
 		if r.Health != Alive {
 			return keep(ReasonWaitUnknown), nil
 		}
-		if !full(m) {
+		if catchingUp(r) {
 			return keep(ReasonWaitCatchUp), nil
 		}
 	}
@@ -473,6 +483,22 @@ func Next(in Input) (Plan, error) {
 }
 
 func empty(r Replica) bool { return r.Log == LogEmpty || r.LogEnd == 0 }
+
+// catchingUp reports whether a member of the chain, confirmed at its epoch
+// (step 2 saw to that), still lacks records the chain committed, by its own
+// report: the commit notice it heard beyond its durable end. A joiner is
+// configured with the committed offset the master knows and then hears of
+// every later commit from its predecessor, so it says so until its copy is
+// whole. Its durable end is not compared with the most any replica
+// reports: the reports are read at different instants, and under steady
+// writes a committed offset read after a member's durable end is beyond it
+// whichever member was read first (the head commits what the tail made
+// durable a moment before; the tail hears of it a moment after), so every
+// member looked like it was catching up and the chain never grew while
+// writes flowed.
+func catchingUp(r Replica) bool {
+	return r.Log == LogCorrupt || r.DurableEnd < r.CommittedNotice
+}
 
 // mostHeld picks, among reports in chain order, the full copy whose log
 // holds the most: the highest last log epoch (Kafka's rule: a later epoch's

@@ -55,6 +55,13 @@ func linkTimeout(in Input, ms uint64) Input {
 	return in
 }
 
+// noticed is r reporting that it has been told of commits up to c (its
+// Configure, its predecessor's notices).
+func noticed(r Replica, c uint64) Replica {
+	r.CommittedNotice = c
+	return r
+}
+
 func emptyVol(id string) Replica {
 	return Replica{ID: id, Health: Alive, Log: LogEmpty}
 }
@@ -217,8 +224,17 @@ func TestNext(t *testing.T) {
 				Actions: []Action{{Kind: ActionConfigure, Member: "c"}}}},
 
 		// Failures during catch-up.
-		{"joiner still catching up: no second joiner", in(chain(7, "b", "c", "a"), 4, 1, alive("b", 7, 120), alive("c", 7, 120), alive("a", 7, 60), emptyVol("d")),
+		{"joiner still catching up: no second joiner", in(chain(7, "b", "c", "a"), 4, 1, alive("b", 7, 120), alive("c", 7, 120), noticed(alive("a", 7, 60), 100), emptyVol("d")),
 			Plan{Members: []string{"b", "c", "a"}, Epoch: 7, Reason: ReasonWaitCatchUp, WritesAllowed: true}},
+		// Reports read at different instants under steady writes: the
+		// head's committed offset, read last, is beyond the tail's durable
+		// end read a moment before. Each says it lacks nothing.
+		{"a committed offset read after a member's durable end: the chain still grows", in(chain(6, "b", "c"), 3, 1,
+			Replica{ID: "b", Health: Alive, Epoch: 6, LogEnd: 130, DurableEnd: 130, Committed: 128, CommittedNotice: 100, LastLogEpoch: 6},
+			Replica{ID: "c", Health: Alive, Epoch: 6, LogEnd: 120, DurableEnd: 120, Committed: 120, CommittedNotice: 120, LastLogEpoch: 6},
+			returning("a", 5, 104, nil)),
+			Plan{Members: []string{"b", "c"}, Epoch: 6, Reason: ReasonFindDivergence, WritesAllowed: true,
+				Actions: []Action{{Kind: ActionFindDivergence, Member: "a", From: "b", Epoch: 5}}}},
 		{"joiner catching up does not count toward min length", in(chain(7, "b", "c", "a"), 3, 3, alive("b", 7, 120), alive("c", 7, 120), alive("a", 7, 60)),
 			Plan{Members: []string{"b", "c", "a"}, Epoch: 7, Reason: ReasonNoChange, WritesAllowed: false}},
 		{"old tail fails during catch-up: joiner now follows the head", in(chain(7, "b", "c", "a"), 3, 1, alive("b", 7, 120), failed("c", 7, 120), alive("a", 7, 60)),
