@@ -14,8 +14,13 @@
 // durability everywhere: an acknowledgement flowing back up the chain (min
 // of own durable end and the successor's ack) vouches for durability here
 // and downstream, so at the head it is the minimum of every member's durable
-// end, which is the committed offset. The head sends it down the chain as a
-// commit notice; that is how every other member learns it.
+// end, which is the committed offset. Durability also flows down with the
+// data: each member sends its successor its upstream-durable offset (min of
+// its own durable end and its predecessor's), so the tail knows the same
+// minimum with no acknowledgement round trip, and completes writes first
+// (docs/architecture.md, "Completion at the tail"). The head sends the
+// committed offset down as a commit notice for members that learn it no
+// other way.
 //
 // # Protocol
 //
@@ -25,9 +30,9 @@
 // Durable once its log is durable up to some end. Data moves down the chain
 // and acknowledgements move up it; commit notices follow the data down:
 //
-//	head --Forward[b,e)+committed--> middle --Forward--> tail
-//	head <------------AckUpstream--- middle <--Ack------ tail
-//	head --CommitNotice------------> middle --Notice---> tail
+//	head --Forward[b,e)+committed+up--> middle --Forward--> tail
+//	head <---------------AckUpstream--- middle <--Ack------ tail
+//	head --CommitNotice(committed,up)-> middle --Notice---> tail
 //
 // Per member the core keeps logEnd (next offset: what the driver has been
 // asked to write), durableEnd (the driver's last Durable report),
@@ -48,14 +53,22 @@
 //     here and on every member downstream. A middle or tail sends it
 //     upstream (AckUpstream) each time it grows within the epoch. Nothing
 //     is acknowledged that is not durable here.
+//   - Durability downstream. A member's upstream-durable offset is
+//     durableEnd at the head and min(durableEnd, upstream) at a middle,
+//     where upstream is the predecessor's, heard under E (piggy-backed on
+//     Forwarded or CommitNotice; reset by every new epoch, as it vouches
+//     for E's members only). It is sent down (DurableDown) each time it
+//     grows while the link is up, and again on every new link.
 //   - Committing. The head's ack value is durable on every member, i.e.
-//     committed; so is a sole member's durable end. A middle's or tail's
-//     ack value is not: its predecessors may not have made those records
-//     durable yet. A middle or tail therefore commits only what it hears
-//     from its predecessor (CommitNotice, or piggy-backed on Forwarded),
-//     capped at its own durable end. Every member's committed offset is
-//     max(committed, min(notice, durableEnd)), plus the ack value at the
-//     head or sole; it never goes backwards and never exceeds durableEnd.
+//     committed; so is a sole member's durable end; so is
+//     min(durableEnd, upstream) at the tail and min(upstream, ack value) at
+//     a middle: each is the least durable end over the members of E. A
+//     middle's or tail's ack value alone is not: its predecessors may not
+//     have made those records durable yet. A commit notice from the
+//     predecessor (CommitNotice, or piggy-backed on Forwarded) also counts,
+//     capped at the local durable end. Every member's committed offset is
+//     the largest of these; it never goes backwards and never exceeds
+//     durableEnd.
 //     Committed is emitted each time it grows; the driver publishes it to
 //     readers and sends it downstream as a notice. Everything reported
 //     committed anywhere is durable on every current member.
@@ -72,27 +85,32 @@
 //     should fetch the newer configuration). Neither changes any state, so
 //     a deposed member cannot append, acknowledge or commit anything here.
 //   - Reconfiguration. Configure with a newer epoch resets everything tied
-//     to the old links: the link is down, the window is empty, successorAck
-//     and the last ack sent upstream are zero (an ack vouches for the
-//     downstream membership of the epoch it was sent in). Log, durable end,
+//     to the old links: the link is down, the window is empty, successorAck,
+//     the last ack sent upstream and the upstream-durable offset heard are
+//     zero (an ack or an upstream-durable offset vouches for the membership
+//     of the epoch it was sent in). Log, durable end,
 //     the last notice heard and committed survive. A member that becomes
 //     (or stays) tail acknowledges its durable end upstream at once but
 //     does NOT commit it: a middle that becomes tail may hold records
 //     forwarded before they were durable upstream. Every new predecessor
 //     was upstream of it before, so holds them written; they commit once
-//     durable on every current member, which the head computes from the
-//     acks of the new epoch and notifies down. A member that becomes sole
+//     durable on every current member, which the head learns from the acks
+//     of the new epoch (and notifies down) and the tail from the
+//     upstream-durable offsets of the new epoch. A member that becomes sole
 //     commits its durable end. Appends still in flight are kept and commit
 //     when Durable covers them. A new head proposes from its own log end.
 //
 // # What the driver must do
 //
 //   - Carry out Effects in order: write Append (fsync later and report with
-//     Durable), send Forward (with the current committed offset
-//     piggy-backed; the records were just written, so they can be read
-//     back or forwarded from memory), send AckUpstream, publish Committed
-//     (and send it downstream as a commit notice). Commit notices are not
-//     an optimisation: without them the tail and middles never commit.
+//     Durable), send Forward (with the current committed and
+//     upstream-durable offsets piggy-backed; the records were just written,
+//     so they can be read back or forwarded from memory), send AckUpstream,
+//     publish Committed (and send it downstream as a commit notice, with
+//     the upstream-durable offset, which DurableDown alone also sends when
+//     no Forward carries it). Notices are not an optimisation: without
+//     them a middle or tail whose predecessors stopped writing never
+//     learns the last commits.
 //   - Link handshake. When a member connects to its successor under epoch E,
 //     the successor answers with its log end, its latest ack under E
 //     (Status().AckedUpstream) and the predecessor sends its committed
@@ -202,6 +220,12 @@ type Effects struct {
 	AckUpstream *uint64
 	// Committed, when set, is the new committed offset known here.
 	Committed *uint64
+	// DurableDown, when set, is a new upstream-durable offset for the
+	// successor: durable here and on every member before this one. The
+	// driver sends it on the frames of Forward, or in a notice of its own
+	// when Forward is empty. Set only while the successor link is up; a new
+	// link sets it again.
+	DurableDown *uint64
 }
 
 // Errors the core returns. Callers map them to wire status codes.

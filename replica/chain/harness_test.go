@@ -36,17 +36,18 @@ type message struct {
 	base     uint64   // msgForward
 	recs     []string // msgForward
 	value    uint64   // msgAck: ack end; msgCommit, msgForward: committed
+	up       uint64   // msgCommit, msgForward: the sender's upstream-durable offset
 	members  []string // msgConfig
 }
 
 func (m message) String() string {
 	switch m.kind {
 	case msgForward:
-		return fmt.Sprintf("%s->%s fwd e%d [%d,%d) c=%d", m.from, m.to, m.epoch, m.base, m.base+uint64(len(m.recs)), m.value)
+		return fmt.Sprintf("%s->%s fwd e%d [%d,%d) c=%d u=%d", m.from, m.to, m.epoch, m.base, m.base+uint64(len(m.recs)), m.value, m.up)
 	case msgAck:
 		return fmt.Sprintf("%s->%s ack e%d %d", m.from, m.to, m.epoch, m.value)
 	case msgCommit:
-		return fmt.Sprintf("%s->%s commit e%d %d", m.from, m.to, m.epoch, m.value)
+		return fmt.Sprintf("%s->%s notice e%d c=%d u=%d", m.from, m.to, m.epoch, m.value, m.up)
 	default:
 		return fmt.Sprintf("op->%s config e%d %s", m.to, m.epoch, strings.Join(m.members, ","))
 	}
@@ -120,7 +121,7 @@ func (c *cluster) apply(name string, eff Effects, recs func(Range) []string) {
 			c.fwdBeforeDurable++
 		}
 		c.net = append(c.net, message{kind: msgForward, from: name, to: st.Successor, epoch: st.Epoch,
-			base: f.Base, recs: slices.Clone(n.log[f.Base:f.End]), value: st.Committed})
+			base: f.Base, recs: slices.Clone(n.log[f.Base:f.End]), value: st.Committed, up: st.DurableDown})
 	}
 	if eff.AckUpstream != nil {
 		if st.Predecessor == "" {
@@ -128,8 +129,13 @@ func (c *cluster) apply(name string, eff Effects, recs func(Range) []string) {
 		}
 		c.net = append(c.net, message{kind: msgAck, from: name, to: st.Predecessor, epoch: st.Epoch, value: *eff.AckUpstream})
 	}
-	if eff.Committed != nil && st.Successor != "" {
-		c.net = append(c.net, message{kind: msgCommit, from: name, to: st.Successor, epoch: st.Epoch, value: *eff.Committed})
+	if d := eff.DurableDown; d != nil && (st.Successor == "" || *d > st.LogEnd || *d != st.DurableDown) {
+		c.tb.Fatalf("%s: sends upstream-durable %d down (successor %q, log end %d, status %d)", name, *d, st.Successor, st.LogEnd, st.DurableDown)
+	}
+	// A notice when committed grew, or when the upstream-durable offset
+	// grew and no frame carries it.
+	if st.Successor != "" && (eff.Committed != nil || eff.DurableDown != nil && len(eff.Forward) == 0) {
+		c.net = append(c.net, message{kind: msgCommit, from: name, to: st.Successor, epoch: st.Epoch, value: st.Committed, up: st.DurableDown})
 	}
 }
 
@@ -173,7 +179,7 @@ func (c *cluster) deliver(i int) (m message, eff Effects, note string, err error
 	n := c.node(m.to)
 	switch m.kind {
 	case msgForward:
-		eff, err = n.r.Forwarded(m.epoch, m.from, m.base, uint64(len(m.recs)), m.value)
+		eff, err = n.r.Forwarded(m.epoch, m.from, m.base, uint64(len(m.recs)), m.value, m.up)
 		if err == nil {
 			c.apply(m.to, eff, func(r Range) []string { return m.recs[r.Base-m.base : r.End-m.base] })
 		}
@@ -187,7 +193,7 @@ func (c *cluster) deliver(i int) (m message, eff Effects, note string, err error
 			c.apply(m.to, eff, noRecords)
 		}
 	case msgCommit:
-		eff, err = n.r.CommitNotice(m.epoch, m.from, m.value)
+		eff, err = n.r.CommitNotice(m.epoch, m.from, m.value, m.up)
 		if err == nil {
 			c.apply(m.to, eff, noRecords)
 		}
@@ -229,7 +235,7 @@ func (c *cluster) link(name string) ([]string, error) {
 		out = append(out, fmt.Sprintf("%s: handshake ack %d: %s", name, yst.AckedUpstream, fmtEffects(eff)))
 	}
 	if cm := x.r.Status().Committed; cm > 0 {
-		eff, err := y.r.CommitNotice(st.Epoch, name, cm)
+		eff, err := y.r.CommitNotice(st.Epoch, name, cm, 0)
 		if err != nil {
 			return out, err
 		}
@@ -308,6 +314,9 @@ func fmtEffects(e Effects) string {
 	}
 	if e.Committed != nil {
 		parts = append(parts, fmt.Sprintf("committed=%d", *e.Committed))
+	}
+	if e.DurableDown != nil {
+		parts = append(parts, fmt.Sprintf("down=%d", *e.DurableDown))
 	}
 	if len(parts) == 0 {
 		return "no effects"

@@ -46,6 +46,18 @@ type Replica struct {
 	noticed uint64
 	// committed only grows, independently of successorAck resets.
 	committed uint64
+
+	// upstream is the predecessor's upstream-durable offset under the
+	// current epoch: everything below it is durable on every member
+	// before this one. Like successorAck it vouches for one epoch's
+	// membership and is reset by every new epoch. With the local durable
+	// end and (at a middle) successorAck it gives the committed offset
+	// without the acknowledgement round trip: at the tail first.
+	upstream uint64
+	// sentDown is the last upstream-durable offset sent to the successor
+	// on the current link (reset by a new link, so that the handshake
+	// carries it again).
+	sentDown uint64
 }
 
 // New returns the state of a replica named self whose local log ends at
@@ -110,6 +122,8 @@ func (r *Replica) Configure(cfg Config) (Effects, error) {
 	r.inFlight = nil
 	r.successorAck = 0
 	r.ackedUpstream = 0
+	r.upstream = 0
+	r.sentDown = 0
 	r.noticed = max(r.noticed, cfg.Committed)
 
 	var eff Effects
@@ -188,7 +202,9 @@ func (r *Replica) Durable(end uint64) Effects {
 }
 
 // Forwarded handles records [base, base+count) forwarded by the predecessor
-// from under epoch, with the predecessor's committed offset piggy-backed.
+// from under epoch, with the predecessor's committed offset and its
+// upstream-durable offset (durable there and on every member before it)
+// piggy-backed.
 // Duplicates (entirely below the local log end) append nothing; a range that
 // starts beyond the log end returns ErrGap (the link must resynchronise); a
 // range that overlaps the end appends only the new suffix. What is appended
@@ -196,7 +212,7 @@ func (r *Replica) Durable(end uint64) Effects {
 // Effects.Forward together: write, then send). The piggy-backed
 // committed offset is applied even on a duplicate (it is monotone and
 // capped at durableEnd), so a duplicate can still yield Committed.
-func (r *Replica) Forwarded(epoch uint64, from string, base, count, committed uint64) (Effects, error) {
+func (r *Replica) Forwarded(epoch uint64, from string, base, count, committed, upstream uint64) (Effects, error) {
 	if err := r.checkMessage("forwarded", epoch); err != nil {
 		return Effects{}, err
 	}
@@ -209,6 +225,7 @@ func (r *Replica) Forwarded(epoch uint64, from string, base, count, committed ui
 	}
 	eff := Effects{Append: appended}
 	r.noticed = max(r.noticed, committed)
+	r.upstream = max(r.upstream, upstream)
 	r.advance(&eff)
 	return eff, nil
 }
@@ -285,11 +302,11 @@ func (r *Replica) Acked(epoch uint64, from string, ackEnd uint64) (Effects, erro
 	return eff, nil
 }
 
-// CommitNotice handles the committed offset sent down the chain by the
-// predecessor (also carried on Forwarded). It never moves committed
-// backwards and never beyond the local durable end; a notice above the
-// durable end takes effect as Durable catches up.
-func (r *Replica) CommitNotice(epoch uint64, from string, committed uint64) (Effects, error) {
+// CommitNotice handles the committed offset and the upstream-durable offset
+// sent down the chain by the predecessor (also carried on Forwarded). It
+// never moves committed backwards and never beyond the local durable end;
+// a notice above the durable end takes effect as Durable catches up.
+func (r *Replica) CommitNotice(epoch uint64, from string, committed, upstream uint64) (Effects, error) {
 	if err := r.checkMessage("commit notice", epoch); err != nil {
 		return Effects{}, err
 	}
@@ -297,6 +314,7 @@ func (r *Replica) CommitNotice(epoch uint64, from string, committed uint64) (Eff
 		return Effects{}, err
 	}
 	r.noticed = max(r.noticed, committed)
+	r.upstream = max(r.upstream, upstream)
 	var eff Effects
 	r.advance(&eff)
 	return eff, nil
@@ -336,6 +354,7 @@ func (r *Replica) SuccessorLinked(epoch uint64, succEnd uint64) (Effects, error)
 	r.linked = true
 	r.forwardedEnd = succEnd
 	r.inFlight = nil
+	r.sentDown = 0
 	var eff Effects
 	r.advance(&eff)
 	return eff, nil
@@ -427,13 +446,40 @@ func (r *Replica) advance(eff *Effects) {
 	// member's durable end are committed in their own right; a middle's or
 	// tail's ack value may cover records not yet durable upstream.
 	c := min(r.noticed, r.durableEnd)
-	if r.role == RoleHead || r.role == RoleSole {
+	switch r.role {
+	case RoleHead, RoleSole:
 		c = max(c, ack)
+	case RoleTail:
+		// Durable here and on every member before: on every member.
+		c = max(c, min(r.durableEnd, r.upstream))
+	case RoleMiddle:
+		// Durable before, here (ack covers it) and after.
+		c = max(c, min(r.upstream, ack))
 	}
 	if c > r.committed {
 		r.committed = c
 		eff.Committed = &c
 	}
+	if down := r.downValue(); r.linked && down > r.sentDown {
+		r.sentDown = down
+		eff.DurableDown = &down
+	}
+}
+
+// DurableDown is the upstream-durable offset every frame and notice to
+// the successor carries now (Status().DurableDown, without the copy).
+func (r *Replica) DurableDown() uint64 { return r.downValue() }
+
+// downValue is the upstream-durable offset to send the successor: durable
+// here and on every member before this one, under the current epoch.
+func (r *Replica) downValue() uint64 {
+	switch r.role {
+	case RoleHead:
+		return r.durableEnd
+	case RoleMiddle:
+		return min(r.durableEnd, r.upstream)
+	}
+	return 0
 }
 
 // Status is a snapshot for admin APIs and metrics.
@@ -463,6 +509,10 @@ type Status struct {
 	// AckedUpstream is the last AckUpstream emitted under Epoch; the link
 	// handshake carries it to the predecessor (see the package doc).
 	AckedUpstream uint64
+	// Upstream is the predecessor's upstream-durable offset under Epoch;
+	// DurableDown is this member's, which every frame and notice to the
+	// successor carries (0 at a tail or sole member).
+	Upstream, DurableDown uint64
 }
 
 // Status returns a snapshot.
@@ -483,5 +533,7 @@ func (r *Replica) Status() Status {
 		Linked:        r.linked,
 		ForwardedEnd:  r.forwardedEnd,
 		AckedUpstream: r.ackedUpstream,
+		Upstream:      r.upstream,
+		DurableDown:   r.downValue(),
 	}
 }

@@ -51,8 +51,24 @@ func (b *builder) link(succEnd uint64) *builder {
 
 func (b *builder) fwd(from string, base, count, committed uint64) *builder {
 	b.t.Helper()
-	_, err := b.r.Forwarded(b.r.epoch, from, base, count, committed)
+	_, err := b.r.Forwarded(b.r.epoch, from, base, count, committed, 0)
 	b.must("forwarded", err)
+	return b
+}
+
+// fwdUp is fwd with the predecessor's upstream-durable offset.
+func (b *builder) fwdUp(from string, base, count, committed, up uint64) *builder {
+	b.t.Helper()
+	_, err := b.r.Forwarded(b.r.epoch, from, base, count, committed, up)
+	b.must("forwarded", err)
+	return b
+}
+
+// upNotice is a notice with the predecessor's upstream-durable offset.
+func (b *builder) upNotice(from string, c, up uint64) *builder {
+	b.t.Helper()
+	_, err := b.r.CommitNotice(b.r.epoch, from, c, up)
+	b.must("notice", err)
 	return b
 }
 
@@ -65,7 +81,7 @@ func (b *builder) ack(from string, end uint64) *builder {
 
 func (b *builder) notice(from string, c uint64) *builder {
 	b.t.Helper()
-	_, err := b.r.CommitNotice(b.r.epoch, from, c)
+	_, err := b.r.CommitNotice(b.r.epoch, from, c, 0)
 	b.must("commit notice", err)
 	return b
 }
@@ -396,8 +412,8 @@ func TestDurable(t *testing.T) {
 	// An unlinked head with log 10, durable 0.
 	pending := func(t testing.TB) *builder { return build(t, "a", 0).cfg(2, "a,b,c").propose(10) }
 	runOps(t, []opCase{
-		{name: "linked head forwarded at link time, durability forwards nothing", setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4) },
-			op: durableOp(7), wantEff: "no effects",
+		{name: "linked head forwarded at link time, durability forwards nothing but the durable end", setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4) },
+			op: durableOp(7), wantEff: "down=7",
 			check: st(func(s Status) bool {
 				return s.ForwardedEnd == 10 && reflect.DeepEqual(s.InFlight, []Range{{0, 10}}) && s.Committed == 0 && s.DurableEnd == 7
 			})},
@@ -406,15 +422,31 @@ func TestDurable(t *testing.T) {
 		{name: "smaller value ignored", setup: func(t testing.TB) *builder { return pending(t).durable(5) }, op: durableOp(3), wantEff: "no effects",
 			check: st(func(s Status) bool { return s.DurableEnd == 5 })},
 		{name: "repeated value ignored", setup: func(t testing.TB) *builder { return pending(t).link(0).durable(5) }, op: durableOp(5), wantEff: "no effects"},
-		{name: "beyond log end is clamped", setup: func(t testing.TB) *builder { return pending(t).link(0) }, op: durableOp(99), wantEff: "no effects",
+		{name: "beyond log end is clamped", setup: func(t testing.TB) *builder { return pending(t).link(0) }, op: durableOp(99), wantEff: "down=10",
 			check: st(func(s Status) bool { return s.DurableEnd == 10 })},
 		{name: "head commits up to min(durable, successor ack): successor ahead",
 			setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4).ack("b", 9) },
-			op:    durableOp(6), wantEff: "committed=6",
+			op:    durableOp(6), wantEff: "committed=6 down=6",
 			check: st(func(s Status) bool { return s.Committed == 6 && s.SuccessorAck == 9 })},
 		{name: "head commits up to min(durable, successor ack): successor behind",
 			setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4).ack("b", 5) },
-			op:    durableOp(8), wantEff: "committed=5"},
+			op:    durableOp(8), wantEff: "committed=5 down=8"},
+		{name: "unlinked head sends no durable end down", setup: func(t testing.TB) *builder { return pending(t).link(0).durable(4).lost() },
+			op: durableOp(8), wantEff: "no effects", check: st(func(s Status) bool { return s.DurableDown == 8 })},
+		{name: "tail commits what is durable here and upstream, without an ack round trip",
+			setup: func(t testing.TB) *builder { return tailAt(t).fwdUp("b", 10, 2, 4, 8) },
+			op:    durableOp(12), wantEff: "ack-up=12 committed=8",
+			check: st(func(s Status) bool { return s.Committed == 8 && s.Upstream == 8 })},
+		{name: "tail commits up to its own durable end when upstream is ahead",
+			setup: func(t testing.TB) *builder { return tailAt(t).fwdUp("b", 10, 2, 4, 12) },
+			op:    durableOp(7), wantEff: "ack-up=7 committed=7"},
+		{name: "middle commits what is durable upstream, here and downstream",
+			setup: func(t testing.TB) *builder { return middleAt(t).ack("c", 9).upNotice("a", 0, 7) },
+			op:    durableOp(8), wantEff: "ack-up=8 committed=7 down=7"},
+		{name: "middle passes down the lower of its durable end and upstream's",
+			setup: func(t testing.TB) *builder { return middleAt(t).upNotice("a", 0, 9) },
+			op:    durableOp(8), wantEff: "down=8",
+			check: st(func(s Status) bool { return s.Committed == 0 && s.DurableDown == 8 })},
 		{name: "sole commits", setup: func(t testing.TB) *builder { return soleAt(t).propose(3) }, op: durableOp(6), wantEff: "committed=6"},
 		{name: "tail acks but does not commit its own durable end", setup: tailAt, op: durableOp(9), wantEff: "ack-up=9",
 			check: st(func(s Status) bool { return s.Committed == 4 && s.AckedUpstream == 9 })},
@@ -444,7 +476,7 @@ func TestDurable(t *testing.T) {
 }
 
 func fwdOp(epoch uint64, from string, base, count, committed uint64) func(*Replica) (Effects, error) {
-	return func(r *Replica) (Effects, error) { return r.Forwarded(epoch, from, base, count, committed) }
+	return func(r *Replica) (Effects, error) { return r.Forwarded(epoch, from, base, count, committed, 0) }
 }
 
 func TestForwarded(t *testing.T) {
@@ -532,7 +564,7 @@ func TestAcked(t *testing.T) {
 		{name: "head commits up to the ack even with appends in flight",
 			setup: func(t testing.TB) *builder { return headAt(t).propose(3) }, op: ackOp(2, "b", 10), wantEff: "committed=10"},
 		{name: "head catches up to an ack ahead of it as durable grows",
-			setup: func(t testing.TB) *builder { return headAt(t).propose(3).ack("b", 12) }, op: durableOp(13), wantEff: "committed=12"},
+			setup: func(t testing.TB) *builder { return headAt(t).propose(3).ack("b", 12) }, op: durableOp(13), wantEff: "committed=12 down=13"},
 		{name: "ack accepted while unlinked", setup: func(t testing.TB) *builder { return headAt(t).lost() }, op: ackOp(2, "b", 3), wantEff: "committed=3"},
 		{name: "middle passes the ack upstream, does not commit", setup: middleAt, op: ackOp(2, "c", 5), wantEff: "ack-up=5",
 			check: st(func(s Status) bool { return s.Committed == 0 })},
@@ -557,7 +589,7 @@ func TestAcked(t *testing.T) {
 }
 
 func noticeOp(epoch uint64, from string, c uint64) func(*Replica) (Effects, error) {
-	return func(r *Replica) (Effects, error) { return r.CommitNotice(epoch, from, c) }
+	return func(r *Replica) (Effects, error) { return r.CommitNotice(epoch, from, c, 0) }
 }
 
 func TestCommitNotice(t *testing.T) {
@@ -603,23 +635,23 @@ func TestSuccessorLinked(t *testing.T) {
 	}
 	unlinked := func(t testing.TB) *builder { return build(t, "a", 0).cfg(2, "a,b,c").propose(10).durable(8) }
 	runOps(t, []opCase{
-		{name: "forwards everything written from the successor's log end", setup: unlinked, op: linkOp(2, 3), wantEff: "forward=[3,10)",
+		{name: "forwards everything written from the successor's log end", setup: unlinked, op: linkOp(2, 3), wantEff: "forward=[3,10) down=8",
 			check: st(func(s Status) bool {
 				return s.Linked && s.ForwardedEnd == 10 && reflect.DeepEqual(s.InFlight, []Range{{3, 10}})
 			})},
-		{name: "log end is not an acknowledgement", setup: unlinked, op: linkOp(2, 10), wantEff: "no effects",
+		{name: "log end is not an acknowledgement", setup: unlinked, op: linkOp(2, 10), wantEff: "down=8",
 			check: st(func(s Status) bool { return s.SuccessorAck == 0 && s.Committed == 0 && s.ForwardedEnd == 10 })},
-		{name: "successor at the durable end gets the rest of the log", setup: unlinked, op: linkOp(2, 8), wantEff: "forward=[8,10)",
+		{name: "successor at the durable end gets the rest of the log", setup: unlinked, op: linkOp(2, 8), wantEff: "forward=[8,10) down=8",
 			check: st(func(s Status) bool { return s.Linked && s.ForwardedEnd == 10 })},
-		{name: "successor holds records not durable here", setup: unlinked, op: linkOp(2, 9), wantEff: "forward=[9,10)",
+		{name: "successor holds records not durable here", setup: unlinked, op: linkOp(2, 9), wantEff: "forward=[9,10) down=8",
 			check: st(func(s Status) bool { return s.Linked && s.ForwardedEnd == 10 && s.SuccessorAck == 0 })},
-		{name: "successor at the log end", setup: unlinked, op: linkOp(2, 10), wantEff: "no effects",
+		{name: "successor at the log end: a new link hears the durable end again", setup: unlinked, op: linkOp(2, 10), wantEff: "down=8",
 			check: st(func(s Status) bool { return s.Linked && s.InFlight == nil })},
 		{name: "successor holds records not in the log here", setup: unlinked, op: linkOp(2, 11), wantErr: ErrBehind},
 		{name: "middle relinks after middle removal", setup: func(t testing.TB) *builder { return middleAt(t).lost() }, op: linkOp(2, 2), wantEff: "forward=[2,10)"},
 		{name: "relink replaces the window",
 			setup: func(t testing.TB) *builder { return headAt(t).ack("b", 2) },
-			op:    linkOp(2, 5), wantEff: "forward=[5,10)",
+			op:    linkOp(2, 5), wantEff: "forward=[5,10) down=10",
 			check: st(func(s Status) bool { return reflect.DeepEqual(s.InFlight, []Range{{5, 10}}) && s.SuccessorAck == 2 })},
 		{name: "successor regressed below its ack", setup: func(t testing.TB) *builder { return headAt(t).ack("b", 6).lost() }, op: linkOp(2, 5), wantErr: ErrSuccessorRegressed},
 		{name: "stale epoch", setup: unlinked, op: linkOp(1, 0), wantErr: ErrStaleEpoch},
@@ -649,7 +681,7 @@ func TestSuccessorLost(t *testing.T) {
 	}
 	b.r.SuccessorLost(2) // twice: harmless
 	eff, err := b.r.SuccessorLinked(2, 10)
-	if err != nil || fmtEffects(eff) != "forward=[10,15)" {
+	if err != nil || fmtEffects(eff) != "forward=[10,15) down=15" {
 		t.Fatalf("relink: %s, %v", fmtEffects(eff), err)
 	}
 }
@@ -693,7 +725,7 @@ func TestDeposedHeadCannotCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldHead.Durable(15)
-	if _, err := mid.r.Forwarded(2, "a", 10, 5, 0); !errors.Is(err, ErrStaleEpoch) {
+	if _, err := mid.r.Forwarded(2, "a", 10, 5, 0, 0); !errors.Is(err, ErrStaleEpoch) {
 		t.Fatalf("new head accepted the deposed head's frame: %v", err)
 	}
 	if _, err := oldHead.Acked(3, "b", 10); !errors.Is(err, ErrFutureEpoch) {

@@ -41,6 +41,7 @@ func TestRandomizedChain(t *testing.T) {
 		"refused stale", "refused future", "refused gap", "duplicate ignored", "partial overlap",
 		"config out of order", "drain", "final committed", "forwarded before durable",
 		"durable downstream before upstream", "ack beyond durable end", "link beyond durable end",
+		"tail committed ahead of the head's notice",
 	} {
 		if seen[what] == 0 {
 			t.Errorf("no run exercised %q: %v", what, seen)
@@ -247,6 +248,11 @@ func (s *sim) check() {
 			s.fatalf("%s: committed went back from %d to %d", name, s.lastCommitted[name], st.Committed)
 		}
 		s.lastEpoch[name], s.lastCommitted[name] = st.Epoch, st.Committed
+		if st.Role == RoleTail && st.Committed > min(st.Noticed, st.DurableEnd) {
+			// Learned from the upstream-durable offsets, with no ack round
+			// trip: the completion the tail gives ingestion.
+			s.seen["tail committed ahead of the head's notice"]++
+		}
 		if st.LogEnd != uint64(len(n.log)) || st.DurableEnd > st.LogEnd || st.Committed > st.DurableEnd {
 			s.fatalf("%s: log end %d (driver holds %d), durable %d, committed %d", name, st.LogEnd, len(n.log), st.DurableEnd, st.Committed)
 		}

@@ -137,10 +137,27 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 		}
 	}()
 
-	sent, sentCommitted := succEnd, uint64(0)
+	// The upstream-durable offset is read from the core under the lock,
+	// while its epoch is still the link's: a value of a later epoch would
+	// vouch for another membership.
+	sent, sentCommitted, sentDown := succEnd, uint64(0), uint64(0)
+	down := func() (uint64, bool) {
+		if p.meta == nil || p.meta.Epoch != epoch {
+			return 0, false
+		}
+		return p.core.DurableDown(), true
+	}
 	for {
 		p.mu.Lock()
-		for p.fwdEnd <= sent && p.committed <= sentCommitted && p.failed == nil {
+		for {
+			d, ok := down()
+			if !ok {
+				p.mu.Unlock()
+				return errors.New("epoch changed")
+			}
+			if p.fwdEnd > sent || p.committed > sentCommitted || d > sentDown || p.failed != nil {
+				break
+			}
 			ch := p.changed
 			p.mu.Unlock()
 			select {
@@ -151,6 +168,7 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 			p.mu.Lock()
 		}
 		fwdEnd, committed, failed := p.fwdEnd, p.committed, p.failed
+		durableDown, _ := down()
 		var frames [][]byte
 		if fwdEnd > sent {
 			frames = p.takeRecent(sent, fwdEnd, linkMaxSendBytes)
@@ -183,12 +201,12 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 				sent = h.End()
 				bytes += len(fr)
 			}
-			f.Body = &catenapb.ReplicateFrame_Data{Data: &catenapb.BatchData{Frames: frames, Committed: committed}}
+			f.Body = &catenapb.ReplicateFrame_Data{Data: &catenapb.BatchData{Frames: frames, Committed: committed, UpstreamDurable: durableDown}}
 			p.m.bytesOut.Add(float64(bytes))
 		} else {
-			f.Body = &catenapb.ReplicateFrame_Commit{Commit: &catenapb.CommitNotice{Committed: committed}}
+			f.Body = &catenapb.ReplicateFrame_Commit{Commit: &catenapb.CommitNotice{Committed: committed, UpstreamDurable: durableDown}}
 		}
-		sentCommitted = committed
+		sentCommitted, sentDown = committed, durableDown
 		if err := stream.Send(f); err != nil {
 			return fmt.Errorf("failed to send to %s: %w", succID, err)
 		}
@@ -304,7 +322,7 @@ func (p *partition) receive(epoch uint64, from string, f *catenapb.ReplicateFram
 			if err != nil {
 				return status.Errorf(codes.InvalidArgument, "partition %s/%d: malformed frame from %s: %v", p.stream, p.index, from, err)
 			}
-			eff, err := p.core.Forwarded(epoch, from, h.BaseOffset, uint64(h.Count), body.Data.GetCommitted())
+			eff, err := p.core.Forwarded(epoch, from, h.BaseOffset, uint64(h.Count), body.Data.GetCommitted(), body.Data.GetUpstreamDurable())
 			if err != nil {
 				return coreStatus(err, p)
 			}
@@ -331,7 +349,7 @@ func (p *partition) receive(epoch uint64, from string, f *catenapb.ReplicateFram
 			p.appended()
 		}
 	case *catenapb.ReplicateFrame_Commit:
-		eff, err := p.core.CommitNotice(epoch, from, body.Commit.GetCommitted())
+		eff, err := p.core.CommitNotice(epoch, from, body.Commit.GetCommitted(), body.Commit.GetUpstreamDurable())
 		if err != nil {
 			return coreStatus(err, p)
 		}

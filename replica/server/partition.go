@@ -178,6 +178,9 @@ func (p *partition) apply(eff chain.Effects) {
 		p.m.committed.Set(float64(p.committed))
 		changed = true
 	}
+	if eff.DurableDown != nil {
+		changed = true // the link sends it (read from the core)
+	}
 	if changed {
 		p.broadcast()
 	}

@@ -3680,11 +3680,17 @@ func (*LinkHello) Descriptor() ([]byte, []int) {
 }
 
 type BatchData struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Frames        [][]byte               `protobuf:"bytes,1,rep,name=frames,proto3" json:"frames,omitempty"`
-	Committed     uint64                 `protobuf:"varint,2,opt,name=committed,proto3" json:"committed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Frames    [][]byte               `protobuf:"bytes,1,rep,name=frames,proto3" json:"frames,omitempty"`
+	Committed uint64                 `protobuf:"varint,2,opt,name=committed,proto3" json:"committed,omitempty"`
+	// The sender's upstream-durable offset under the link's epoch: durable
+	// on the sender and on every member before it. With its own durable end
+	// the tail knows the committed offset without an acknowledgement round
+	// trip (docs/architecture.md, "Completion at the tail"). Zero from a
+	// sender that predates it.
+	UpstreamDurable uint64 `protobuf:"varint,3,opt,name=upstream_durable,json=upstreamDurable,proto3" json:"upstream_durable,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *BatchData) Reset() {
@@ -3731,11 +3737,20 @@ func (x *BatchData) GetCommitted() uint64 {
 	return 0
 }
 
+func (x *BatchData) GetUpstreamDurable() uint64 {
+	if x != nil {
+		return x.UpstreamDurable
+	}
+	return 0
+}
+
+// Committed and upstream-durable offsets without data.
 type CommitNotice struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Committed     uint64                 `protobuf:"varint,1,opt,name=committed,proto3" json:"committed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Committed       uint64                 `protobuf:"varint,1,opt,name=committed,proto3" json:"committed,omitempty"`
+	UpstreamDurable uint64                 `protobuf:"varint,2,opt,name=upstream_durable,json=upstreamDurable,proto3" json:"upstream_durable,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CommitNotice) Reset() {
@@ -3771,6 +3786,13 @@ func (*CommitNotice) Descriptor() ([]byte, []int) {
 func (x *CommitNotice) GetCommitted() uint64 {
 	if x != nil {
 		return x.Committed
+	}
+	return 0
+}
+
+func (x *CommitNotice) GetUpstreamDurable() uint64 {
+	if x != nil {
+		return x.UpstreamDurable
 	}
 	return 0
 }
@@ -4145,12 +4167,14 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x04data\x18\x06 \x01(\v2\x14.catena.v1.BatchDataH\x00R\x04data\x121\n" +
 	"\x06commit\x18\a \x01(\v2\x17.catena.v1.CommitNoticeH\x00R\x06commitB\x06\n" +
 	"\x04body\"\v\n" +
-	"\tLinkHello\"A\n" +
+	"\tLinkHello\"l\n" +
 	"\tBatchData\x12\x16\n" +
 	"\x06frames\x18\x01 \x03(\fR\x06frames\x12\x1c\n" +
-	"\tcommitted\x18\x02 \x01(\x04R\tcommitted\",\n" +
+	"\tcommitted\x18\x02 \x01(\x04R\tcommitted\x12)\n" +
+	"\x10upstream_durable\x18\x03 \x01(\x04R\x0fupstreamDurable\"W\n" +
 	"\fCommitNotice\x12\x1c\n" +
-	"\tcommitted\x18\x01 \x01(\x04R\tcommitted\"[\n" +
+	"\tcommitted\x18\x01 \x01(\x04R\tcommitted\x12)\n" +
+	"\x10upstream_durable\x18\x02 \x01(\x04R\x0fupstreamDurable\"[\n" +
 	"\fReplicateAck\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
 	"\alog_end\x18\x02 \x01(\x04H\x00R\x06logEnd\x12\x12\n" +
