@@ -55,8 +55,9 @@ type IssuerRef struct {
 // and Vault issuers do; ACME issuers do not) and every Issuer must sign
 // under the same root (docs/security.md).
 type CertManager struct {
-	// Client writes Certificates and reads operands' ones from the cache;
-	// Reader reads the operator's own, past the cache.
+	// Client writes Certificates and reads operands' ones (unstructured:
+	// from the API server, not the cache); Reader reads the operator's
+	// own, and Secrets the cache does not hold.
 	Client client.Client
 	Reader client.Reader
 	Scheme *runtime.Scheme
@@ -77,6 +78,9 @@ type CertManager struct {
 	own    *tls.Certificate
 	roots  *x509.CertPool
 	bundle []byte
+	// lastErr is why the operator's certificate could not be loaded at
+	// the last try (nil: none, or loaded).
+	lastErr error
 	// followers are woken when the bundle changes.
 	followers bundleFollowers
 }
@@ -138,6 +142,9 @@ func (c *CertManager) Start(ctx context.Context) error {
 	for {
 		wait := time.Minute
 		loaded, err := c.syncOwn(ctx, key)
+		c.mu.Lock()
+		c.lastErr = err
+		c.mu.Unlock()
 		switch {
 		case err != nil:
 			logger.Error(err, "Failed to keep the operator's certificate; retrying")
@@ -200,9 +207,24 @@ func (c *CertManager) load(pair *tls.Certificate, roots *x509.CertPool, bundle [
 	}
 }
 
-// currentBundle returns the trust bundle, waiting for its first load.
+// bundleIfLoaded is the trust bundle, nil before the first load.
+func (c *CertManager) bundleIfLoaded() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bundle
+}
+
+// currentBundle returns the trust bundle, waiting for its first load; at
+// once with the reason when the last try to load it failed (an issuer that
+// gives no ca.crt must not hold every reconcile for the wait).
 func (c *CertManager) currentBundle(ctx context.Context) ([]byte, error) {
 	c.init()
+	c.mu.Lock()
+	bundle, lastErr := c.bundle, c.lastErr
+	c.mu.Unlock()
+	if bundle == nil && lastErr != nil {
+		return nil, fmt.Errorf("the operator's own certificate from cert-manager cannot be used yet: %w", lastErr)
+	}
 	select {
 	case <-c.loaded:
 	case <-ctx.Done():
@@ -222,17 +244,96 @@ func (c *CertManager) watchCertificates(b *builder.Builder, kind string, all fun
 	return c.followers.follow(b.Owns(newCertificate()).Owns(&corev1.Secret{}, builder.MatchEveryOwner), kind, all)
 }
 
+// certificateNameAnnotation is what cert-manager writes on each Secret it
+// issues: the name of the Certificate it issued it for.
+const certificateNameAnnotation = "cert-manager.io/certificate-name"
+
+// adoptRecheck is how soon a leaf is looked at again while its Secret is
+// not cert-manager's yet: its creation names no owner to wake.
+const adoptRecheck = 5 * time.Second
+
 // ensureLeaf keeps a Certificate name, controlled by owner, asking for l;
 // cert-manager keeps its Secret, which the operator makes owner's too (so
-// that it goes with owner). Renewal is cert-manager's: there is no wake.
+// that it goes with owner). Renewal is cert-manager's: the wake is only to
+// see a Secret not issued yet.
+//
+// cert-manager writes over any Secret of the Certificate's name, so the
+// Secret is looked at first: one that is neither cert-manager's for this
+// Certificate nor owner's is refused, as the own CA refuses it. One the
+// own CA wrote for owner (a switch of issuer) loses its controller
+// reference first: with --enable-certificate-owner-ref cert-manager makes
+// the Certificate the Secret's controller, and the API server refuses a
+// second.
 func (c *CertManager) ensureLeaf(ctx context.Context, owner client.Object, name string, l pki.Leaf, extraLabels map[string]string) (time.Time, error) {
 	labels := CertificateLabels()
 	maps.Copy(labels, extraLabels)
 	key := types.NamespacedName{Namespace: owner.GetNamespace(), Name: name}
+	secret, found, err := c.readSecret(ctx, key)
+	if err != nil {
+		return time.Time{}, err
+	}
+	issued := found && secret.Annotations[certificateNameAnnotation] == name
+	if found && !issued && !ownedBy(secret, owner) {
+		return time.Time{}, fmt.Errorf("secret %s exists and is neither cert-manager's for Certificate %s nor the operator's for %s: cert-manager would write over it, so the operator asks for no certificate there; delete or rename it", name, name, owner.GetName())
+	}
+	if found && metav1.IsControlledBy(secret, owner) {
+		if err := c.setOwner(ctx, owner, secret); err != nil {
+			return time.Time{}, err
+		}
+	}
 	if err := c.applyCertificate(ctx, c.Client, owner, desiredCertificate(key, l, c.Issuer, c.LeafLifetime, labels)); err != nil {
 		return time.Time{}, err
 	}
-	return time.Time{}, c.adoptSecret(ctx, owner, key)
+	if !issued {
+		return c.now().Add(adoptRecheck), nil
+	}
+	if !ownedBy(secret, owner) {
+		if err := c.setOwner(ctx, owner, secret); err != nil {
+			return time.Time{}, err
+		}
+	}
+	if bundle := c.bundleIfLoaded(); bundle != nil && string(secret.Data[pki.BundleKey]) != string(bundle) {
+		log.FromContext(ctx).Error(nil, "A certificate's ca.crt is not the operator's trust bundle: its pods and the operator will not trust each other (every issuer must sign under the root of the operator's own certificate)",
+			"secret", name, "issuer", c.Issuer.Kind+"/"+c.Issuer.Name)
+	}
+	return time.Time{}, nil
+}
+
+// readSecret reads the Secret key: from the cache, which holds those with
+// the operator's labels (cert-manager's secretTemplate puts them on), and
+// else past it, to see a Secret someone else put there.
+func (c *CertManager) readSecret(ctx context.Context, key types.NamespacedName) (*corev1.Secret, bool, error) {
+	secret := &corev1.Secret{}
+	err := c.Client.Get(ctx, key, secret)
+	if apierrors.IsNotFound(err) {
+		err = c.Reader.Get(ctx, key, secret)
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, fmt.Errorf("failed to read Secret %s: %w", key.Name, err)
+	}
+	return secret, true, nil
+}
+
+// setOwner makes owner a plain owner of secret, never its controller (see
+// ensureLeaf), so that the Secret goes with owner.
+func (c *CertManager) setOwner(ctx context.Context, owner client.Object, secret *corev1.Secret) error {
+	refs := secret.GetOwnerReferences()
+	for i := range refs {
+		if refs[i].UID == owner.GetUID() {
+			refs[i].Controller = nil
+		}
+	}
+	secret.SetOwnerReferences(refs)
+	if err := controllerutil.SetOwnerReference(owner, secret, c.Scheme); err != nil {
+		return fmt.Errorf("failed to make %s the owner of Secret %s: %w", owner.GetName(), secret.Name, err)
+	}
+	if err := c.Client.Update(ctx, secret); err != nil {
+		return fmt.Errorf("failed to make %s the owner of Secret %s: %w", owner.GetName(), secret.Name, err)
+	}
+	return nil
 }
 
 // ensureBundle keeps the Secret name holding only the trust bundle.
@@ -305,33 +406,6 @@ func (c *CertManager) applyCertificate(ctx context.Context, reader client.Reader
 		return fmt.Errorf("failed to update Certificate %s: %w", want.GetName(), err)
 	}
 	log.FromContext(ctx).Info("Updated what a certificate must name", "certificate", want.GetName())
-	return nil
-}
-
-// adoptSecret makes the Secret cert-manager issued for key owned by owner,
-// so that it goes with owner: as controller unless something else already
-// controls it (cert-manager's --enable-certificate-owner-ref).
-func (c *CertManager) adoptSecret(ctx context.Context, owner client.Object, key types.NamespacedName) error {
-	secret := &corev1.Secret{}
-	if err := c.Client.Get(ctx, key, secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil // not issued yet; its creation wakes the owner
-		}
-		return fmt.Errorf("failed to read Secret %s: %w", key.Name, err)
-	}
-	if ownedBy(secret, owner) {
-		return nil
-	}
-	set := controllerutil.SetControllerReference
-	if metav1.GetControllerOf(secret) != nil {
-		set = controllerutil.SetOwnerReference
-	}
-	if err := set(owner, secret, c.Scheme); err != nil {
-		return fmt.Errorf("failed to make %s the owner of Secret %s: %w", owner.GetName(), key.Name, err)
-	}
-	if err := c.Client.Update(ctx, secret); err != nil {
-		return fmt.Errorf("failed to make %s the owner of Secret %s: %w", owner.GetName(), key.Name, err)
-	}
 	return nil
 }
 

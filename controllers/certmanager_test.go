@@ -2,8 +2,10 @@ package controllers
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,19 +129,20 @@ func TestCertManagerLeaves(t *testing.T) {
 		}
 		return u
 	}
-	ensure := func(name string, l pki.Leaf, labels map[string]string) {
+	ensure := func(name string, l pki.Leaf, labels map[string]string) time.Time {
 		t.Helper()
 		wake, err := c.ensureLeaf(ctx, env.stream, name, l, labels)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !wake.IsZero() {
-			t.Fatalf("a wake of %v: renewals are cert-manager's", wake)
-		}
+		return wake
 	}
+	issuedBy := func(crt string) map[string]string { return map[string]string{certificateNameAnnotation: crt} }
 
 	leaf := ingestLeaf(env.stream)
-	ensure(key.Name, leaf, nil)
+	if wake := ensure(key.Name, leaf, nil); wake.IsZero() {
+		t.Fatal("no second look while the Secret is not issued: its creation wakes no owner")
+	}
 	first := read()
 	if !metav1.IsControlledBy(first, env.stream) {
 		t.Fatalf("owners %v", first.GetOwnerReferences())
@@ -155,21 +158,24 @@ func TestCertManagerLeaves(t *testing.T) {
 	}
 
 	// cert-manager writes the Secret, with the template's labels: the
-	// owner's reference is added, as controller when none controls it,
-	// beside cert-manager's own (--enable-certificate-owner-ref) else.
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: key.Name, Labels: CertificateLabels()}}
+	// owner is added as a plain owner (never controller: with
+	// --enable-certificate-owner-ref cert-manager makes the Certificate
+	// the controller, and the API server refuses two).
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: key.Name, Labels: CertificateLabels(), Annotations: issuedBy(key.Name)}}
 	if err := env.client.Create(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	ensure(key.Name, leaf, nil)
-	if err := env.client.Get(ctx, key, secret); err != nil || !metav1.IsControlledBy(secret, env.stream) {
+	if wake := ensure(key.Name, leaf, nil); !wake.IsZero() {
+		t.Fatalf("a wake of %v once issued: renewals are cert-manager's", wake)
+	}
+	if err := env.client.Get(ctx, key, secret); err != nil || !ownedBy(secret, env.stream) || metav1.GetControllerOf(secret) != nil {
 		t.Fatalf("Secret owners %v, %v", secret.OwnerReferences, err)
 	}
 	other := types.NamespacedName{Namespace: "ns", Name: "orders-user-app"}
 	userLabels := map[string]string{labelStream: "orders"}
 	templated := CertificateLabels()
 	maps.Copy(templated, userLabels)
-	byCertManager := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: other.Name, Labels: templated,
+	byCertManager := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: other.Name, Labels: templated, Annotations: issuedBy(other.Name),
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "cert-manager.io/v1", Kind: "Certificate", Name: other.Name, UID: "crt-uid", Controller: ptr.To(true)}}}}
 	if err := env.client.Create(ctx, byCertManager); err != nil {
 		t.Fatal(err)
@@ -177,6 +183,40 @@ func TestCertManagerLeaves(t *testing.T) {
 	ensure(other.Name, userLeaf(env.stream, "app"), userLabels)
 	if err := env.client.Get(ctx, other, byCertManager); err != nil || !ownedBy(byCertManager, env.stream) || metav1.GetControllerOf(byCertManager).Kind != "Certificate" {
 		t.Fatalf("Secret owners %v, %v", byCertManager.OwnerReferences, err)
+	}
+
+	// Someone else's Secret of a leaf's name, without the operator's labels
+	// (so not in the cache): cert-manager would write over it.
+	foreign := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "orders-user-ops"}, Data: map[string][]byte{"token": []byte("x")}}
+	if err := env.client.Create(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ensureLeaf(ctx, env.stream, foreign.Name, userLeaf(env.stream, "ops"), userLabels); err == nil || !strings.Contains(err.Error(), "neither cert-manager's") {
+		t.Fatalf("someone else's Secret: %v", err)
+	}
+	if err := env.client.Get(ctx, types.NamespacedName{Namespace: "ns", Name: foreign.Name}, newCertificate()); !apierrors.IsNotFound(err) {
+		t.Fatalf("a Certificate was made over someone else's Secret: %v", err)
+	}
+
+	// A Secret the operator's own CA issued (a switch of issuer): it stops
+	// being controlled by the owner before cert-manager is asked.
+	own := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "orders-aggregator-tls", Labels: CertificateLabels()}}
+	if err := controllerutil.SetControllerReference(env.stream, own, env.client.Scheme()); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.client.Create(ctx, own); err != nil {
+		t.Fatal(err)
+	}
+	ensure(own.Name, leaf, nil)
+	if err := env.client.Get(ctx, client.ObjectKeyFromObject(own), own); err != nil || !ownedBy(own, env.stream) || metav1.GetControllerOf(own) != nil {
+		t.Fatalf("own CA's Secret owners %v, %v", own.OwnerReferences, err)
+	}
+	if err := env.client.Get(ctx, client.ObjectKeyFromObject(own), newCertificate()); err != nil {
+		t.Fatalf("no Certificate for the own CA's Secret: %v", err)
+	}
+	// Back to the own CA: it refuses cert-manager's Secret and says how.
+	if _, _, err := readOwnedSecret(ctx, env.client, env.stream, other.Name); err == nil || !strings.Contains(err.Error(), "delete that Certificate") {
+		t.Fatalf("the own CA on cert-manager's Secret: %v", err)
 	}
 
 	// Someone else's Certificate of that name.
@@ -219,6 +259,16 @@ func TestCertManagerOperatorCertificate(t *testing.T) {
 	if loaded, err := c.syncOwn(ctx, key); loaded || err != nil {
 		t.Fatalf("before issuance: %v, %v", loaded, err)
 	}
+	// An issuer that cannot serve (no ca.crt, not Ready) does not hold
+	// every reconcile for the wait: the reason comes at once.
+	c.lastErr = errors.New("secret ops/catena-operator-tls has no ca.crt")
+	// (Waiting would end in the context's deadline instead.)
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := c.currentBundle(short); err == nil || !strings.Contains(err.Error(), "has no ca.crt") {
+		t.Fatalf("bundle before any load, with a failure: %v", err)
+	}
+	c.lastErr = nil
 	crt := newCertificate()
 	if err := env.client.Get(ctx, key, crt); err != nil {
 		t.Fatal(err)

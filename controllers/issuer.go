@@ -80,6 +80,9 @@ func readOwnedSecret(ctx context.Context, c client.Client, owner client.Object, 
 		return nil, false, fmt.Errorf("failed to read Secret %s: %w", name, err)
 	}
 	if !metav1.IsControlledBy(secret, owner) {
+		if crt := secret.Annotations[certificateNameAnnotation]; crt != "" {
+			return nil, false, fmt.Errorf("secret %s is cert-manager's (Certificate %s, from --certificates=cert-manager): to have the operator's own CA issue it, delete that Certificate and then the Secret", name, crt)
+		}
 		return nil, false, fmt.Errorf("secret %s exists and is not the operator's for %s: the operator will not overwrite it; delete or rename it", name, owner.GetName())
 	}
 	return secret, true, nil
