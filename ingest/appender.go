@@ -90,6 +90,11 @@ type sent struct {
 	chunks []*chunk
 	req    *catenapb.AppendRequest
 	at     time.Time // last sent to a head
+	// assigned: the head's first answer gave the chunks their offsets,
+	// under epoch; the records are committed once a completion of that
+	// epoch reaches end (one past the highest offset).
+	assigned   bool
+	epoch, end uint64
 }
 
 // count is the number of records s carries.
@@ -205,6 +210,32 @@ type appender struct {
 func (a *appender) acknowledged(c uint64) {
 	for old := a.committed.Load(); c > old && !a.committed.CompareAndSwap(old, c); old = a.committed.Load() {
 	}
+}
+
+// assign takes the head's answer (early or final) of s: its offsets.
+func (s *sent) assign(resp *catenapb.AppendResponse) {
+	k := 0
+	for _, c := range s.chunks {
+		n := len(c.recs)
+		c.offsets, c.dups = resp.GetOffsets()[k:k+n], resp.GetDuplicate()[k:k+n]
+		k += n
+	}
+	s.assigned, s.epoch, s.end = true, resp.GetEpoch(), slices.Max(resp.GetOffsets())+1
+}
+
+// complete answers s's producers: its records are committed up to
+// committed.
+func (a *appender) complete(s *sent, committed uint64) {
+	a.metrics.appendSeconds.Observe(time.Since(s.at).Seconds())
+	a.metrics.appends.Inc()
+	a.metrics.records.Add(float64(s.count()))
+	a.acknowledged(committed)
+	for _, c := range s.chunks {
+		close(c.done)
+	}
+	// Answered: nothing refers to its frame any more (gRPC copied it when
+	// it was sent).
+	a.recycle(s.req.GetFrame())
 }
 
 func newAppender(srv *Server, stream string, partition uint32) *appender {
@@ -532,7 +563,9 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 	if err != nil {
 		return inflight, fmt.Errorf("failed to open append stream to %s: %w", head.GetId(), err)
 	}
-	answers := make(chan *catenapb.AppendResponse, appenderMaxInFlight)
+	// Two answers per request: the early one (offsets assigned) and the
+	// final one (committed).
+	answers := make(chan *catenapb.AppendResponse, 2*appenderMaxInFlight)
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
@@ -548,8 +581,16 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			}
 		}
 	}()
+	// The tail's completions of this epoch: an assigned request's records
+	// are committed once one reaches their end, usually well before the
+	// head's final answer, which climbs back up the chain
+	// (docs/architecture.md, "Completion at the tail"). Nil for a chain of
+	// one, whose head answers as soon as it commits.
+	completions := a.watchCompletions(sctx, pr)
 	send := func(s *sent) error {
 		s.req.Epoch = pr.epoch
+		s.req.AnswerAssigned = completions != nil
+		s.assigned = false
 		s.at = time.Now()
 		if err := stream.Send(s.req); err != nil {
 			return fmt.Errorf("failed to send to head %s: %w", head.GetId(), err)
@@ -560,6 +601,44 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		if err := send(s); err != nil {
 			return inflight, err
 		}
+	}
+	// completed is the highest completion heard in this session; requests
+	// up to resolvedThrough are answered already (by a completion), so the
+	// head's final answers to them are passed over.
+	var completed, resolvedThrough uint64
+	resolve := func() {
+		for len(inflight) > 0 {
+			s := inflight[0]
+			if !s.assigned || s.epoch != pr.epoch || s.end > completed {
+				break
+			}
+			a.progressed = true
+			a.complete(s, completed)
+			resolvedThrough = s.id
+			inflight[0] = nil
+			inflight = inflight[1:]
+		}
+		if len(inflight) == 0 {
+			inflight = nil
+		}
+	}
+	// idle ends the session quietly when nothing is in flight or queued
+	// for idleStreamTimeout, keeping no stream open for a partition nobody
+	// writes to.
+	idle := func() bool {
+		a.mu.Lock()
+		idle := len(inflight) == 0 && len(a.queue) == 0
+		a.mu.Unlock()
+		if !idle {
+			return false
+		}
+		select {
+		case <-a.wake:
+			return false
+		case <-time.After(idleStreamTimeout):
+		case <-ctx.Done():
+		}
+		return true
 	}
 	stallTimer := time.NewTimer(stallAfter)
 	defer stallTimer.Stop()
@@ -609,73 +688,162 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		case <-wake:
 		case err := <-recvErr:
 			return inflight, fmt.Errorf("append stream to head %s broke: %w", head.GetId(), err)
+		case c := <-completions:
+			completed = max(completed, c)
+			resolve()
+			if idle() {
+				return nil, nil
+			}
 		case resp := <-answers:
-			if len(inflight) == 0 || resp.GetRequestId() != inflight[0].id {
-				return inflight, fmt.Errorf("head %s answered request %d out of order", head.GetId(), resp.GetRequestId())
+			done, failedAll, err := a.answered(resp, head, inflight, resolvedThrough)
+			switch {
+			case failedAll:
+				return nil, err
+			case err != nil:
+				return inflight, err
 			}
-			s := inflight[0]
-			a.progressed = true
-			if code := codes.Code(resp.GetErrorCode()); code != codes.OK {
-				err := status.Error(code, resp.GetErrorMessage())
-				if resp.GetErrorReason() == contract.ReasonChainTooShort {
-					// The chain is below its minimum length: every
-					// request on this stream is refused (the head ends the
-					// stream after this answer, storing none of the later
-					// ones). The producer gets the head's reason and
-					// retries on its own schedule.
-					for _, r := range inflight {
-						for _, c := range r.chunks {
-							c.fail(err)
-						}
-					}
-					return nil, err
-				}
-				if code != codes.InvalidArgument && code != codes.OutOfRange {
-					return inflight, err // the head ends the stream too
-				}
-				for _, c := range s.chunks {
-					c.fail(err)
-				}
-			} else if n := s.count(); len(resp.GetOffsets()) != n || len(resp.GetDuplicate()) != n {
-				return inflight, fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), n)
-			} else {
-				a.metrics.appendSeconds.Observe(time.Since(s.at).Seconds())
-				a.metrics.appends.Inc()
-				a.metrics.records.Add(float64(n))
-				offs := resp.GetOffsets()
-				a.acknowledged(max(resp.GetCommitted(), offs[len(offs)-1]+1))
-				k := 0
-				for _, c := range s.chunks {
-					n := len(c.recs)
-					c.offsets, c.dups = resp.GetOffsets()[k:k+n], resp.GetDuplicate()[k:k+n]
-					k += n
-					close(c.done)
+			switch {
+			case done == nil:
+				// An early answer, or the final answer of a request a
+				// completion answered.
+				resolve()
+			case done == inflight[0]:
+				inflight[0] = nil
+				inflight = inflight[1:]
+				if len(inflight) == 0 {
+					inflight = nil
 				}
 			}
-			// Answered: nothing refers to its frame any more (gRPC copied
-			// it when it was sent).
-			a.recycle(s.req.GetFrame())
-			inflight[0] = nil
-			inflight = inflight[1:]
-			if len(inflight) == 0 {
-				inflight = nil
-			}
-			// Idle and nothing queued: end the session quietly, keeping
-			// no stream open for a partition nobody writes to.
-			a.mu.Lock()
-			idle := len(inflight) == 0 && len(a.queue) == 0
-			a.mu.Unlock()
-			if idle {
-				select {
-				case <-a.wake:
-				case <-time.After(idleStreamTimeout):
-					return nil, nil
-				case <-ctx.Done():
-					return nil, nil
-				}
+			if idle() {
+				return nil, nil
 			}
 		}
 	}
+}
+
+// answered takes one of the head's answers to the requests in flight:
+// an early one assigns a request its offsets (done nil); a final one
+// answers the oldest request (done is it), unless a completion answered it
+// already (its id at most resolvedThrough: done nil). An error that ends
+// the session is returned; failedAll says it failed every request in
+// flight (their chunks are failed).
+func (a *appender) answered(resp *catenapb.AppendResponse, head *catenapb.Member, inflight []*sent, resolvedThrough uint64) (done *sent, failedAll bool, err error) {
+	counts := func(s *sent) error {
+		if n := s.count(); len(resp.GetOffsets()) != n || len(resp.GetDuplicate()) != n {
+			return fmt.Errorf("head %s answered %d offsets for %d records", head.GetId(), len(resp.GetOffsets()), n)
+		}
+		return nil
+	}
+	code := codes.Code(resp.GetErrorCode())
+	if resp.GetAssigned() {
+		i := slices.IndexFunc(inflight, func(s *sent) bool { return s.id == resp.GetRequestId() })
+		if i < 0 || code != codes.OK {
+			return nil, false, fmt.Errorf("head %s answered request %d early, which is not in flight", head.GetId(), resp.GetRequestId())
+		}
+		if err := counts(inflight[i]); err != nil {
+			return nil, false, err
+		}
+		inflight[i].assign(resp)
+		return nil, false, nil
+	}
+	if resp.GetRequestId() <= resolvedThrough {
+		if code != codes.OK {
+			return nil, false, status.Error(code, resp.GetErrorMessage()) // the head ends the stream too
+		}
+		return nil, false, nil
+	}
+	if len(inflight) == 0 || resp.GetRequestId() != inflight[0].id {
+		return nil, false, fmt.Errorf("head %s answered request %d out of order", head.GetId(), resp.GetRequestId())
+	}
+	s := inflight[0]
+	a.progressed = true
+	if code != codes.OK {
+		err := status.Error(code, resp.GetErrorMessage())
+		if resp.GetErrorReason() == contract.ReasonChainTooShort {
+			// The chain is below its minimum length: every request on
+			// this stream is refused (the head ends the stream after
+			// this answer, storing none of the later ones). The producer
+			// gets the head's reason and retries on its own schedule.
+			for _, r := range inflight {
+				r.fail(err)
+			}
+			return nil, true, err
+		}
+		if code != codes.InvalidArgument && code != codes.OutOfRange {
+			return nil, false, err // the head ends the stream too
+		}
+		s.fail(err)
+		a.recycle(s.req.GetFrame())
+		return s, false, nil
+	}
+	if err := counts(s); err != nil {
+		return nil, false, err
+	}
+	s.assign(resp)
+	a.complete(s, max(resp.GetCommitted(), s.end))
+	return s, false, nil
+}
+
+// watchCompletions follows the completions of pr's epoch from its tail,
+// until ctx ends, on a channel holding the latest (nil for a chain of one).
+// A tail not yet at the epoch (or already past it) refuses; the watch
+// tries again, and the head's final answers stand in meanwhile.
+func (a *appender) watchCompletions(ctx context.Context, pr *partitionRoute) <-chan uint64 {
+	tail := pr.tail()
+	if tail == nil || len(pr.members) < 2 {
+		return nil
+	}
+	latest := make(chan uint64, 1)
+	push := func(v uint64) {
+		// The only sender: after draining, there is room.
+		select {
+		case latest <- v:
+		default:
+			select {
+			case old := <-latest:
+				v = max(v, old)
+			default:
+			}
+			latest <- v
+		}
+	}
+	go func() {
+		backoff := retryMin
+		for ctx.Err() == nil {
+			err := func() error {
+				conn, err := a.srv.pool.Get(tail.GetAddr())
+				if err != nil {
+					return err
+				}
+				stream, err := catenapb.NewReplicaClient(conn).Completions(ctx, &catenapb.CompletionsRequest{Stream: a.stream, Partition: a.partition, Epoch: pr.epoch})
+				if err != nil {
+					return err
+				}
+				for {
+					c, err := stream.Recv()
+					if err != nil {
+						return err
+					}
+					if c.GetEpoch() == pr.epoch {
+						push(c.GetCommitted())
+						backoff = retryMin
+					}
+				}
+			}()
+			if ctx.Err() != nil {
+				return
+			}
+			a.srv.logger.V(1).Info("Completions from the tail ended; the head's answers stand in", "stream", a.stream, "partition", a.partition,
+				"tail", tail.GetId(), "epoch", pr.epoch, "error", err.Error())
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, retryMax)
+		}
+	}()
+	return latest
 }
 
 // idleStreamTimeout closes an append stream unused for this long.

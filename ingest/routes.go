@@ -40,6 +40,14 @@ func (r *partitionRoute) head() *catenapb.Member {
 	return r.members[0]
 }
 
+// tail is the chain's tail (the head of a chain of one).
+func (r *partitionRoute) tail() *catenapb.Member {
+	if r == nil || len(r.members) == 0 {
+		return nil
+	}
+	return r.members[len(r.members)-1]
+}
+
 // readOrder lists members to read from, tail first: the tail learns of
 // commits first, so it serves the freshest committed data.
 func (r *partitionRoute) readOrder() []*catenapb.Member {

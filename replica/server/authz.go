@@ -34,6 +34,7 @@ func MethodClasses() map[string]string {
 
 		catenapb.Replica_Append_FullMethodName:                ClassData,
 		catenapb.Replica_AppendStream_FullMethodName:          ClassData,
+		catenapb.Replica_Completions_FullMethodName:           ClassData,
 		catenapb.Replica_Read_FullMethodName:                  ClassData,
 		catenapb.Replica_ListOffsets_FullMethodName:           ClassData,
 		catenapb.Replica_HoldRetention_FullMethodName:         ClassData,

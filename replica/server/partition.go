@@ -520,19 +520,15 @@ func (p *partition) requestRecords(req *catenapb.AppendRequest) ([]partlog.Recor
 // is then for the new chain to decide, and the producer's idempotent retry
 // finds out.
 func (p *partition) waitCommitted(ctx context.Context, epoch, end uint64) error {
-	for p.committed < end {
-		if err := p.usable(); err != nil {
+	for {
+		done, ch, err := p.commitState(epoch, end)
+		switch {
+		case err != nil:
 			p.mu.Unlock()
 			return err
+		case done:
+			return nil
 		}
-		if p.meta.Epoch != epoch {
-			st := p.core.Status()
-			if st.Role != chain.RoleHead && st.Role != chain.RoleSole {
-				p.mu.Unlock()
-				return status.Errorf(codes.Unavailable, "chain of partition %s/%d was reconfigured (epoch %d to %d) before the write completed; retry", p.stream, p.index, epoch, p.meta.Epoch)
-			}
-		}
-		ch := p.changed
 		p.mu.Unlock()
 		select {
 		case <-ch:
@@ -543,7 +539,25 @@ func (p *partition) waitCommitted(ctx context.Context, epoch, end uint64) error 
 		}
 		p.mu.Lock()
 	}
-	return nil
+}
+
+// commitState says whether records below end, appended here under epoch,
+// are committed; if not, the channel that closes at the next change, or
+// why they never will be through this replica (it stopped, or the chain
+// was reconfigured without it at the head). Callers hold p.mu.
+func (p *partition) commitState(epoch, end uint64) (done bool, changed <-chan struct{}, err error) {
+	if p.committed >= end {
+		return true, nil, nil
+	}
+	if err := p.usable(); err != nil {
+		return false, nil, err
+	}
+	if p.meta.Epoch != epoch {
+		if st := p.core.Status(); st.Role != chain.RoleHead && st.Role != chain.RoleSole {
+			return false, nil, status.Errorf(codes.Unavailable, "chain of partition %s/%d was reconfigured (epoch %d to %d) before the write completed; retry", p.stream, p.index, epoch, p.meta.Epoch)
+		}
+	}
+	return false, p.changed, nil
 }
 
 // errorDomain names Catena in gRPC ErrorInfo details.

@@ -3256,9 +3256,15 @@ type AppendRequest struct {
 	// checks the frame, gives it its epoch and offsets in place and, when none
 	// of the records is a duplicate, writes it as it came (no message to
 	// decode per record, no second encoding). Either this or records.
-	Frame         []byte `protobuf:"bytes,6,opt,name=frame,proto3" json:"frame,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Frame []byte `protobuf:"bytes,6,opt,name=frame,proto3" json:"frame,omitempty"`
+	// On AppendStream: answer twice, first as soon as the offsets are
+	// assigned (assigned = true, with the epoch they were assigned under),
+	// then once committed as always. The sender may complete the request
+	// on the tail's Completions of that epoch before the second answer
+	// (docs/architecture.md, "Completion at the tail").
+	AnswerAssigned bool `protobuf:"varint,7,opt,name=answer_assigned,json=answerAssigned,proto3" json:"answer_assigned,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AppendRequest) Reset() {
@@ -3331,6 +3337,13 @@ func (x *AppendRequest) GetFrame() []byte {
 		return x.Frame
 	}
 	return nil
+}
+
+func (x *AppendRequest) GetAnswerAssigned() bool {
+	if x != nil {
+		return x.AnswerAssigned
+	}
+	return false
 }
 
 type AppendRecord struct {
@@ -3425,7 +3438,12 @@ type AppendResponse struct {
 	ErrorMessage string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
 	// A machine-readable reason for error_code where the sender must act on
 	// it (e.g. CHAIN_TOO_SHORT: the chain is below its minimum length).
-	ErrorReason   string `protobuf:"bytes,7,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
+	ErrorReason string `protobuf:"bytes,7,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
+	// The first of two answers to a request with answer_assigned: offsets
+	// and duplicates are final, the records are not committed yet.
+	Assigned bool `protobuf:"varint,8,opt,name=assigned,proto3" json:"assigned,omitempty"`
+	// The epoch the offsets were assigned under (on every answer).
+	Epoch         uint64 `protobuf:"varint,9,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3509,6 +3527,135 @@ func (x *AppendResponse) GetErrorReason() string {
 	return ""
 }
 
+func (x *AppendResponse) GetAssigned() bool {
+	if x != nil {
+		return x.Assigned
+	}
+	return false
+}
+
+func (x *AppendResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+type CompletionsRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The epoch whose completions the caller wants; the stream ends
+	// (FAILED_PRECONDITION) when the replica moves to another.
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompletionsRequest) Reset() {
+	*x = CompletionsRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompletionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompletionsRequest) ProtoMessage() {}
+
+func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompletionsRequest.ProtoReflect.Descriptor instead.
+func (*CompletionsRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *CompletionsRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *CompletionsRequest) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *CompletionsRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// Everything below committed is durable on every member of epoch's chain.
+type Completion struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Committed     uint64                 `protobuf:"varint,2,opt,name=committed,proto3" json:"committed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Completion) Reset() {
+	*x = Completion{}
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Completion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Completion) ProtoMessage() {}
+
+func (x *Completion) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Completion.ProtoReflect.Descriptor instead.
+func (*Completion) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *Completion) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Completion) GetCommitted() uint64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
 type ReplicateFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Every frame carries the link's epoch; the successor refuses any other.
@@ -3528,7 +3675,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3540,7 +3687,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3553,7 +3700,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -3651,7 +3798,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3663,7 +3810,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3676,7 +3823,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
 }
 
 type BatchData struct {
@@ -3695,7 +3842,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[51]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3707,7 +3854,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[51]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3720,7 +3867,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -3755,7 +3902,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[52]
+	mi := &file_catena_v1_catena_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3767,7 +3914,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[52]
+	mi := &file_catena_v1_catena_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3780,7 +3927,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -3811,7 +3958,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[53]
+	mi := &file_catena_v1_catena_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3823,7 +3970,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[53]
+	mi := &file_catena_v1_catena_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3836,7 +3983,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -4132,7 +4279,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12:\n" +
 	"\n" +
 	"partitions\x18\x02 \x03(\v2\x1a.catena.v1.PartitionStatusR\n" +
-	"partitions\"\xc3\x01\n" +
+	"partitions\"\xec\x01\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
@@ -4140,14 +4287,15 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\arecords\x18\x04 \x03(\v2\x17.catena.v1.AppendRecordR\arecords\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x05 \x01(\x04R\trequestId\x12\x14\n" +
-	"\x05frame\x18\x06 \x01(\fR\x05frame\"\x96\x01\n" +
+	"\x05frame\x18\x06 \x01(\fR\x05frame\x12'\n" +
+	"\x0fanswer_assigned\x18\a \x01(\bR\x0eanswerAssigned\"\x96\x01\n" +
 	"\fAppendRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +
 	"\ftimestamp_ms\x18\x03 \x01(\x03R\vtimestampMs\x12\x1f\n" +
 	"\vproducer_id\x18\x04 \x01(\x04R\n" +
 	"producerId\x12\x1a\n" +
-	"\bsequence\x18\x05 \x01(\x04R\bsequence\"\xec\x01\n" +
+	"\bsequence\x18\x05 \x01(\x04R\bsequence\"\x9e\x02\n" +
 	"\x0eAppendResponse\x12\x18\n" +
 	"\aoffsets\x18\x01 \x03(\x04R\aoffsets\x12\x1c\n" +
 	"\tduplicate\x18\x02 \x03(\bR\tduplicate\x12\x1c\n" +
@@ -4157,7 +4305,17 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\n" +
 	"error_code\x18\x05 \x01(\x05R\terrorCode\x12#\n" +
 	"\rerror_message\x18\x06 \x01(\tR\ferrorMessage\x12!\n" +
-	"\ferror_reason\x18\a \x01(\tR\verrorReason\"\x85\x02\n" +
+	"\ferror_reason\x18\a \x01(\tR\verrorReason\x12\x1a\n" +
+	"\bassigned\x18\b \x01(\bR\bassigned\x12\x14\n" +
+	"\x05epoch\x18\t \x01(\x04R\x05epoch\"`\n" +
+	"\x12CompletionsRequest\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"@\n" +
+	"\n" +
+	"Completion\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x1c\n" +
+	"\tcommitted\x18\x02 \x01(\x04R\tcommitted\"\x85\x02\n" +
 	"\x0eReplicateFrame\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x16\n" +
 	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1c\n" +
@@ -4208,12 +4366,13 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\rListConsumers\x12\x1f.catena.v1.ListConsumersRequest\x1a .catena.v1.ListConsumersResponse\x12U\n" +
 	"\x0eDeleteConsumer\x12 .catena.v1.DeleteConsumerRequest\x1a!.catena.v1.DeleteConsumerResponse\x12L\n" +
 	"\fCreateStream\x12\x1e.catena.v1.CreateStreamRequest\x1a\x1c.catena.v1.StreamDescription\x12O\n" +
-	"\fDeleteStream\x12\x1e.catena.v1.DeleteStreamRequest\x1a\x1f.catena.v1.DeleteStreamResponse2\xca\b\n" +
+	"\fDeleteStream\x12\x1e.catena.v1.DeleteStreamRequest\x1a\x1f.catena.v1.DeleteStreamResponse2\x91\t\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
 	"\x06Append\x12\x18.catena.v1.AppendRequest\x1a\x19.catena.v1.AppendResponse\x12G\n" +
-	"\fAppendStream\x12\x18.catena.v1.AppendRequest\x1a\x19.catena.v1.AppendResponse(\x010\x01\x12C\n" +
+	"\fAppendStream\x12\x18.catena.v1.AppendRequest\x1a\x19.catena.v1.AppendResponse(\x010\x01\x12E\n" +
+	"\vCompletions\x12\x1d.catena.v1.CompletionsRequest\x1a\x15.catena.v1.Completion0\x01\x12C\n" +
 	"\tReplicate\x12\x19.catena.v1.ReplicateFrame\x1a\x17.catena.v1.ReplicateAck(\x010\x01\x129\n" +
 	"\x04Read\x12\x17.catena.v1.FetchRequest\x1a\x18.catena.v1.FetchResponse\x12L\n" +
 	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12C\n" +
@@ -4240,7 +4399,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),                       // 0: catena.v1.Durability
 	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
@@ -4294,11 +4453,13 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*AppendRequest)(nil),                 // 49: catena.v1.AppendRequest
 	(*AppendRecord)(nil),                  // 50: catena.v1.AppendRecord
 	(*AppendResponse)(nil),                // 51: catena.v1.AppendResponse
-	(*ReplicateFrame)(nil),                // 52: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                     // 53: catena.v1.LinkHello
-	(*BatchData)(nil),                     // 54: catena.v1.BatchData
-	(*CommitNotice)(nil),                  // 55: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                  // 56: catena.v1.ReplicateAck
+	(*CompletionsRequest)(nil),            // 52: catena.v1.CompletionsRequest
+	(*Completion)(nil),                    // 53: catena.v1.Completion
+	(*ReplicateFrame)(nil),                // 54: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 55: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 56: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 57: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 58: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
@@ -4324,9 +4485,9 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	6,  // 20: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
 	46, // 21: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
 	50, // 22: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	53, // 23: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	54, // 24: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	55, // 25: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	55, // 23: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	56, // 24: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	57, // 25: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
 	15, // 26: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
 	18, // 27: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
 	20, // 28: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
@@ -4342,45 +4503,47 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	47, // 38: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
 	49, // 39: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
 	49, // 40: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	52, // 41: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	18, // 42: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	21, // 43: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	41, // 44: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	43, // 45: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	39, // 46: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	36, // 47: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	37, // 48: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	33, // 49: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	34, // 50: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	31, // 51: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	17, // 52: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	19, // 53: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	19, // 54: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	22, // 55: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	24, // 56: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	30, // 57: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	8,  // 58: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	10, // 59: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	13, // 60: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	24, // 61: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
-	29, // 62: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
-	46, // 63: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	48, // 64: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	51, // 65: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	51, // 66: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	56, // 67: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	19, // 68: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	22, // 69: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	42, // 70: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	46, // 71: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	40, // 72: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	46, // 73: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	38, // 74: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	46, // 75: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	35, // 76: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	32, // 77: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	52, // [52:78] is the sub-list for method output_type
-	26, // [26:52] is the sub-list for method input_type
+	52, // 41: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
+	54, // 42: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	18, // 43: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	21, // 44: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	41, // 45: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	43, // 46: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	39, // 47: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	36, // 48: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	37, // 49: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	33, // 50: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	34, // 51: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	31, // 52: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	17, // 53: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	19, // 54: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	19, // 55: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	22, // 56: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	24, // 57: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	30, // 58: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	8,  // 59: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	10, // 60: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	13, // 61: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	24, // 62: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	29, // 63: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	46, // 64: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	48, // 65: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	51, // 66: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	51, // 67: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	53, // 68: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
+	58, // 69: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	19, // 70: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	22, // 71: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	42, // 72: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	46, // 73: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	40, // 74: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	46, // 75: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	38, // 76: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	46, // 77: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	35, // 78: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	32, // 79: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	53, // [53:80] is the sub-list for method output_type
+	26, // [26:53] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -4394,12 +4557,12 @@ func file_catena_v1_catena_proto_init() {
 	file_catena_v1_catena_proto_msgTypes[11].OneofWrappers = []any{}
 	file_catena_v1_catena_proto_msgTypes[31].OneofWrappers = []any{}
 	file_catena_v1_catena_proto_msgTypes[44].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[49].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[51].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[53].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[55].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -4409,7 +4572,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   54,
+			NumMessages:   56,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

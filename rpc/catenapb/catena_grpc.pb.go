@@ -565,6 +565,7 @@ const (
 	Replica_Status_FullMethodName                = "/catena.v1.Replica/Status"
 	Replica_Append_FullMethodName                = "/catena.v1.Replica/Append"
 	Replica_AppendStream_FullMethodName          = "/catena.v1.Replica/AppendStream"
+	Replica_Completions_FullMethodName           = "/catena.v1.Replica/Completions"
 	Replica_Replicate_FullMethodName             = "/catena.v1.Replica/Replicate"
 	Replica_Read_FullMethodName                  = "/catena.v1.Replica/Read"
 	Replica_ListOffsets_FullMethodName           = "/catena.v1.Replica/ListOffsets"
@@ -594,6 +595,10 @@ type ReplicaClient interface {
 	// the order ingestion sent them in) and answers each, in the same order,
 	// once it is committed.
 	AppendStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AppendRequest, AppendResponse], error)
+	// Completions streams the partition's committed offset under one epoch
+	// as it grows, at once and then at each change: what ingestion answers
+	// producers from, from the chain's tail, which knows it first.
+	Completions(ctx context.Context, in *CompletionsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Completion], error)
 	// Replicate is the link from a predecessor to its successor: data and
 	// commit notices flow down, cumulative acknowledgements flow up.
 	Replicate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateFrame, ReplicateAck], error)
@@ -707,9 +712,28 @@ func (c *replicaClient) AppendStream(ctx context.Context, opts ...grpc.CallOptio
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Replica_AppendStreamClient = grpc.BidiStreamingClient[AppendRequest, AppendResponse]
 
+func (c *replicaClient) Completions(ctx context.Context, in *CompletionsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Completion], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Replica_ServiceDesc.Streams[1], Replica_Completions_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CompletionsRequest, Completion]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Replica_CompletionsClient = grpc.ServerStreamingClient[Completion]
+
 func (c *replicaClient) Replicate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateFrame, ReplicateAck], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Replica_ServiceDesc.Streams[1], Replica_Replicate_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Replica_ServiceDesc.Streams[2], Replica_Replicate_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -836,6 +860,10 @@ type ReplicaServer interface {
 	// the order ingestion sent them in) and answers each, in the same order,
 	// once it is committed.
 	AppendStream(grpc.BidiStreamingServer[AppendRequest, AppendResponse]) error
+	// Completions streams the partition's committed offset under one epoch
+	// as it grows, at once and then at each change: what ingestion answers
+	// producers from, from the chain's tail, which knows it first.
+	Completions(*CompletionsRequest, grpc.ServerStreamingServer[Completion]) error
 	// Replicate is the link from a predecessor to its successor: data and
 	// commit notices flow down, cumulative acknowledgements flow up.
 	Replicate(grpc.BidiStreamingServer[ReplicateFrame, ReplicateAck]) error
@@ -917,6 +945,9 @@ func (UnimplementedReplicaServer) Append(context.Context, *AppendRequest) (*Appe
 }
 func (UnimplementedReplicaServer) AppendStream(grpc.BidiStreamingServer[AppendRequest, AppendResponse]) error {
 	return status.Error(codes.Unimplemented, "method AppendStream not implemented")
+}
+func (UnimplementedReplicaServer) Completions(*CompletionsRequest, grpc.ServerStreamingServer[Completion]) error {
+	return status.Error(codes.Unimplemented, "method Completions not implemented")
 }
 func (UnimplementedReplicaServer) Replicate(grpc.BidiStreamingServer[ReplicateFrame, ReplicateAck]) error {
 	return status.Error(codes.Unimplemented, "method Replicate not implemented")
@@ -1032,6 +1063,17 @@ func _Replica_AppendStream_Handler(srv interface{}, stream grpc.ServerStream) er
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Replica_AppendStreamServer = grpc.BidiStreamingServer[AppendRequest, AppendResponse]
+
+func _Replica_Completions_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(CompletionsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ReplicaServer).Completions(m, &grpc.GenericServerStream[CompletionsRequest, Completion]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Replica_CompletionsServer = grpc.ServerStreamingServer[Completion]
 
 func _Replica_Replicate_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(ReplicaServer).Replicate(&grpc.GenericServerStream[ReplicateFrame, ReplicateAck]{ServerStream: stream})
@@ -1286,6 +1328,11 @@ var Replica_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _Replica_AppendStream_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "Completions",
+			Handler:       _Replica_Completions_Handler,
+			ServerStreams: true,
 		},
 		{
 			StreamName:    "Replicate",
