@@ -224,10 +224,15 @@ func (s *sent) assign(resp *catenapb.AppendResponse) {
 }
 
 // complete answers s's producers: its records are committed up to
-// committed.
-func (a *appender) complete(s *sent, committed uint64) {
+// committed, as the tail's completion (byTail) or the head's answer said.
+func (a *appender) complete(s *sent, committed uint64, byTail bool) {
 	a.metrics.appendSeconds.Observe(time.Since(s.at).Seconds())
 	a.metrics.appends.Inc()
+	if byTail {
+		a.metrics.byTail.Inc()
+	} else {
+		a.metrics.byHead.Inc()
+	}
 	a.metrics.records.Add(float64(s.count()))
 	a.acknowledged(committed)
 	for _, c := range s.chunks {
@@ -613,7 +618,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 				break
 			}
 			a.progressed = true
-			a.complete(s, completed)
+			a.complete(s, completed, true)
 			resolvedThrough = s.id
 			inflight[0] = nil
 			inflight = inflight[1:]
@@ -780,7 +785,7 @@ func (a *appender) answered(resp *catenapb.AppendResponse, head *catenapb.Member
 		return nil, false, err
 	}
 	s.assign(resp)
-	a.complete(s, max(resp.GetCommitted(), s.end))
+	a.complete(s, max(resp.GetCommitted(), s.end), false)
 	return s, false, nil
 }
 

@@ -21,6 +21,7 @@ type metrics struct {
 	waitSeconds    *prometheus.HistogramVec
 	appendSeconds  *prometheus.HistogramVec
 	appends        *prometheus.CounterVec
+	answeredBy     *prometheus.CounterVec
 	records        *prometheus.CounterVec
 	produceErrors  *prometheus.CounterVec
 }
@@ -41,16 +42,20 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, labels),
 		appendSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "catena", Subsystem: "ingest", Name: "append_seconds",
-			Help:    "Time from sending an append to the partition's head to its answer (committed on every member).",
+			Help:    "Time from sending an append to the partition's head to its completion (committed on every member): the tail's, or the head's answer when that came first.",
 			Buckets: buckets,
 		}, labels),
 		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "catena", Subsystem: "ingest", Name: "appends_total",
-			Help: "Appends answered by the partition's head.",
+			Help: "Appends completed (committed on every member).",
 		}, labels),
+		answeredBy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "ingest", Name: "appends_completed_by_total",
+			Help: "Appends completed, by what told ingestion first: tail (its completion) or head (its answer, which climbs back up the chain; a chain of one, or no completion stream).",
+		}, []string{"stream", "partition", "by"}),
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "catena", Subsystem: "ingest", Name: "append_records_total",
-			Help: "Records in appends answered by the partition's head (over appends_total: records per append).",
+			Help: "Records in completed appends (over appends_total: records per append).",
 		}, labels),
 		produceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "catena", Subsystem: "ingest", Name: "produce_errors_total",
@@ -58,7 +63,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"stream", "code"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.produceSeconds, m.waitSeconds, m.appendSeconds, m.appends, m.records, m.produceErrors)
+		reg.MustRegister(m.produceSeconds, m.waitSeconds, m.appendSeconds, m.appends, m.answeredBy, m.records, m.produceErrors)
 	}
 	return m
 }
@@ -68,6 +73,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 type appenderMetrics struct {
 	waitSeconds, appendSeconds prometheus.Observer
 	appends, records           prometheus.Counter
+	byTail, byHead             prometheus.Counter
 }
 
 func (m *metrics) forPartition(stream string, partition uint32) appenderMetrics {
@@ -77,6 +83,8 @@ func (m *metrics) forPartition(stream string, partition uint32) appenderMetrics 
 		appendSeconds: m.appendSeconds.WithLabelValues(lv...),
 		appends:       m.appends.WithLabelValues(lv...),
 		records:       m.records.WithLabelValues(lv...),
+		byTail:        m.answeredBy.WithLabelValues(stream, lv[1], "tail"),
+		byHead:        m.answeredBy.WithLabelValues(stream, lv[1], "head"),
 	}
 }
 
