@@ -749,6 +749,7 @@ func (a *appender) answered(resp *catenapb.AppendResponse, head *catenapb.Member
 			return nil, false, err
 		}
 		inflight[i].assign(resp)
+		a.progressed = true
 		return nil, false, nil
 	}
 	if resp.GetRequestId() <= resolvedThrough {
@@ -840,6 +841,12 @@ func (a *appender) watchCompletions(ctx context.Context, pr *partitionRoute) <-c
 			}
 			a.srv.logger.V(1).Info("Completions from the tail ended; the head's answers stand in", "stream", a.stream, "partition", a.partition,
 				"tail", tail.GetId(), "epoch", pr.epoch, "error", err.Error())
+			switch status.Code(err) {
+			case codes.Unimplemented:
+				return // a tail older than completions: the head's answers it is
+			case codes.FailedPrecondition:
+				a.srv.disc.requestRefresh() // the tail is at another epoch
+			}
 			select {
 			case <-ctx.Done():
 				return

@@ -552,6 +552,11 @@ func (p *partition) commitState(epoch, end uint64) (done bool, changed <-chan st
 	if err := p.usable(); err != nil {
 		return false, nil, err
 	}
+	select {
+	case <-p.stop:
+		return false, nil, status.Errorf(codes.Unavailable, "replica %s is shutting down", p.srv.id)
+	default:
+	}
 	if p.meta.Epoch != epoch {
 		if st := p.core.Status(); st.Role != chain.RoleHead && st.Role != chain.RoleSole {
 			return false, nil, status.Errorf(codes.Unavailable, "chain of partition %s/%d was reconfigured (epoch %d to %d) before the write completed; retry", p.stream, p.index, epoch, p.meta.Epoch)
