@@ -25,6 +25,7 @@ type benchFlags struct {
 	keys         int
 	progress     bool
 	retryTimeout time.Duration
+	sync         bool
 }
 
 type benchResult struct {
@@ -41,6 +42,7 @@ type benchResult struct {
 	Producers     int     `json:"producers"`
 	RecordSize    int     `json:"record_size"`
 	TargetRate    float64 `json:"target_rate"`
+	Sync          bool    `json:"sync,omitempty"`
 }
 
 func newBenchCommand(a *app) *cobra.Command {
@@ -70,6 +72,7 @@ func newBenchCommand(a *app) *cobra.Command {
 	fl.IntVar(&f.keys, "keys", 1024, "distinct keys (0 = no key)")
 	fl.BoolVar(&f.progress, "progress", false, "print progress to stderr even when it is not a terminal")
 	fl.DurationVar(&f.retryTimeout, "retry-timeout", 30*time.Second, "give up on a record after retrying this long")
+	fl.BoolVar(&f.sync, "sync", false, "each producer sends a record only once the previous one is acknowledged: the latency of one write on its own, no batching, no pacing timer")
 	return cmd
 }
 
@@ -104,6 +107,8 @@ func (a *app) bench(cmd *cobra.Command, f *benchFlags) error {
 		return usageErrorf("--batch-bytes must be at least 1")
 	case f.maxInFlight < 1:
 		return usageErrorf("--max-in-flight must be at least 1")
+	case f.sync && f.rate > 0:
+		return usageErrorf("--sync and --rate are exclusive: a synchronous producer sends as soon as its last record is acknowledged")
 	}
 	ctx := cmd.Context()
 	c, err := a.dial(ctx)
@@ -121,8 +126,8 @@ func (a *app) bench(cmd *cobra.Command, f *benchFlags) error {
 		keys[i] = fmt.Appendf(nil, "key-%06d", i)
 	}
 	linger := f.linger
-	if linger <= 0 {
-		linger = -1
+	if linger <= 0 || f.sync {
+		linger = -1 // a synchronous producer has nothing to wait for
 	}
 	opts := client.ProducerOptions{Linger: linger, MaxBatchBytes: f.batchBytes, MaxInFlight: f.maxInFlight, RetryTimeout: f.retryTimeout}
 
@@ -164,7 +169,11 @@ func (a *app) bench(cmd *cobra.Command, f *benchFlags) error {
 				if len(keys) > 0 {
 					key = keys[(i+j*f.producers)%len(keys)]
 				}
-				chunk = append(chunk, benchPending{f: p.Send(ctx, client.Record{Key: key, Value: value}), intended: intended})
+				pd := benchPending{f: p.Send(ctx, client.Record{Key: key, Value: value}), intended: intended}
+				if f.sync {
+					_, _ = pd.f.Wait() // the collector takes the outcome
+				}
+				chunk = append(chunk, pd)
 				if len(chunk) == cap(chunk) || (interval > 0 && time.Since(lastHand) > 50*time.Millisecond) {
 					chunks <- chunk
 					chunk = make([]benchPending, 0, 256)
@@ -253,7 +262,7 @@ loop:
 	res.MiBPerSec = float64(hist.total) * float64(f.recordSize) / el / (1 << 20)
 	res.P50Ms, res.P99Ms, res.P999Ms = ms(hist.quantile(0.50)), ms(hist.quantile(0.99)), ms(hist.quantile(0.999))
 	res.MaxMs, res.MeanMs = ms(time.Duration(hist.max)), ms(hist.mean())
-	res.Producers, res.RecordSize, res.TargetRate = f.producers, f.recordSize, f.rate
+	res.Producers, res.RecordSize, res.TargetRate, res.Sync = f.producers, f.recordSize, f.rate, f.sync
 	w := newJSONWriter(a.stdout)
 	if err := w.write(res); err != nil {
 		return err

@@ -404,12 +404,21 @@ func TestBench(t *testing.T) {
 	// Paced (open loop) with progress on.
 	r := catenactl(t, bg(), srv, "", "bench", "--stream", "s", "--record-size", "10", "--records", "300", "--rate", "20000", "--progress")
 	check(r, 300)
+	// Synchronous: one record at a time per producer.
+	r = catenactl(t, bg(), srv, "", "bench", "--stream", "s", "--record-size", "10", "--records", "50", "--sync")
+	check(r, 50)
+	if !strings.Contains(r.stdout, `"sync":true`) {
+		t.Fatalf("a synchronous run does not say so: %s", r.stdout)
+	}
 	total := 0
 	for p := range 2 {
 		total += len(srv.Records("s", p))
 	}
-	if total != 2300 {
+	if total != 2350 {
 		t.Fatalf("%d records stored", total)
+	}
+	if r := catenactl(t, bg(), srv, "", "bench", "--stream", "s", "--sync", "--rate", "10"); r.code != 2 || !strings.Contains(r.stderr, "--sync and --rate are exclusive") {
+		t.Fatalf("--sync with --rate: exit %d %q", r.code, r.stderr)
 	}
 	if r := catenactl(t, bg(), srv, "", "bench", "--stream", "s", "--record-size", "0"); r.code != 2 || !strings.Contains(r.stderr, "record-size") {
 		t.Fatalf("record-size 0: exit %d %q", r.code, r.stderr)
