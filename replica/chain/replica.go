@@ -466,6 +466,10 @@ func (r *Replica) advance(eff *Effects) {
 	}
 }
 
+// SuccessorAck is the successor's cumulative ack under the current epoch
+// (Status().SuccessorAck, without the copy).
+func (r *Replica) SuccessorAck() uint64 { return r.successorAck }
+
 // DurableDown is the upstream-durable offset every frame and notice to
 // the successor carries now (Status().DurableDown, without the copy).
 func (r *Replica) DurableDown() uint64 { return r.downValue() }

@@ -155,7 +155,11 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 				p.mu.Unlock()
 				return errors.New("epoch changed")
 			}
-			if p.fwdEnd > sent || p.committed > sentCommitted || d > sentDown || p.failed != nil {
+			known := sentCommitted
+			if first.GetCommitsFromDurable() {
+				known = max(known, p.successorKnows(sentDown))
+			}
+			if p.fwdEnd > sent || d > sentDown || p.failed != nil || p.committed > known {
 				break
 			}
 			ch := p.changed
@@ -213,6 +217,18 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 	}
 }
 
+// successorKnows is a committed offset the successor has worked out for
+// itself, so that a notice of it would only cost a message (a wake-up on
+// each side, which on a busy machine costs what the hop saves): it has
+// heard sentDown (durable on this member and every one before it) and
+// acknowledged SuccessorAck (durable on it and every one after it), and a
+// middle or tail commits the least of what it knows of both. Notices
+// still go whenever the committed offset is beyond it: after a new link,
+// a new epoch, or while the successor's acks lag. Callers hold p.mu.
+func (p *partition) successorKnows(sentDown uint64) uint64 {
+	return min(sentDown, p.core.SuccessorAck())
+}
+
 func linkEnded(ackErr chan error, ctx context.Context) error {
 	select {
 	case err := <-ackErr:
@@ -258,7 +274,7 @@ func (s *Server) Replicate(stream catenapb.Replica_ReplicateServer) error {
 	}
 	logEnd := p.log.NextOffset()
 	p.mu.Unlock()
-	if err := stream.Send(&catenapb.ReplicateAck{Epoch: epoch, Body: &catenapb.ReplicateAck_LogEnd{LogEnd: logEnd}}); err != nil {
+	if err := stream.Send(&catenapb.ReplicateAck{Epoch: epoch, Body: &catenapb.ReplicateAck_LogEnd{LogEnd: logEnd}, CommitsFromDurable: true}); err != nil {
 		return err
 	}
 

@@ -3951,9 +3951,14 @@ type ReplicateAck struct {
 	//
 	//	*ReplicateAck_LogEnd
 	//	*ReplicateAck_Ack
-	Body          isReplicateAck_Body `protobuf_oneof:"body"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Body isReplicateAck_Body `protobuf_oneof:"body"`
+	// In the answer to hello: the successor commits from upstream_durable
+	// and its own acknowledgements, so the predecessor may leave out commit
+	// notices it can work out itself. False from a successor that predates
+	// it, which is sent every notice.
+	CommitsFromDurable bool `protobuf:"varint,4,opt,name=commits_from_durable,json=commitsFromDurable,proto3" json:"commits_from_durable,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ReplicateAck) Reset() {
@@ -4016,6 +4021,13 @@ func (x *ReplicateAck) GetAck() uint64 {
 		}
 	}
 	return 0
+}
+
+func (x *ReplicateAck) GetCommitsFromDurable() bool {
+	if x != nil {
+		return x.CommitsFromDurable
+	}
+	return false
 }
 
 type isReplicateAck_Body interface {
@@ -4332,11 +4344,12 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x10upstream_durable\x18\x03 \x01(\x04R\x0fupstreamDurable\"W\n" +
 	"\fCommitNotice\x12\x1c\n" +
 	"\tcommitted\x18\x01 \x01(\x04R\tcommitted\x12)\n" +
-	"\x10upstream_durable\x18\x02 \x01(\x04R\x0fupstreamDurable\"[\n" +
+	"\x10upstream_durable\x18\x02 \x01(\x04R\x0fupstreamDurable\"\x8d\x01\n" +
 	"\fReplicateAck\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x19\n" +
 	"\alog_end\x18\x02 \x01(\x04H\x00R\x06logEnd\x12\x12\n" +
-	"\x03ack\x18\x03 \x01(\x04H\x00R\x03ackB\x06\n" +
+	"\x03ack\x18\x03 \x01(\x04H\x00R\x03ack\x120\n" +
+	"\x14commits_from_durable\x18\x04 \x01(\bR\x12commitsFromDurableB\x06\n" +
 	"\x04body*W\n" +
 	"\n" +
 	"Durability\x12\x1a\n" +
