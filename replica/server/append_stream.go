@@ -27,6 +27,8 @@ type pendingAppend struct {
 	// early: answer once more, as soon as the offsets are assigned
 	// (AppendRequest.answer_assigned).
 	early bool
+	// cuts is how many times the log had been cut at the append.
+	cuts uint64
 }
 
 // AppendStream appends requests in the order they arrive and answers each,
@@ -74,6 +76,7 @@ func (s *Server) receiveAppends(ctx context.Context, stream catenapb.Replica_App
 		pa.p, pa.err = s.lookup(req.GetStream(), req.GetPartition())
 		if pa.err == nil {
 			pa.p.mu.Lock()
+			pa.cuts = pa.p.truncations.Load()
 			pa.resp, pa.epoch, pa.waitEnd, pa.err = pa.p.appendLocked(req)
 			pa.p.mu.Unlock()
 		}
@@ -104,7 +107,7 @@ func (s *Server) answerAppends(ctx context.Context, stream catenapb.Replica_Appe
 			pa := &waiting[0]
 			if pa.err == nil {
 				pa.p.mu.Lock()
-				done, ch, err := pa.p.commitState(pa.epoch, pa.waitEnd)
+				done, ch, err := pa.p.commitState(pa.epoch, pa.waitEnd, pa.cuts)
 				committed := pa.p.committed
 				pa.p.mu.Unlock()
 				if err == nil && !done {

@@ -89,3 +89,33 @@ func TestAHeadStoppingAnswersWhatWaits(t *testing.T) {
 		t.Fatalf("answer after the stop: %v, %v; want Unavailable", final, err)
 	}
 }
+
+// TestACutLogAnswersNoWaitingAppend: an append waits for its commit with
+// the count of the log's cuts at the time it was made; once the log has
+// been cut since (a deposed head truncated and copied again, outside the
+// chain), a committed offset past the append no longer says its records
+// are the ones at those offsets, and the append is refused for a retry
+// (which de-duplication answers with the records' real offsets).
+func TestACutLogAnswersNoWaitingAppend(t *testing.T) {
+	a := startNode(t, "a", nil)
+	configure(t, 1, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Partition: 0, Epoch: 1, Records: records(42, 1, 2)}); err != nil {
+		t.Fatal(err)
+	}
+	p, err := a.srv.lookup("s", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.truncations.Load()
+	if done, _, err := p.commitState(1, 2, now); !done || err != nil {
+		t.Fatalf("an append of this log, committed: done %v, %v", done, err)
+	}
+	p.truncations.Add(1) // what a truncation or a reset does
+	if done, _, err := p.commitState(1, 2, now); done || status.Code(err) != codes.Unavailable {
+		t.Fatalf("an append of the log before the cut: done %v, %v; want Unavailable", done, err)
+	}
+}

@@ -325,12 +325,13 @@ func (p *partition) maxRecordBytes() int {
 func (p *partition) Append(ctx context.Context, req *catenapb.AppendRequest) (*catenapb.AppendResponse, error) {
 	start := time.Now()
 	p.mu.Lock()
+	cuts := p.truncations.Load()
 	resp, epoch, waitEnd, err := p.appendLocked(req)
 	if err != nil {
 		p.mu.Unlock()
 		return nil, err
 	}
-	if err := p.waitCommitted(ctx, epoch, waitEnd); err != nil {
+	if err := p.waitCommitted(ctx, epoch, waitEnd, cuts); err != nil {
 		return nil, err
 	}
 	resp.Committed = p.committed
@@ -519,9 +520,9 @@ func (p *partition) requestRecords(req *catenapb.AppendRequest) ([]partlog.Recor
 // head under the epoch the append was made in: whether the records survive
 // is then for the new chain to decide, and the producer's idempotent retry
 // finds out.
-func (p *partition) waitCommitted(ctx context.Context, epoch, end uint64) error {
+func (p *partition) waitCommitted(ctx context.Context, epoch, end, cuts uint64) error {
 	for {
-		done, ch, err := p.commitState(epoch, end)
+		done, ch, err := p.commitState(epoch, end, cuts)
 		switch {
 		case err != nil:
 			p.mu.Unlock()
@@ -541,11 +542,16 @@ func (p *partition) waitCommitted(ctx context.Context, epoch, end uint64) error 
 	}
 }
 
-// commitState says whether records below end, appended here under epoch,
-// are committed; if not, the channel that closes at the next change, or
+// commitState says whether records below end, appended here under epoch
+// when the log had been cut cuts times (p.truncations), are committed; if not, the channel that closes at the next change, or
 // why they never will be through this replica (it stopped, or the chain
 // was reconfigured without it at the head). Callers hold p.mu.
-func (p *partition) commitState(epoch, end uint64) (done bool, changed <-chan struct{}, err error) {
+func (p *partition) commitState(epoch, end, cuts uint64) (done bool, changed <-chan struct{}, err error) {
+	if p.truncations.Load() != cuts {
+		// Cut since the append (a repair outside the chain): what lies at
+		// those offsets now may be other records, committed or not.
+		return false, nil, status.Errorf(codes.Unavailable, "partition %s/%d's log was cut since the write was appended; retry", p.stream, p.index)
+	}
 	if p.committed >= end {
 		return true, nil, nil
 	}
