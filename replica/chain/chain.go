@@ -108,9 +108,11 @@
 //     so they can be read back or forwarded from memory), send AckUpstream,
 //     publish Committed (and send it downstream as a commit notice, with
 //     the upstream-durable offset, which DurableDown alone also sends when
-//     no Forward carries it). Notices are not an optimisation: without
-//     them a middle or tail whose predecessors stopped writing never
-//     learns the last commits.
+//     no Forward carries it). A driver may leave out a commit notice for
+//     an offset the successor commits by itself (at most the least of
+//     the upstream-durable offset it sent and the successor's ack); any
+//     other is needed: without it a member whose predecessors stopped
+//     writing never learns the last commits.
 //   - Link handshake. When a member connects to its successor under epoch E,
 //     the successor answers with its log end, its latest ack under E
 //     (Status().AckedUpstream) and the predecessor sends its committed
