@@ -466,9 +466,19 @@ func (r *Replica) advance(eff *Effects) {
 	}
 }
 
-// SuccessorAck is the successor's cumulative ack under the current epoch
-// (Status().SuccessorAck, without the copy).
-func (r *Replica) SuccessorAck() uint64 { return r.successorAck }
+// SuccessorCommits is the committed offset the successor works out for
+// itself, having heard sent as this member's upstream-durable offset under
+// the current epoch: it is a middle or tail, which commits the least of
+// its upstream and its own ack value (see advance), and that is at least
+// min(sent, the ack it sent here). A commit notice at or below it tells
+// the successor nothing; the driver may leave it out (each is a wake-up
+// on both sides). 0 without a successor.
+func (r *Replica) SuccessorCommits(sent uint64) uint64 {
+	if r.successor == "" {
+		return 0
+	}
+	return min(sent, r.successorAck)
+}
 
 // DurableDown is the upstream-durable offset every frame and notice to
 // the successor carries now (Status().DurableDown, without the copy).

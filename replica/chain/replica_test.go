@@ -773,3 +773,27 @@ func TestCopied(t *testing.T) {
 		{name: "a sole member", setup: soleAt, op: copyOp(4, 1, 5), wantErr: ErrMember},
 	})
 }
+
+// TestSuccessorCommitsWhatItWasTold: the committed offset a member may
+// leave out of its notices is one its successor has committed by itself,
+// from the upstream-durable offset it heard and its own acknowledgement.
+func TestSuccessorCommitsWhatItWasTold(t *testing.T) {
+	// b, the middle of [a,b,c], holds [0,10) durable, heard a's
+	// upstream-durable 10, and c acknowledged 8: b acks 8 to a.
+	b := build(t, "b", 0).cfg(2, "a,b,c").fwdUp("a", 0, 10, 0, 10).durable(10).link(0).ack("c", 8)
+	a := headAt(t).ack("b", b.r.Status().AckedUpstream)
+	for _, sent := range []uint64{0, 6, 10} {
+		if got, knows := a.r.SuccessorCommits(sent), b.r.Status().Committed; got > knows {
+			t.Errorf("sent %d: a may leave out notices up to %d, b committed only %d", sent, got, knows)
+		}
+	}
+	if got := a.r.SuccessorCommits(10); got != 8 {
+		t.Errorf("SuccessorCommits(10) = %d, want 8 (b's ack)", got)
+	}
+	if got := a.r.SuccessorCommits(6); got != 6 {
+		t.Errorf("SuccessorCommits(6) = %d, want 6 (what b heard)", got)
+	}
+	if got := tailAt(t).r.SuccessorCommits(10); got != 0 {
+		t.Errorf("a tail has no successor to leave notices out for: %d", got)
+	}
+}

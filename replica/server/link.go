@@ -157,7 +157,9 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 			}
 			known := sentCommitted
 			if first.GetCommitsFromDurable() {
-				known = max(known, p.successorKnows(sentDown))
+				// A notice would tell it nothing; an older successor
+				// learns commits from notices only.
+				known = max(known, p.core.SuccessorCommits(sentDown))
 			}
 			if p.fwdEnd > sent || d > sentDown || p.failed != nil || p.committed > known {
 				break
@@ -215,18 +217,6 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 			return fmt.Errorf("failed to send to %s: %w", succID, err)
 		}
 	}
-}
-
-// successorKnows is a committed offset the successor has worked out for
-// itself, so that a notice of it would only cost a message (a wake-up on
-// each side, which on a busy machine costs what the hop saves): it has
-// heard sentDown (durable on this member and every one before it) and
-// acknowledged SuccessorAck (durable on it and every one after it), and a
-// middle or tail commits the least of what it knows of both. Notices
-// still go whenever the committed offset is beyond it: after a new link,
-// a new epoch, or while the successor's acks lag. Callers hold p.mu.
-func (p *partition) successorKnows(sentDown uint64) uint64 {
-	return min(sentDown, p.core.SuccessorAck())
 }
 
 func linkEnded(ackErr chan error, ctx context.Context) error {
