@@ -55,10 +55,13 @@ type IssuerRef struct {
 // and Vault issuers do; ACME issuers do not) and every Issuer must sign
 // under the same root (docs/security.md).
 type CertManager struct {
-	// Client writes Certificates and reads operands' ones (unstructured:
-	// from the API server, not the cache); Reader reads the operator's
-	// own, and Secrets the cache does not hold.
+	// Client writes Certificates; Cache reads operands' ones from the
+	// informer the controllers' Owns runs (the client would read
+	// unstructured objects from the API server on every reconcile; nil:
+	// Client); Reader reads the operator's own, and Secrets the cache
+	// does not hold.
 	Client client.Client
+	Cache  client.Reader
 	Reader client.Reader
 	Scheme *runtime.Scheme
 	Issuer IssuerRef
@@ -99,11 +102,19 @@ func (c *CertManager) now() time.Time {
 // bind takes the manager's clients, and refuses to start without
 // cert-manager's CRDs.
 func (c *CertManager) bind(mgr ctrl.Manager) error {
-	c.Client, c.Reader, c.Scheme = mgr.GetClient(), mgr.GetAPIReader(), mgr.GetScheme()
+	c.Client, c.Cache, c.Reader, c.Scheme = mgr.GetClient(), mgr.GetCache(), mgr.GetAPIReader(), mgr.GetScheme()
 	if _, err := mgr.GetRESTMapper().RESTMapping(certificateGVK.GroupKind(), certificateGVK.Version); err != nil {
 		return fmt.Errorf("--certificates=cert-manager needs cert-manager installed (its CRD %s): %w", certificateGVK, err)
 	}
 	return nil
+}
+
+// cached reads operands' Certificates.
+func (c *CertManager) cached() client.Reader {
+	if c.Cache != nil {
+		return c.Cache
+	}
+	return c.Client
 }
 
 // NeedLeaderElection: only the leader writes Certificates.
@@ -281,7 +292,7 @@ func (c *CertManager) ensureLeaf(ctx context.Context, owner client.Object, name 
 			return time.Time{}, err
 		}
 	}
-	if err := c.applyCertificate(ctx, c.Client, owner, desiredCertificate(key, l, c.Issuer, c.LeafLifetime, labels)); err != nil {
+	if err := c.applyCertificate(ctx, c.cached(), owner, desiredCertificate(key, l, c.Issuer, c.LeafLifetime, labels)); err != nil {
 		return time.Time{}, err
 	}
 	if !issued {
@@ -352,7 +363,7 @@ func (c *CertManager) ensureBundle(ctx context.Context, owner client.Object, nam
 func (c *CertManager) pruneLeaves(ctx context.Context, owner client.Object, selector map[string]string, keep map[string]bool) error {
 	list := &unstructured.UnstructuredList{}
 	list.SetGroupVersionKind(certificateGVK.GroupVersion().WithKind(certificateGVK.Kind + "List"))
-	if err := c.Client.List(ctx, list, client.InNamespace(owner.GetNamespace()), client.MatchingLabels(selector)); err != nil {
+	if err := c.cached().List(ctx, list, client.InNamespace(owner.GetNamespace()), client.MatchingLabels(selector)); err != nil {
 		return fmt.Errorf("failed to list %s's Certificates: %w", owner.GetName(), err)
 	}
 	for i := range list.Items {
@@ -383,6 +394,11 @@ func (c *CertManager) applyCertificate(ctx context.Context, reader client.Reader
 			}
 		}
 		if err := c.Client.Create(ctx, want); err != nil {
+			if apierrors.IsAlreadyExists(err) {
+				// Created a moment ago, and not in the cache yet: its
+				// arrival there reconciles the owner again.
+				return nil
+			}
 			return fmt.Errorf("failed to create Certificate %s: %w", want.GetName(), err)
 		}
 		log.FromContext(ctx).Info("Asked cert-manager for a certificate", "certificate", want.GetName(), "issuer", c.Issuer.Kind+"/"+c.Issuer.Name)
