@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -37,23 +36,12 @@ func (h *earlyHead) AppendStream(stream catenapb.Replica_AppendStreamServer) err
 		case err := <-errc:
 			return err
 		case req := <-recv:
-			_, recs, err := partlog.DecodeBatch(req.GetFrame())
+			final, err := h.assign(req)
 			if err != nil {
 				return err
 			}
-			h.mu.Lock()
-			epoch := h.epoch
-			final := &catenapb.AppendResponse{RequestId: req.GetRequestId(), Epoch: epoch}
-			for range recs {
-				final.Offsets = append(final.Offsets, h.next)
-				final.Duplicate = append(final.Duplicate, false)
-				h.next++
-			}
-			final.Committed = h.next
-			h.appends++
-			h.mu.Unlock()
 			if req.GetAnswerAssigned() {
-				early := &catenapb.AppendResponse{RequestId: final.RequestId, Offsets: final.Offsets, Duplicate: final.Duplicate, Assigned: true, Epoch: epoch}
+				early := &catenapb.AppendResponse{RequestId: final.RequestId, Offsets: final.Offsets, Duplicate: final.Duplicate, Assigned: true, Epoch: final.Epoch}
 				if err := stream.Send(early); err != nil {
 					return err
 				}
@@ -104,11 +92,7 @@ func TestProducersAreAnsweredOnTheTailsCompletion(t *testing.T) {
 	head.view(3, members)
 	tail.view(3, members)
 
-	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	s := startIngestion(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	// pending says whether done stays open while the test waits a moment:

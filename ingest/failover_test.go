@@ -76,24 +76,46 @@ func (m *chainMember) AppendStream(stream catenapb.Replica_AppendStreamServer) e
 		if m.hung.Load() {
 			continue // received, never answered
 		}
-		_, recs, err := partlog.DecodeBatch(req.GetFrame())
+		resp, err := m.assign(req)
 		if err != nil {
 			return err
 		}
-		m.mu.Lock()
-		resp := &catenapb.AppendResponse{RequestId: req.GetRequestId()}
-		for range recs {
-			resp.Offsets = append(resp.Offsets, m.next)
-			resp.Duplicate = append(resp.Duplicate, false)
-			m.next++
-		}
-		resp.Committed = m.next
-		m.appends++
-		m.mu.Unlock()
 		if err := stream.Send(resp); err != nil {
 			return err
 		}
 	}
+}
+
+// assign gives req's records the next offsets: the answer of a head that
+// committed them at once, under the epoch of its view.
+func (m *chainMember) assign(req *catenapb.AppendRequest) (*catenapb.AppendResponse, error) {
+	_, recs, err := partlog.DecodeBatch(req.GetFrame())
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	resp := &catenapb.AppendResponse{RequestId: req.GetRequestId(), Epoch: m.epoch}
+	for range recs {
+		resp.Offsets = append(resp.Offsets, m.next)
+		resp.Duplicate = append(resp.Duplicate, false)
+		m.next++
+	}
+	resp.Committed = m.next
+	m.appends++
+	return resp, nil
+}
+
+// startIngestion runs ingestion over the fake replicas at addrs, with
+// discovery rounds an hour apart (only what a test asks for refreshes it).
+func startIngestion(t *testing.T, addrs []string) *Server {
+	t.Helper()
+	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
 }
 
 // produceAsync produces one record through s in the background; the
@@ -139,11 +161,7 @@ func TestAStalledAppendRelearnsTheChain(t *testing.T) {
 	head.view(1, both)
 	next.view(1, both)
 
-	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	s := startIngestion(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	produce := func(what string) *catenapb.ProduceResponse {
@@ -179,11 +197,7 @@ func TestAStalledAppendReportsTheHead(t *testing.T) {
 	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
 	head.view(5, both)
 	next.view(5, both)
-	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	s := startIngestion(t, addrs)
 	head.hung.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -272,11 +286,7 @@ func TestANewHeadIsNotReportedForTheOldOnesSilence(t *testing.T) {
 	for _, m := range []*chainMember{old, head, tail} {
 		m.view(1, all)
 	}
-	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	s := startIngestion(t, addrs)
 	old.hung.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
