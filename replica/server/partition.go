@@ -45,10 +45,12 @@ type partition struct {
 	committed uint64 // mirror of the core's committed offset, for readers
 	// committedExact is false while a partition restored after a crash
 	// has only its recorded committed offset, which may lag what it knew
-	// (see committedFile); a new epoch brings the chain's.
+	// (see committedTableFile); a new epoch brings the chain's.
 	committedExact bool
-	// persistedCommitted is the offset committedFile holds (holdsMu).
-	persistedCommitted uint64
+	// legacyCommitted: the committed offset came from a version-1
+	// per-partition record, removed once the replica's table holds it
+	// (set at start-up, then committedMu).
+	legacyCommitted bool
 	fwdEnd             uint64 // what the core has released for forwarding
 	ackUp              uint64 // what the core has released for acknowledging upstream
 	changed            chan struct{}

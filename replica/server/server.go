@@ -90,6 +90,15 @@ type Server struct {
 	fatalFn  func(error)
 	fs       partlog.FS
 
+	// committedMu orders writes of committedTableFile; its order is
+	// before mu. committedLoaded is the table read at start-up, until
+	// the partitions found on disk are open (then nil); committedOnDisk
+	// is what the file holds (mu).
+	committedMu     sync.Mutex
+	committedLoaded map[partKey]uint64
+	committedClean  bool
+	committedOnDisk map[partKey]uint64
+
 	mu         sync.Mutex
 	partitions map[partKey]*partition
 	closed     bool
@@ -132,10 +141,18 @@ func New(opts Options) (*Server, error) {
 			os.Exit(70)
 		}
 	}
+	s.loadCommittedTable()
 	if err := s.openExisting(); err != nil {
 		s.Close()
 		return nil, err
 	}
+	// Before serving: drop what the table names for partitions no longer
+	// here, take in version-1 records, and clear a clean close's mark.
+	if err := s.persistCommitted(atStart); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("failed to record committed offsets at start-up: %w", err)
+	}
+	s.committedLoaded = nil
 	s.wg.Add(2)
 	go s.retentionLoop()
 	go s.committedLoop()
@@ -421,12 +438,28 @@ func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) 
 	if err := validateConfigure(req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "configure %s/%d: %v", req.GetStream(), req.GetPartition(), err)
 	}
+	key := partKey{req.GetStream(), req.GetPartition()}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return nil, status.Error(codes.Unavailable, "replica is shutting down")
 	}
-	p := s.partitions[partKey{req.GetStream(), req.GetPartition()}]
+	p := s.partitions[key]
+	if _, stale := s.committedOnDisk[key]; p == nil && stale {
+		// A dropped copy's offset is still in the table on disk: a crash
+		// after this copy is created would give it the old copy's floor.
+		// Write the table without it first.
+		s.mu.Unlock()
+		if err := s.persistCommitted(whenMoved); err != nil {
+			return nil, status.Errorf(codes.Internal, "configure %s/%d: %v", key.stream, key.index, err)
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, status.Error(codes.Unavailable, "replica is shutting down")
+		}
+		p = s.partitions[key]
+	}
 	if p == nil {
 		var err error
 		p, err = s.openPartition(req.GetStream(), req.GetPartition(), req.GetConfig())
@@ -642,6 +675,13 @@ func (s *Server) Close() {
 	for _, p := range parts {
 		p.close()
 	}
+	// Only after a complete start: one that failed opened only some of
+	// the partitions the table names.
+	if s.committedLoaded == nil {
+		if err := s.persistCommitted(atCleanClose); err != nil {
+			s.logger.Error(err, "Failed to record the committed offsets at close")
+		}
+	}
 	s.pool.Close()
 }
 
@@ -656,7 +696,6 @@ func (p *partition) close() {
 	close(p.stop)
 	p.mu.Unlock()
 	p.wg.Wait()
-	p.persistCommitted(true)
 	if p.log != nil {
 		if err := p.log.Close(); err != nil {
 			p.logger.Error(err, "Failed to close partition log")

@@ -825,9 +825,7 @@ func TestTruncateRoundsDownToABatchBoundary(t *testing.T) {
 	// before its first one would be (it learns commits from notices).
 	stopNode(a)
 	stopNode(b)
-	if err := os.Remove(filepath.Join(b.srv.partitionDir("s", 0), committedFile)); err != nil {
-		t.Fatal(err)
-	}
+	forgetCommitted(t, b.srv.dataDir, partKey{"s", 0})
 	b = reopen(t, b)
 	bc := client(t, b.addr)
 	if st := status0(t, b); st.GetCommitted() != 0 {
@@ -1577,9 +1575,7 @@ func TestConfigureTeachesTheCommittedOffset(t *testing.T) {
 	}
 	converged(t, a, b)
 	stopNode(b)
-	if err := os.Remove(filepath.Join(b.srv.partitionDir("s", 0), committedFile)); err != nil {
-		t.Fatal(err)
-	}
+	forgetCommitted(t, b.srv.dataDir, partKey{"s", 0})
 	b = reopen(t, b)
 	if st := status0(t, b); st.GetCommitted() != 0 {
 		t.Fatalf("reopened without its committed file: committed %d, want 0", st.GetCommitted())
