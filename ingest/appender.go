@@ -683,7 +683,14 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		case <-stalled:
 			lastKick = time.Now()
 			a.srv.disc.requestRefresh()
-			a.reportHead(pr, time.Since(inflight[0].at))
+			// A head that assigned the oldest append's offsets answered:
+			// it is reachable, and the wait is for its chain (a slow
+			// member, a loaded machine), which the master's probes of
+			// the members judge. Reporting it then only cost every
+			// replica a report per partition per stallAfter under load.
+			if !inflight[0].assigned {
+				a.reportHead(pr, time.Since(inflight[0].at))
+			}
 		case <-a.srv.disc.updatedChan():
 			// A head that hangs (paused, partitioned) never fails the
 			// stream; a newer epoch in the replicas' reports ends it.
