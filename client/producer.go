@@ -1,12 +1,14 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 // Record is one record to produce.
@@ -23,9 +26,8 @@ type Record struct {
 	// TimestampMs is Unix milliseconds; zero lets the ingestion node stamp it.
 	TimestampMs int64
 	// Partition, when non-nil, bypasses key routing (see PartitionOf).
-	// Records with neither key nor partition go to one partition per
-	// Produce request: the same one for about 256 KiB of such records, then
-	// the next.
+	// Records with neither key nor partition go to one partition for about
+	// 256 KiB of such records, then the next.
 	Partition *uint32
 }
 
@@ -52,6 +54,10 @@ type ProducerOptions struct {
 	MaxBatchBytes int
 	// MaxBatchRecords bounds the records of one request. Default 8192.
 	MaxBatchRecords int
+	// PartitionBatchBytes bounds the key+value bytes of one partition's
+	// batch once the producer routes records itself; a request carries
+	// several such batches. Default MaxBatchBytes/4. See Producer.
+	PartitionBatchBytes int
 	// MaxInFlight is the number of Produce requests outstanding at once.
 	// Default 6. Use 1 for strict ordering across retries.
 	MaxInFlight int
@@ -84,6 +90,10 @@ func (o *ProducerOptions) setDefaults() {
 	if o.MaxBatchRecords <= 0 {
 		o.MaxBatchRecords = 8192
 	}
+	if o.PartitionBatchBytes <= 0 {
+		o.PartitionBatchBytes = max(o.MaxBatchBytes/4, 1)
+	}
+	o.PartitionBatchBytes = min(o.PartitionBatchBytes, o.MaxBatchBytes)
 	if o.MaxInFlight <= 0 {
 		o.MaxInFlight = 6
 	}
@@ -192,17 +202,36 @@ func (f *Future) CompletedAt() time.Time { return f.at }
 // accepted by the producer).
 func (f *Future) Sequence() uint64 { return f.pr.Sequence }
 
-// batch is one Produce request's worth of records.
+// batch is records of one partition (or, before the producer routes
+// records itself, of any partitions: unrouted) that travel together in one
+// Produce request.
 type batch struct {
-	// prev is the last sequence of the batch dispatched before this one if
-	// that was still unanswered then (ProduceRequest.prev_sequence).
-	prev    uint64
-	lastSeq uint64 // set by the flusher at dispatch
+	part    uint32
 	futs    []*Future
 	bytes   int
 	created time.Time
 	done    chan struct{}
 }
+
+// request is one Produce request: one or more batches.
+type request struct {
+	batches []*batch
+	// num is the producer's number for it; prev the number of the request
+	// dispatched before it if that one was still unanswered then, and
+	// prevSeq that request's highest sequence (for ingestion nodes that
+	// order by sequence).
+	num, prev, prevSeq uint64
+	lastSeq            uint64 // its highest sequence
+	done               chan struct{}
+}
+
+// unrouted is the batch key of records that ingestion routes: every record
+// until the producer knows the stream's partition count.
+const unrouted = ^uint32(0)
+
+// stickyBytes is how many bytes of keyless records go to one partition
+// before the next takes over, as ingestion does for records it routes.
+const stickyBytes = 256 << 10
 
 var failedBatch = func() *batch {
 	b := &batch{done: make(chan struct{})}
@@ -215,6 +244,22 @@ const recordOverhead = 24
 
 // Producer batches and pipelines records to one stream, idempotently.
 // Safe for concurrent use.
+//
+// Until ingestion's first answer tells it the stream's partition count,
+// the producer sends records in the order they were sent, up to
+// MaxBatchBytes a request, and ingestion routes them. From then on it
+// routes them itself, as ingestion would (a key's partition is
+// contract.PartitionFor; keyless records stick to one partition for
+// stickyBytes), and batches per partition, up to PartitionBatchBytes: a
+// request carries whole batches, oldest first. Under load, then, each
+// partition's records travel in a few large appends instead of a thin
+// slice of every request (with 256 partitions, 4 producers and 6 requests
+// in flight each, a slice was about 20 records). Order holds per
+// partition: a partition's batches are sent in order, and ingestion admits
+// a producer's requests in the order they were sent (prev_request). If the
+// count grows, keys move to the partitions the new count gives them (as
+// ingestion's routing does); if ingestion refuses a request, the producer
+// routes nothing more until the next answer.
 type Producer struct {
 	c      *Client
 	stream string
@@ -226,8 +271,12 @@ type Producer struct {
 
 	mu       sync.Mutex
 	seq      uint64
-	cur      *batch   // accumulating
-	ready    []*batch // cut, waiting for an in-flight slot
+	parts    uint32            // the stream's partition count (0: unknown, ingestion routes)
+	partIDs  []uint32          // 0..parts-1: Record.Partition points into it
+	sticky   uint32            // keyless records' partition, and the bytes given to it
+	given    int               //
+	open     map[uint32]*batch // accumulating, per partition
+	ready    []*batch          // cut, oldest first, waiting for an in-flight slot
 	live     map[*batch]struct{}
 	buffered int
 	spaceCh  chan struct{} // closed (and replaced) when buffered bytes drop
@@ -238,7 +287,8 @@ type Producer struct {
 	sem  chan struct{}
 	wg   sync.WaitGroup
 
-	lastSent *batch // owned by the flusher goroutine
+	lastSent *request // owned by the flusher goroutine
+	reqNum   uint64   // owned by the flusher goroutine
 }
 
 // NewProducer starts a producer for stream with a random non-zero
@@ -258,6 +308,7 @@ func NewProducer(c *Client, stream string, opts ProducerOptions) *Producer {
 		c: c, stream: stream, id: id, opts: opts,
 		ctx: ctx, cancel: cancel,
 		live:    make(map[*batch]struct{}),
+		open:    make(map[uint32]*batch),
 		spaceCh: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 		sem:     make(chan struct{}, opts.MaxInFlight),
@@ -310,23 +361,28 @@ func (p *Producer) Send(ctx context.Context, r Record) *Future {
 	p.seq++
 	f.pr.Sequence = p.seq
 	p.buffered += size
-	b := p.cur
-	if b != nil && b.bytes+size > p.opts.MaxBatchBytes {
+	part := p.routeLocked(&f.pr, size)
+	limit := p.opts.PartitionBatchBytes
+	if part == unrouted {
+		limit = p.opts.MaxBatchBytes
+	}
+	b := p.open[part]
+	if b != nil && b.bytes+size > limit {
 		p.ready = append(p.ready, b)
 		b = nil
 		kick = true
 	}
 	if b == nil {
-		b = p.newBatchLocked()
-		p.cur = b
+		b = p.newBatchLocked(part)
+		p.open[part] = b
 		kick = true
 	}
 	f.b = b
 	b.futs = append(b.futs, f)
 	b.bytes += size
-	if len(b.futs) >= p.opts.MaxBatchRecords || b.bytes >= p.opts.MaxBatchBytes {
+	if len(b.futs) >= p.opts.MaxBatchRecords || b.bytes >= limit {
 		p.ready = append(p.ready, b)
-		p.cur = nil
+		delete(p.open, part)
 		kick = true
 	}
 	p.mu.Unlock()
@@ -351,10 +407,7 @@ func (p *Producer) SendSync(ctx context.Context, r Record) (Ack, error) {
 // before the call is resolved (acknowledged or failed), or ctx is done.
 func (p *Producer) Flush(ctx context.Context) error {
 	p.mu.Lock()
-	if p.cur != nil {
-		p.ready = append(p.ready, p.cur)
-		p.cur = nil
-	}
+	p.cutLocked()
 	wait := make([]*batch, 0, len(p.live))
 	for b := range p.live {
 		wait = append(wait, b)
@@ -395,8 +448,9 @@ func (p *Producer) wake() {
 	}
 }
 
-func (p *Producer) newBatchLocked() *batch {
+func (p *Producer) newBatchLocked(part uint32) *batch {
 	b := &batch{
+		part:    part,
 		futs:    make([]*Future, 0, p.lastCap),
 		created: time.Now(),
 		done:    make(chan struct{}),
@@ -410,7 +464,129 @@ func (f *Future) fail(err error) {
 	f.b = failedBatch
 }
 
-// flusher cuts batches and starts one goroutine per request, keeping at
+// routeLocked picks the batch key of a record: unrouted while the
+// partition count is unknown (ingestion routes it, and every record keeps
+// the order it was sent in), else its partition, which it names in the
+// record so that ingestion routes it there whatever count it has by then.
+func (p *Producer) routeLocked(r *catenapb.ProduceRecord, size int) uint32 {
+	if p.parts == 0 {
+		return unrouted
+	}
+	var part uint32
+	switch {
+	case r.Partition != nil:
+		return *r.Partition
+	case len(r.Key) > 0:
+		part = contract.PartitionFor(r.Key, p.parts)
+	default:
+		if p.given >= stickyBytes {
+			p.sticky, p.given = (p.sticky+1)%p.parts, 0
+		}
+		p.given += size
+		part = p.sticky
+	}
+	r.Partition = &p.partIDs[part]
+	return part
+}
+
+// learnPartitions takes the stream's partition count from an answer. The
+// first time, the open unrouted batch is cut first: it is sent before any
+// routed one, so that ingestion admits it first.
+func (p *Producer) learnPartitions(n uint32) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n == 0 || n == p.parts {
+		return
+	}
+	if p.parts == 0 {
+		p.cutLocked()
+		p.sticky = mrand.Uint32N(n)
+	}
+	ids := make([]uint32, n)
+	for i := range ids {
+		ids[i] = uint32(i)
+	}
+	p.parts, p.partIDs = n, ids
+	p.sticky %= n
+}
+
+// forgetPartitions stops routing after ingestion refused a request (a
+// stream re-created with fewer partitions refuses the ones past its
+// count): open batches are cut first, so that nothing routed by ingestion
+// overtakes them.
+func (p *Producer) forgetPartitions() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.parts != 0 {
+		p.cutLocked()
+		p.parts, p.partIDs = 0, nil
+	}
+}
+
+// cutLocked moves every open batch to ready, oldest first.
+func (p *Producer) cutLocked() {
+	cut := make([]*batch, 0, len(p.open))
+	for _, b := range p.open {
+		cut = append(cut, b)
+	}
+	clear(p.open)
+	slices.SortFunc(cut, func(a, b *batch) int { return a.created.Compare(b.created) })
+	p.ready = append(p.ready, cut...)
+}
+
+// oldestOpenLocked returns when the oldest open batch was made (zero: none).
+func (p *Producer) oldestOpenLocked() time.Time {
+	var t time.Time
+	for _, b := range p.open {
+		if t.IsZero() || b.created.Before(t) {
+			t = b.created
+		}
+	}
+	return t
+}
+
+// takeLocked makes the next request: ready batches in order while they
+// fit, then, if every ready batch went in, open ones, oldest first (they
+// would otherwise follow in the next request). A partition's batches thus
+// leave in the order they were made.
+func (p *Producer) takeLocked() *request {
+	r := &request{done: make(chan struct{})}
+	bytes, recs := 0, 0
+	fits := func(b *batch) bool {
+		return len(r.batches) == 0 || (bytes+b.bytes <= p.opts.MaxBatchBytes && recs+len(b.futs) <= p.opts.MaxBatchRecords)
+	}
+	i := 0
+	for ; i < len(p.ready) && fits(p.ready[i]); i++ {
+		b := p.ready[i]
+		r.batches = append(r.batches, b)
+		bytes, recs = bytes+b.bytes, recs+len(b.futs)
+	}
+	clear(p.ready[:i])
+	p.ready = p.ready[i:]
+	if len(p.ready) > 0 || len(p.open) == 0 {
+		if len(p.ready) == 0 {
+			p.ready = nil
+		}
+		return r
+	}
+	p.ready = nil
+	open := make([]*batch, 0, len(p.open))
+	for _, b := range p.open {
+		open = append(open, b)
+	}
+	slices.SortFunc(open, func(a, b *batch) int { return a.created.Compare(b.created) })
+	for _, b := range open {
+		if !fits(b) {
+			break
+		}
+		delete(p.open, b.part)
+		r.batches = append(r.batches, b)
+		bytes, recs = bytes+b.bytes, recs+len(b.futs)
+	}
+	return r
+}
+
+// flusher makes requests and starts one goroutine per request, keeping at
 // most MaxInFlight requests outstanding.
 func (p *Producer) flusher() {
 	defer p.wg.Done()
@@ -418,62 +594,65 @@ func (p *Producer) flusher() {
 	timer.Stop()
 	for {
 		p.sem <- struct{}{}
-		b := p.nextBatch(timer)
-		if b == nil {
+		r := p.nextRequest(timer)
+		if r == nil {
 			<-p.sem
 			return
 		}
 		p.mu.Lock()
-		if n := len(b.futs); n > p.lastCap {
-			p.lastCap = min(n, p.opts.MaxBatchRecords)
+		for _, b := range r.batches {
+			if n := len(b.futs); n > p.lastCap {
+				p.lastCap = min(n, p.opts.MaxBatchRecords)
+			}
 		}
 		p.mu.Unlock()
 		// Requests travel on their own goroutines and may overtake one
 		// another; naming the unanswered predecessor lets ingestion
 		// restore the order.
+		p.reqNum++
+		r.num = p.reqNum
 		if last := p.lastSent; last != nil {
 			select {
 			case <-last.done:
 			default:
-				b.prev = last.lastSeq
+				r.prev, r.prevSeq = last.num, last.lastSeq
 			}
 		}
-		b.lastSeq = b.futs[len(b.futs)-1].pr.Sequence
-		p.lastSent = b
+		for _, b := range r.batches {
+			r.lastSeq = max(r.lastSeq, b.futs[len(b.futs)-1].pr.Sequence)
+		}
+		p.lastSent = r
 		p.wg.Add(1)
-		go p.sendBatch(b)
+		go p.sendRequest(r)
 	}
 }
 
-// nextBatch returns the next batch to send, waiting for the linger of the
-// accumulating one; nil once closed and drained.
-func (p *Producer) nextBatch(timer *time.Timer) *batch {
+// nextRequest returns the next request to send once one is due (a batch
+// is full, or the oldest open one has lingered), waiting for it; nil once
+// closed and drained. Open batches are taken only as a request is made,
+// oldest first and as many as fit: under load, the rest keep filling
+// while they wait for a request slot, instead of leaving as slivers.
+func (p *Producer) nextRequest(timer *time.Timer) *request {
 	for {
-		var wait time.Duration
 		p.mu.Lock()
-		if len(p.ready) > 0 {
-			b := p.ready[0]
-			p.ready[0] = nil
-			p.ready = p.ready[1:]
-			if len(p.ready) == 0 {
-				p.ready = nil
-			}
-			p.mu.Unlock()
-			return b
+		if p.closed {
+			p.cutLocked()
 		}
-		if b := p.cur; b != nil {
-			wait = p.opts.Linger - time.Since(b.created)
-			if p.closed || wait <= 0 {
-				p.cur = nil
-				p.mu.Unlock()
-				return b
-			}
-		} else if p.closed {
+		var wait time.Duration
+		if oldest := p.oldestOpenLocked(); !oldest.IsZero() {
+			wait = max(p.opts.Linger-time.Since(oldest), 0)
+		}
+		if len(p.ready) > 0 || (len(p.open) > 0 && wait == 0) {
+			r := p.takeLocked()
 			p.mu.Unlock()
+			return r
+		}
+		closed, open := p.closed, len(p.open) > 0
+		p.mu.Unlock()
+		if closed {
 			return nil
 		}
-		p.mu.Unlock()
-		if wait <= 0 {
+		if !open {
 			<-p.kick
 			continue
 		}
@@ -491,20 +670,33 @@ func (p *Producer) nextBatch(timer *time.Timer) *batch {
 	}
 }
 
-// sendBatch sends b, retrying its unacknowledged records with the same
+// sendRequest sends r, retrying its unacknowledged records with the same
 // producer id and sequences until they resolve or RetryTimeout passes.
-func (p *Producer) sendBatch(b *batch) {
+func (p *Producer) sendRequest(r *request) {
 	defer func() {
-		p.complete(b)
+		p.complete(r)
 		<-p.sem
 		p.wg.Done()
 	}()
-	todo := b.futs
-	req := &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, PrevSequence: b.prev, Records: make([]*catenapb.ProduceRecord, len(todo))}
+	todo := r.batches[0].futs
+	created := r.batches[0].created
+	if len(r.batches) > 1 {
+		todo = nil
+		for _, b := range r.batches {
+			todo = append(todo, b.futs...)
+			if b.created.Before(created) {
+				created = b.created
+			}
+		}
+		// In sequence order, as one batch's are (each partition's
+		// records keep theirs).
+		slices.SortFunc(todo, func(a, b *Future) int { return cmp.Compare(a.pr.Sequence, b.pr.Sequence) })
+	}
+	req := &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, PrevSequence: r.prevSeq, Request: r.num, PrevRequest: r.prev, Records: make([]*catenapb.ProduceRecord, len(todo))}
 	for i, f := range todo {
 		req.Records[i] = &f.pr
 	}
-	deadline := b.created.Add(p.opts.RetryTimeout)
+	deadline := created.Add(p.opts.RetryTimeout)
 	backoff := p.opts.RetryBackoff
 	var lastErr error
 	for attempt := 1; ; attempt++ {
@@ -517,8 +709,13 @@ func (p *Producer) sendBatch(b *batch) {
 		}
 		resp, err := p.c.ingest.Produce(ctx, req)
 		cancel()
-		req.PrevSequence = 0 // a retry waits for no one
+		req.PrevSequence, req.PrevRequest = 0, 0 // a retry waits for no one
 		now := time.Now()
+		if err == nil {
+			p.learnPartitions(resp.GetPartitions())
+		} else if status.Code(err) == codes.InvalidArgument {
+			p.forgetPartitions()
+		}
 		if err != nil {
 			if refused := p.c.refusedByTLS(err); refused != nil {
 				resolveErr(todo, refused, now)
@@ -558,7 +755,7 @@ func (p *Producer) sendBatch(b *batch) {
 			}
 			if len(retry) != len(todo) {
 				todo = retry
-				req = &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, Records: make([]*catenapb.ProduceRecord, len(todo))}
+				req = &catenapb.ProduceRequest{Stream: p.stream, ProducerId: p.id, Request: r.num, Records: make([]*catenapb.ProduceRecord, len(todo))}
 				for i, f := range todo {
 					req.Records[i] = &f.pr
 				}
@@ -568,7 +765,7 @@ func (p *Producer) sendBatch(b *batch) {
 		sleep := backoff/2 + mrand.N(backoff/2+1)
 		backoff = min(2*backoff, p.opts.MaxRetryBackoff)
 		if now.Add(sleep).After(deadline) {
-			resolveErr(todo, &RetryTimeoutError{Attempts: attempt, Elapsed: now.Sub(b.created), Last: lastErr}, now)
+			resolveErr(todo, &RetryTimeoutError{Attempts: attempt, Elapsed: now.Sub(created), Last: lastErr}, now)
 			return
 		}
 		t := time.NewTimer(sleep)
@@ -588,13 +785,18 @@ func resolveErr(fs []*Future, err error, at time.Time) {
 	}
 }
 
-// complete publishes b's results and releases its buffer space.
-func (p *Producer) complete(b *batch) {
-	b.futs = nil // let resolved futures be collected independently
-	close(b.done)
+// complete publishes r's results and releases its buffer space.
+func (p *Producer) complete(r *request) {
+	for _, b := range r.batches {
+		b.futs = nil // let resolved futures be collected independently
+		close(b.done)
+	}
+	close(r.done)
 	p.mu.Lock()
-	p.buffered -= b.bytes
-	delete(p.live, b)
+	for _, b := range r.batches {
+		p.buffered -= b.bytes
+		delete(p.live, b)
+	}
 	close(p.spaceCh)
 	p.spaceCh = make(chan struct{})
 	p.mu.Unlock()

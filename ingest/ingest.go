@@ -12,7 +12,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"os"
 	"slices"
 	"sync"
@@ -26,6 +25,7 @@ import (
 
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -173,11 +173,10 @@ func (s *Server) stream(ctx context.Context, name string) (*streamRoute, error) 
 }
 
 // PartitionFor maps a key to a partition: FNV-1a of the key modulo the
-// partition count. Records with equal keys share a partition, hence an order.
+// partition count (contract.PartitionFor). Records with equal keys share a
+// partition, hence an order.
 func PartitionFor(key []byte, partitions uint32) uint32 {
-	h := fnv.New32a()
-	h.Write(key)
-	return h.Sum32() % partitions
+	return contract.PartitionFor(key, partitions)
 }
 
 // routeRecords maps each record of a request to its partition: the one it
@@ -341,7 +340,11 @@ func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	if req.GetProducerId() == 0 {
 		prev = 0 // ingestion's own ids: no producer order to keep
 	}
-	release := s.seq.admit(ctx, producer, prev, slices.Max(seqs))
+	prevReq := req.GetPrevRequest()
+	if req.GetProducerId() == 0 {
+		prevReq = 0
+	}
+	release := s.seq.admit(ctx, producer, admission{prevSeq: prev, lastSeq: slices.Max(seqs), prevReq: prevReq, req: req.GetRequest()})
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -392,7 +395,7 @@ func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	if !failed {
 		s.metrics.produceSeconds.WithLabelValues(req.GetStream()).Observe(time.Since(start).Seconds())
 	}
-	return &catenapb.ProduceResponse{Results: results}, nil
+	return &catenapb.ProduceResponse{Results: results, Partitions: n}, nil
 }
 
 // committedSeen is the highest committed offset of a partition this

@@ -118,13 +118,13 @@ func TestSplitChunksBoundsAppendSize(t *testing.T) {
 func TestSequencerAdmitsInProducerOrder(t *testing.T) {
 	s := newSequencer()
 	ctx := context.Background()
-	s.admit(ctx, 1, 0, 10)() // first request: no predecessor
+	s.admit(ctx, 1, admission{prevSeq: 0, lastSeq: 10})() // first request: no predecessor
 	order := make(chan int, 3)
 	admitted := make(chan struct{})
 	// Request 3 (21..30, predecessor ends at 20) arrives before request 2
 	// (11..20, predecessor ends at 10): it must wait.
 	go func() {
-		release := s.admit(ctx, 1, 20, 30)
+		release := s.admit(ctx, 1, admission{prevSeq: 20, lastSeq: 30})
 		order <- 3
 		release()
 		close(admitted)
@@ -134,7 +134,7 @@ func TestSequencerAdmitsInProducerOrder(t *testing.T) {
 		t.Fatal("request 3 was admitted before request 2")
 	case <-time.After(50 * time.Millisecond):
 	}
-	release := s.admit(ctx, 1, 10, 20)
+	release := s.admit(ctx, 1, admission{prevSeq: 10, lastSeq: 20})
 	order <- 2
 	release()
 	<-admitted
@@ -144,8 +144,8 @@ func TestSequencerAdmitsInProducerOrder(t *testing.T) {
 	// A retry (no predecessor named) passes at once; so does another producer.
 	done := make(chan struct{})
 	go func() {
-		s.admit(ctx, 1, 0, 9)()
-		s.admit(ctx, 2, 0, 100)()
+		s.admit(ctx, 1, admission{prevSeq: 0, lastSeq: 9})()
+		s.admit(ctx, 2, admission{prevSeq: 0, lastSeq: 100})()
 		close(done)
 	}()
 	select {
@@ -161,13 +161,13 @@ func TestSequencerFirstRequestsOutOfOrder(t *testing.T) {
 	s := newSequencer()
 	ctx := context.Background()
 	second := make(chan struct{})
-	go func() { s.admit(ctx, 7, 5, 9)(); close(second) }()
+	go func() { s.admit(ctx, 7, admission{prevSeq: 5, lastSeq: 9})(); close(second) }()
 	select {
 	case <-second:
 		t.Fatal("the second request was admitted before the first")
 	case <-time.After(50 * time.Millisecond):
 	}
-	s.admit(ctx, 7, 0, 5)()
+	s.admit(ctx, 7, admission{prevSeq: 0, lastSeq: 5})()
 	select {
 	case <-second:
 	case <-time.After(time.Second):
@@ -178,15 +178,15 @@ func TestSequencerFirstRequestsOutOfOrder(t *testing.T) {
 func TestSequencerGivesUpOnALostPredecessor(t *testing.T) {
 	s := newSequencer()
 	ctx := context.Background()
-	s.admit(ctx, 1, 0, 1)()
+	s.admit(ctx, 1, admission{prevSeq: 0, lastSeq: 1})()
 	start := time.Now()
-	s.admit(ctx, 1, 49, 60)() // the request ending at 49 never arrives
+	s.admit(ctx, 1, admission{prevSeq: 49, lastSeq: 60})() // the request ending at 49 never arrives
 	if waited := time.Since(start); waited < admitWait/2 {
 		t.Fatalf("waited %v for a lost predecessor, want about %v", waited, admitWait)
 	}
 	// After giving up, the order continues from the admitted request.
 	done := make(chan struct{})
-	go func() { s.admit(ctx, 1, 60, 70)(); close(done) }()
+	go func() { s.admit(ctx, 1, admission{prevSeq: 60, lastSeq: 70})(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(time.Second):
@@ -252,5 +252,33 @@ func TestKeylessPickerSticksThenMovesOn(t *testing.T) {
 	k = keylessPicker{current: 7}
 	if p := k.pick(4, 1); p != 3 {
 		t.Fatalf("pick %d of 4 partitions, want 3", p)
+	}
+}
+
+// A producer that batches per partition sends an older partition's batch
+// after a newer one's: request 3 (sequences 5..9) follows request 2
+// (sequences 40..60). Ordered by sequence, request 4 (naming request 3's
+// last sequence, 9) would pass as soon as request 2 was admitted, before
+// request 3; ordered by number it waits for request 3 itself.
+func TestSequencerOrdersNumberedRequestsWhateverTheirSequences(t *testing.T) {
+	s := newSequencer()
+	ctx := context.Background()
+	s.admit(ctx, 1, admission{lastSeq: 4, req: 1})()
+	s.admit(ctx, 1, admission{lastSeq: 60, req: 2, prevReq: 1})()
+	admitted := make(chan struct{})
+	go func() {
+		s.admit(ctx, 1, admission{prevSeq: 9, lastSeq: 70, req: 4, prevReq: 3})()
+		close(admitted)
+	}()
+	select {
+	case <-admitted:
+		t.Fatal("request 4 was admitted before request 3")
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.admit(ctx, 1, admission{prevSeq: 60, lastSeq: 9, req: 3, prevReq: 2})()
+	select {
+	case <-admitted:
+	case <-time.After(time.Second):
+		t.Fatal("request 4 was not admitted after request 3")
 	}
 }

@@ -7,14 +7,17 @@ import (
 )
 
 // sequencer admits each producer's requests into the partition queues in
-// the producer's order. A producer numbers its records 1, 2, 3... and keeps
-// several requests in flight; gRPC may hand them to handlers in any order,
-// and records of one key must reach their partition in the order they were
-// produced. Each request names the last sequence of its still-unanswered
-// predecessor (ProduceRequest.prev_sequence); it waits (briefly) until a
-// request holding that sequence has been admitted. Requests naming none
-// (the first, retries, a producer whose previous request was answered)
-// pass at once, and the partition log's de-duplication answers retries.
+// the producer's order. A producer keeps several requests in flight; gRPC
+// may hand them to handlers in any order, and records of one key must
+// reach their partition in the order they were produced. Each request
+// names its still-unanswered predecessor and waits (briefly) until that
+// one has been admitted: by its number (ProduceRequest.prev_request), or,
+// from producers that do not number requests, by its last sequence
+// (prev_sequence: the request holding it is admitted once a request
+// ending at or past it is, which assumes each request's sequences are
+// above its predecessor's). Requests naming none (the first, retries, a
+// producer whose previous request was answered) pass at once, and the
+// partition log's de-duplication answers retries.
 type sequencer struct {
 	mu        sync.Mutex
 	producers map[uint64]*producerOrder
@@ -23,6 +26,7 @@ type sequencer struct {
 
 type producerOrder struct {
 	next     uint64 // one past the highest sequence admitted
+	nextReq  uint64 // one past the highest request number admitted
 	changed  chan struct{}
 	lastUsed time.Time
 }
@@ -39,10 +43,25 @@ func newSequencer() *sequencer {
 	return &sequencer{producers: map[uint64]*producerOrder{}}
 }
 
-// admit waits until the request whose predecessor ends at sequence prev
-// (zero: none) may go, and returns a func to call once its records, up to
-// sequence last, are queued.
-func (s *sequencer) admit(ctx context.Context, producer, prev, last uint64) func() {
+// admission is what a request says of its place in its producer's order.
+type admission struct {
+	prevSeq uint64 // prev_sequence (used when prevReq is zero)
+	lastSeq uint64 // its highest sequence
+	prevReq uint64 // prev_request
+	req     uint64 // its number (zero: not numbered)
+}
+
+// waits reports whether a must still wait for its predecessor.
+func (po *producerOrder) waits(a admission) bool {
+	if a.prevReq != 0 {
+		return a.prevReq >= po.nextReq
+	}
+	return a.prevSeq != 0 && a.prevSeq >= po.next
+}
+
+// admit waits until the request a describes may go, and returns a func to
+// call once its records are queued.
+func (s *sequencer) admit(ctx context.Context, producer uint64, a admission) func() {
 	now := time.Now()
 	s.mu.Lock()
 	s.sweep(now)
@@ -53,7 +72,7 @@ func (s *sequencer) admit(ctx context.Context, producer, prev, last uint64) func
 	}
 	po.lastUsed = now
 	var timer *time.Timer
-	for prev != 0 && prev >= po.next {
+	for po.waits(a) {
 		if timer == nil {
 			timer = time.NewTimer(admitWait)
 			defer timer.Stop()
@@ -65,7 +84,11 @@ func (s *sequencer) admit(ctx context.Context, producer, prev, last uint64) func
 		case <-timer.C:
 			// The predecessor is lost (its sender gave up); go on.
 			s.mu.Lock()
-			po.next = max(po.next, prev+1)
+			if a.prevReq != 0 {
+				po.nextReq = max(po.nextReq, a.prevReq+1)
+			} else {
+				po.next = max(po.next, a.prevSeq+1)
+			}
 			continue
 		case <-ctx.Done():
 			return func() {}
@@ -75,8 +98,14 @@ func (s *sequencer) admit(ctx context.Context, producer, prev, last uint64) func
 	s.mu.Unlock()
 	return func() {
 		s.mu.Lock()
-		if last+1 > po.next {
-			po.next = last + 1
+		moved := false
+		if a.lastSeq+1 > po.next {
+			po.next, moved = a.lastSeq+1, true
+		}
+		if a.req+1 > po.nextReq {
+			po.nextReq, moved = a.req+1, true
+		}
+		if moved {
 			close(po.changed)
 			po.changed = make(chan struct{})
 		}

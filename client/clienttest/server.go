@@ -7,7 +7,6 @@ package clienttest
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"net"
 	"slices"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 // MaxRecordBytes bounds key+value of one record (ResourceExhausted above).
@@ -44,6 +44,11 @@ type Server struct {
 	seqAttempts map[dedupKey]int
 	produceGate chan struct{}
 	subBreak    chan struct{}
+	// admitted: per producer, one past the highest request number stored
+	// (ingestion's order, ProduceRequest.prev_request); admittedCh is
+	// closed and replaced when it moves.
+	admitted   map[uint64]uint64
+	admittedCh chan struct{}
 }
 
 type dedupKey struct{ producer, seq uint64 }
@@ -223,6 +228,28 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Admit in the producer's order, as ingestion does (briefly: a lost
+	// predecessor is given up on).
+	giveUp := time.After(2 * time.Second)
+	for req.PrevRequest != 0 && req.PrevRequest >= s.admitted[req.ProducerId] {
+		if s.admittedCh == nil {
+			s.admittedCh = make(chan struct{})
+		}
+		ch := s.admittedCh
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-giveUp:
+			s.mu.Lock()
+			s.admitLocked(req.ProducerId, req.PrevRequest)
+			s.mu.Unlock()
+		case <-ctx.Done():
+			s.mu.Lock()
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		s.mu.Lock()
+	}
+	s.admitLocked(req.ProducerId, req.Request)
 	if len(s.failNext) > 0 {
 		err := s.failNext[0]
 		s.failNext = s.failNext[1:]
@@ -232,7 +259,7 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	if st == nil {
 		return nil, notFound(req.Stream)
 	}
-	resp := &catenapb.ProduceResponse{Results: make([]*catenapb.ProduceResult, len(req.Records))}
+	resp := &catenapb.ProduceResponse{Results: make([]*catenapb.ProduceResult, len(req.Records)), Partitions: uint32(len(st.parts))}
 	appended := false
 	for i, r := range req.Records {
 		res := &catenapb.ProduceResult{}
@@ -267,9 +294,7 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 				continue
 			}
 		} else {
-			h := fnv.New32a()
-			h.Write(r.Key)
-			p = h.Sum32() % uint32(len(st.parts))
+			p = contract.PartitionFor(r.Key, uint32(len(st.parts)))
 		}
 		ts := r.TimestampMs
 		if ts == 0 {
@@ -294,6 +319,20 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 		return nil, status.Error(codes.Unavailable, "injected: response lost")
 	}
 	return resp, nil
+}
+
+// admitLocked records that a producer's request num was admitted.
+func (s *Server) admitLocked(producer, num uint64) {
+	if s.admitted == nil {
+		s.admitted = map[uint64]uint64{}
+	}
+	if num+1 > s.admitted[producer] {
+		s.admitted[producer] = num + 1
+		if s.admittedCh != nil {
+			close(s.admittedCh)
+			s.admittedCh = nil
+		}
+	}
 }
 
 // read returns committed records from offset (up to maxBytes) and the

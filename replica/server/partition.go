@@ -51,15 +51,15 @@ type partition struct {
 	// per-partition record, removed once the replica's table holds it
 	// (set at start-up, then committedMu).
 	legacyCommitted bool
-	fwdEnd             uint64 // what the core has released for forwarding
-	ackUp              uint64 // what the core has released for acknowledging upstream
-	changed            chan struct{}
-	failed             error // non-nil: the partition refuses to serve (corrupt, crash-stopped)
-	linkStop           context.CancelFunc
-	inBuf              []partlog.Record
-	freshBuf           []partlog.Record
-	freshIdx           []int
-	recBuf             []partlog.Record // decoded records of a forwarded frame, reused
+	fwdEnd          uint64 // what the core has released for forwarding
+	ackUp           uint64 // what the core has released for acknowledging upstream
+	changed         chan struct{}
+	failed          error // non-nil: the partition refuses to serve (corrupt, crash-stopped)
+	linkStop        context.CancelFunc
+	inBuf           []partlog.Record
+	freshBuf        []partlog.Record
+	freshIdx        []int
+	recBuf          []partlog.Record // decoded records of a forwarded frame, reused
 	// copy is the catch-up copy outside the chain, if one was started.
 	copy *copier
 	// linkDownSince is when the link to the successor of the current epoch

@@ -1015,8 +1015,20 @@ type ProduceRequest struct {
 	// request is still unanswered as this one is sent; zero otherwise (and on
 	// retries). Ingestion admits a request only after its predecessor, so a
 	// producer's records keep their order with several requests in flight,
-	// however gRPC delivers them.
-	PrevSequence  uint64 `protobuf:"varint,4,opt,name=prev_sequence,json=prevSequence,proto3" json:"prev_sequence,omitempty"`
+	// however gRPC delivers them. Superseded by prev_request, which
+	// ingestion uses instead when it is set.
+	PrevSequence uint64 `protobuf:"varint,4,opt,name=prev_sequence,json=prevSequence,proto3" json:"prev_sequence,omitempty"`
+	// The producer's number for this request: 1 for its first, one more for
+	// each request it sends after that (a retry keeps its number). Zero: not
+	// numbered.
+	Request uint64 `protobuf:"varint,5,opt,name=request,proto3" json:"request,omitempty"`
+	// The number of this producer's previous request when that request is
+	// still unanswered as this one is sent; zero otherwise (and on retries).
+	// Ingestion admits a request only after its predecessor. Unlike
+	// prev_sequence it does not assume that each request's sequences are
+	// above its predecessor's: a producer that batches per partition sends
+	// an older partition's batch after a newer one's.
+	PrevRequest   uint64 `protobuf:"varint,6,opt,name=prev_request,json=prevRequest,proto3" json:"prev_request,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1075,6 +1087,20 @@ func (x *ProduceRequest) GetRecords() []*ProduceRecord {
 func (x *ProduceRequest) GetPrevSequence() uint64 {
 	if x != nil {
 		return x.PrevSequence
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetRequest() uint64 {
+	if x != nil {
+		return x.Request
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetPrevRequest() uint64 {
+	if x != nil {
+		return x.PrevRequest
 	}
 	return 0
 }
@@ -1160,7 +1186,12 @@ func (x *ProduceResult) GetErrorMessage() string {
 type ProduceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One per request record, in request order.
-	Results       []*ProduceResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	Results []*ProduceResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// The stream's partition count as ingestion routed this request. A
+	// producer that knows it may route records itself (a key's partition is
+	// contract.PartitionFor) and batch per partition; zero from an ingestion
+	// that does not say.
+	Partitions    uint32 `protobuf:"varint,2,opt,name=partitions,proto3" json:"partitions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1200,6 +1231,13 @@ func (x *ProduceResponse) GetResults() []*ProduceResult {
 		return x.Results
 	}
 	return nil
+}
+
+func (x *ProduceResponse) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
 }
 
 type FetchRequest struct {
@@ -4121,22 +4159,27 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\bsequence\x18\x04 \x01(\x04R\bsequence\x12!\n" +
 	"\tpartition\x18\x05 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
 	"\n" +
-	"_partition\"\xa2\x01\n" +
+	"_partition\"\xdf\x01\n" +
 	"\x0eProduceRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
 	"producerId\x122\n" +
 	"\arecords\x18\x03 \x03(\v2\x18.catena.v1.ProduceRecordR\arecords\x12#\n" +
-	"\rprev_sequence\x18\x04 \x01(\x04R\fprevSequence\"\xa7\x01\n" +
+	"\rprev_sequence\x18\x04 \x01(\x04R\fprevSequence\x12\x18\n" +
+	"\arequest\x18\x05 \x01(\x04R\arequest\x12!\n" +
+	"\fprev_request\x18\x06 \x01(\x04R\vprevRequest\"\xa7\x01\n" +
 	"\rProduceResult\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1c\n" +
 	"\tduplicate\x18\x03 \x01(\bR\tduplicate\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x04 \x01(\x05R\terrorCode\x12#\n" +
-	"\rerror_message\x18\x05 \x01(\tR\ferrorMessage\"E\n" +
+	"\rerror_message\x18\x05 \x01(\tR\ferrorMessage\"e\n" +
 	"\x0fProduceResponse\x122\n" +
-	"\aresults\x18\x01 \x03(\v2\x18.catena.v1.ProduceResultR\aresults\"\x99\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.catena.v1.ProduceResultR\aresults\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x01(\rR\n" +
+	"partitions\"\x99\x01\n" +
 	"\fFetchRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +

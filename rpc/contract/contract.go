@@ -41,3 +41,21 @@ const ReasonChainTooShort = "CHAIN_TOO_SHORT"
 func TooShortMessage(stream string, partition uint32, have, need int) string {
 	return fmt.Sprintf("partition %s/%d has %d of the %d members required for writes", stream, partition, have, need)
 }
+
+// PartitionFor maps a record's key to one of a stream's partitions:
+// FNV-1a (32-bit) of the key, modulo the partition count. Ingestion routes
+// keyed records with it, and a producer that batches per partition routes
+// them itself with the same function, so that a key keeps one partition
+// (hence one order) whoever routes it.
+func PartitionFor(key []byte, partitions uint32) uint32 {
+	const (
+		offset32 = 2166136261
+		prime32  = 16777619
+	)
+	h := uint32(offset32)
+	for _, c := range key {
+		h ^= uint32(c)
+		h *= prime32
+	}
+	return h % partitions
+}
