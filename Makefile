@@ -121,7 +121,7 @@ test-faults: build ## Run the fault-injection campaign for CATENA_FAULT_DURATION
 	CATENA_FAULT_DURATION=$${CATENA_FAULT_DURATION:-5m} $(GO) test -race -count=1 -timeout 60m -run TestFaultCampaign -v ./test/integration/
 
 .PHONY: bench
-bench: build ## Run catenactl bench against a fresh catena dev (prints records/s, MiB/s, latency).
+bench: build ## Run catenactl bench against a fresh catena dev (prints records/s, MiB/s, latency), then keyed over 256 partitions and the ratio (RECORDS, WIDE_PARTITIONS).
 	hack/bench.sh
 
 .PHONY: bench-compare
