@@ -39,7 +39,11 @@ type Log struct {
 	wmu    sync.Mutex
 	mu     sync.RWMutex
 
-	segs    []*segment // oldest first; the last is active; never empty
+	segs []*segment // oldest first; the last is active; never empty
+	// cuts counts Truncate and Reset calls: a read made outside mu that
+	// fails checks it before it calls the log corrupt (its bytes may
+	// have been cut under it).
+	cuts    uint64
 	next    uint64
 	rolling uint32
 	epochs  []EpochStart
@@ -341,19 +345,21 @@ func (l *Log) EpochEndOffset(epoch uint64) (uint64, error) {
 // so they stay valid and unchanged after later appends. from == NextOffset
 // returns no frames and no error; from outside [StartOffset, NextOffset] is
 // ErrOutOfRange.
+//
+// The log's lock is held only to pin the segments the read needs (see
+// handle) and note their published sizes: the reads and checksums happen
+// outside it, so appends go on meanwhile. A read that a Truncate or Reset
+// cut under it ends with ErrOutOfRange, not corruption.
 func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if err := l.usable(); err != nil {
+	views, maxEnd, cuts, err := l.pinFor(from, maxEnd, maxBytes)
+	if err != nil || len(views) == 0 {
 		return nil, err
 	}
-	if start := l.segs[0].base; from < start || from > l.next {
-		return nil, fmt.Errorf("%w: read from offset %d, log holds [%d,%d)", ErrOutOfRange, from, start, l.next)
-	}
-	maxEnd = min(maxEnd, l.next)
-	if from >= maxEnd {
-		return nil, nil
-	}
+	defer func() {
+		for _, v := range views {
+			v.h.unpin()
+		}
+	}()
 	// Remaining byte budget, clamped so that read-ahead sums cannot overflow
 	// (no read spans more than one segment anyway).
 	budget := func(total int) int64 { return min(int64(max(maxBytes-total, 0)), MaxSegmentBytes+MaxFrameBytes) }
@@ -361,41 +367,34 @@ func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
 	total := 0
 	expect := from // base offset the next returned frame must have, once started
 	started := false
-	for si := l.segmentFor(from); si < len(l.segs); si++ {
-		s := l.segs[si]
-		r := segReader{s: s, limit: s.size}
-		pos := int64(SegmentHeaderSize)
-		skip := int64(0)
-		if !started {
-			// From the index entry to the wanted frame is less than one
-			// interval plus one frame: read that much ahead too.
-			pos, skip = s.lookup(from), l.interval
-		}
-		for pos < s.size {
+	for _, v := range views {
+		r := segReader{f: v.h.f, limit: v.size}
+		pos, skip := v.pos, v.skip
+		for pos < v.size {
 			hb, err := r.at(pos, FrameHeaderSize, budget(total)+skip+FrameHeaderSize)
 			if err != nil {
-				return nil, l.readErr(s, pos, err)
+				return nil, l.readAtFailed(cuts, v.path, pos, err)
 			}
 			h, err := DecodeHeader(hb)
 			if err != nil {
-				return nil, l.corrupt(s, pos, err)
+				return nil, l.readFailed(cuts, v.path, pos, err)
 			}
 			if !started && h.End() <= from {
 				pos += int64(h.FrameLen)
 				continue
 			}
 			if (started && h.BaseOffset != expect) || (!started && h.BaseOffset > from) {
-				return nil, l.corrupt(s, pos, fmt.Errorf("frame base offset %d, expected %d", h.BaseOffset, expect))
+				return nil, l.readFailed(cuts, v.path, pos, fmt.Errorf("frame base offset %d, expected %d", h.BaseOffset, expect))
 			}
 			if h.End() > maxEnd || (len(out) > 0 && total+int(h.FrameLen) > maxBytes) {
-				return out, nil
+				return l.readDone(cuts, out)
 			}
 			fb, err := r.at(pos, int64(h.FrameLen), budget(total))
 			if err != nil {
-				return nil, l.readErr(s, pos, err)
+				return nil, l.readAtFailed(cuts, v.path, pos, err)
 			}
 			if c := frameCRC(fb); c != h.CRC {
-				return nil, l.corrupt(s, pos, fmt.Errorf("%w: batch at offset %d: crc32c %08x, header says %08x",
+				return nil, l.readFailed(cuts, v.path, pos, fmt.Errorf("%w: batch at offset %d: crc32c %08x, header says %08x",
 					ErrBadFrame, h.BaseOffset, c, h.CRC))
 			}
 			out = append(out, fb[:len(fb):len(fb)])
@@ -404,7 +403,90 @@ func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
 			pos += int64(h.FrameLen)
 		}
 	}
+	return l.readDone(cuts, out)
+}
+
+// readDone returns what a read made outside mu found, unless a Truncate or
+// Reset ran meanwhile: bytes below a pinned size change only then, so
+// without one the frames are what the log held when the read began, and
+// with one they may mix two logs (ErrOutOfRange; the caller reads again).
+func (l *Log) readDone(cuts uint64, out [][]byte) ([][]byte, error) {
+	l.mu.RLock()
+	cut := l.cuts != cuts
+	l.mu.RUnlock()
+	if cut {
+		return nil, fmt.Errorf("%w: the log was cut while it was read", ErrOutOfRange)
+	}
 	return out, nil
+}
+
+// segView is a pinned segment as one read sees it: its published size
+// then, and where the read starts in it (skip: how far the first read
+// should reach ahead, from the index entry to the wanted frame).
+type segView struct {
+	h         *handle
+	path      string
+	size, pos int64
+	skip      int64
+}
+
+// pinFor pins, under the read lock, the segments a read of [from, maxEnd)
+// of about maxBytes needs, and returns them with maxEnd clipped to the
+// log's end and the log's cut count.
+func (l *Log) pinFor(from, maxEnd uint64, maxBytes int) ([]segView, uint64, uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if err := l.usable(); err != nil {
+		return nil, 0, 0, err
+	}
+	if start := l.segs[0].base; from < start || from > l.next {
+		return nil, 0, 0, fmt.Errorf("%w: read from offset %d, log holds [%d,%d)", ErrOutOfRange, from, start, l.next)
+	}
+	maxEnd = min(maxEnd, l.next)
+	if from >= maxEnd {
+		return nil, maxEnd, l.cuts, nil
+	}
+	var views []segView
+	var bytes int64
+	for si := l.segmentFor(from); si < len(l.segs) && (len(views) == 0 || bytes <= int64(maxBytes)); si++ {
+		s := l.segs[si]
+		if len(views) > 0 && s.base >= maxEnd {
+			break
+		}
+		v := segView{h: s.h, path: s.path, size: s.size, pos: SegmentHeaderSize}
+		if len(views) == 0 {
+			v.pos, v.skip = s.lookup(from), l.interval
+		}
+		s.h.pin()
+		views = append(views, v)
+		bytes += v.size - v.pos
+	}
+	return views, maxEnd, l.cuts, nil
+}
+
+// readFailed classifies the failure of a read made outside mu at pos of
+// the segment at path: if a Truncate or Reset ran since the read pinned
+// its segments, the bytes it wanted may be gone (ErrOutOfRange, nothing
+// marked); otherwise a short file or a bad frame is corruption and
+// anything else (EIO) is returned as is.
+func (l *Log) readFailed(cuts uint64, path string, pos int64, err error) error {
+	l.mu.RLock()
+	cut := l.cuts != cuts
+	l.mu.RUnlock()
+	if cut {
+		return fmt.Errorf("%w: %s was cut at byte %d while it was read: %v", ErrOutOfRange, path, pos, err)
+	}
+	return l.fail(ErrCorrupt, "%s at byte %d: %w", path, pos, err)
+}
+
+// readAtFailed classifies a failed read of the file: a file shorter than
+// the size the read pinned is as readFailed says; anything else (EIO) is
+// returned as is.
+func (l *Log) readAtFailed(cuts uint64, path string, pos int64, err error) error {
+	if errors.Is(err, errShort) {
+		return l.readFailed(cuts, path, pos, err)
+	}
+	return fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
 }
 
 // OffsetForTime returns the first offset whose batch MaxTimestamp >= ts,
@@ -427,7 +509,7 @@ func (l *Log) OffsetForTime(ts int64) (uint64, error) {
 		if i+1 < len(s.index) {
 			limit = int64(s.index[i+1].pos)
 		}
-		r := segReader{s: s, limit: s.size, reuse: true}
+		r := segReader{f: s.f, limit: s.size, reuse: true}
 		for pos < limit {
 			hb, err := r.at(pos, FrameHeaderSize, headerWalkReadahead)
 			if err != nil {
@@ -471,7 +553,7 @@ func (l *Log) Close() error {
 	l.closed = true
 	l.mu.Unlock()
 	for _, s := range l.segs {
-		if cerr := s.f.Close(); cerr != nil && err == nil {
+		if cerr := s.h.retire(); cerr != nil && err == nil {
 			err = fmt.Errorf("partlog: close %s: %w", s.path, cerr)
 		}
 	}

@@ -86,14 +86,15 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 		if s.end > h.KeepFrom || (!hard && (held || (!overBytes && !expired))) {
 			break
 		}
-		// Unpublish first: readers hold mu shared across their reads, so once
-		// we have held it exclusively nobody is reading s.
+		// Unpublish first: once we have held mu exclusively no new reader
+		// can pin s; one that pinned it before keeps reading the unlinked
+		// file, which closes when it lets go.
 		l.mu.Lock()
 		l.segs = append([]*segment(nil), l.segs[1:]...)
 		l.trimEpochs()
 		l.mu.Unlock()
 		res.StartOffset = l.segs[0].base
-		s.f.Close() // read-only from now on; its close error is of no use
+		s.h.retire() // read-only from now on; its close error is of no use
 		if err := l.fs.Remove(s.path); err != nil {
 			return res, l.fail(ErrFailed, "retention: remove %s: %w", s.path, err)
 		}
@@ -155,7 +156,7 @@ func (l *Log) Truncate(to uint64) error {
 	// checksum restarts from the value stored in s's header.
 	ns := newSegmentState(s.path, s.f, s.base, s.rollBase)
 	rolling := s.rollBase
-	r := segReader{s: s, limit: s.size, reuse: true}
+	r := segReader{f: s.f, limit: s.size, reuse: true}
 	for p := int64(SegmentHeaderSize); p < pos; {
 		h, bad, err := scanFrame(&r, p, pos)
 		if err != nil {
@@ -171,7 +172,9 @@ func (l *Log) Truncate(to uint64) error {
 	later := append([]*segment(nil), l.segs[k+1:]...)
 
 	l.mu.Lock()
+	ns.h = s.h // readers may hold it
 	*s = *ns
+	l.cuts++
 	l.segs = l.segs[: k+1 : k+1]
 	l.next = to
 	l.rolling = rolling
@@ -209,7 +212,7 @@ func (l *Log) boundary(s *segment, to uint64) (int64, error) {
 	if to == s.base {
 		return SegmentHeaderSize, nil
 	}
-	r := segReader{s: s, limit: s.size, reuse: true}
+	r := segReader{f: s.f, limit: s.size, reuse: true}
 	for pos := s.lookup(to); pos < s.size; {
 		hb, err := r.at(pos, FrameHeaderSize, headerWalkReadahead)
 		if err != nil {
@@ -258,6 +261,7 @@ func (l *Log) Reset(base uint64, rolling uint32) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.cuts++
 	if err := l.removeNewestFirst("reset", l.segs); err != nil {
 		return err
 	}
@@ -279,7 +283,7 @@ func (l *Log) Reset(base uint64, rolling uint32) error {
 func (l *Log) removeNewestFirst(op string, segs []*segment) error {
 	for i := len(segs) - 1; i >= 0; i-- {
 		d := segs[i]
-		d.f.Close()
+		d.h.retire()
 		if err := l.fs.Remove(d.path); err != nil {
 			return l.fail(ErrFailed, "%s: remove %s: %w", op, d.path, err)
 		}

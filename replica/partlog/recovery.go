@@ -221,7 +221,7 @@ func (l *Log) loadSegment(s *segment, first, last bool) error {
 		}
 	}
 
-	r := segReader{s: s, limit: size, reuse: true}
+	r := segReader{f: s.f, limit: size, reuse: true}
 	for pos := int64(SegmentHeaderSize); pos < size; {
 		h, bad, err := scanFrame(&r, pos, size)
 		if err != nil {

@@ -12,6 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -112,6 +114,7 @@ type indexEntry struct {
 type segment struct {
 	path     string
 	f        File
+	h        *handle // f as readers outside the log's lock see it
 	base     uint64
 	rollBase uint32 // rolling checksum at base, from the header
 
@@ -164,8 +167,47 @@ func (s *segment) dropCached(to int64) {
 const dropRelapse = 4 << 20
 
 func newSegmentState(path string, f File, base uint64, rolling uint32) *segment {
-	return &segment{path: path, f: f, base: base, rollBase: rolling,
+	return &segment{path: path, f: f, h: &handle{f: f}, base: base, rollBase: rolling,
 		size: SegmentHeaderSize, end: base, maxTs: math.MinInt64}
+}
+
+// handle is a segment's file as ReadFrames uses it: a reader pins it under
+// the log's read lock and reads after releasing the lock, so that a slow
+// read (a consumer replaying history from disk, a replacement copying the
+// log) never holds up the appends, which take the lock exclusively to
+// publish. A segment deleted or closed meanwhile (retention, Truncate,
+// Reset, Close) is retired: its file is closed once the last pin is gone,
+// and until then stays readable (an unlinked file's data stays until its
+// last descriptor closes).
+type handle struct {
+	f       File
+	pins    atomic.Int32
+	retired atomic.Bool
+	once    sync.Once
+	err     error // of the close
+}
+
+func (h *handle) pin() { h.pins.Add(1) }
+
+func (h *handle) unpin() {
+	if h.pins.Add(-1) == 0 && h.retired.Load() {
+		h.close()
+	}
+}
+
+// retire closes the file now if no reader holds it (returning the close
+// error), else when the last one lets go.
+func (h *handle) retire() error {
+	h.retired.Store(true)
+	if h.pins.Load() == 0 {
+		return h.close()
+	}
+	return nil
+}
+
+func (h *handle) close() error {
+	h.once.Do(func() { h.err = h.f.Close() })
+	return h.err
 }
 
 func (s *segment) empty() bool { return s.end == s.base }
@@ -200,7 +242,7 @@ func (s *segment) lookup(offset uint64) int64 {
 // segReader reads a segment through a window buffer so that walking many
 // small frames costs one pread per window, not per frame.
 type segReader struct {
-	s      *segment
+	f      File
 	limit  int64 // readable end (published size)
 	reuse  bool  // reuse the buffer: earlier slices become invalid
 	buf    []byte
@@ -227,7 +269,7 @@ func (r *segReader) at(pos, n, ra int64) ([]byte, error) {
 		r.buf = make([]byte, size)
 	}
 	r.bufPos = pos
-	if m, err := r.s.f.ReadAt(r.buf, pos); int64(m) < size {
+	if m, err := r.f.ReadAt(r.buf, pos); int64(m) < size {
 		r.buf = r.buf[:0]
 		if err == nil || errors.Is(err, io.EOF) {
 			err = fmt.Errorf("%w: read %d of %d bytes at %d", errShort, m, size, pos)
