@@ -96,6 +96,7 @@ func (s *shard) run(ctx context.Context) {
 func (s *shard) runOnce(ctx context.Context) error {
 	env := s.env
 	started := time.Now()
+	faults0 := pageFaults()
 	part := s.id % env.ckptParts
 	s.mu.Lock()
 	s.phase, s.err = catenapb.ShardPhase_SHARD_PHASE_RESTORING, ""
@@ -109,6 +110,7 @@ func (s *shard) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	faults := pageFaults().since(faults0)
 	cp := &Checkpointer{Plan: env.plan, Log: env.ckpt, Shard: s.id, Partition: part, Writer: env.writer, ChunkBytes: env.chunkBytes}
 	cp.Resume(res)
 
@@ -159,7 +161,8 @@ func (s *shard) runOnce(ctx context.Context) error {
 		rest.ReplayMs = time.Since(started).Milliseconds()
 	}
 	s.mu.Unlock()
-	env.log.Info("Shard restored", "shard", s.id, "sourceOffset", off, "keys", res.State.Len(), "checkpoints", res.Loaded, "skipped", res.Skipped, "loadMs", rest.LoadMs, "readMs", res.ReadTime.Milliseconds(), "decodeMs", res.DecodeTime.Milliseconds())
+	env.log.Info("Shard restored", "shard", s.id, "sourceOffset", off, "keys", res.State.Len(), "checkpoints", res.Loaded, "skipped", res.Skipped, "loadMs", rest.LoadMs, "readMs", res.ReadTime.Milliseconds(), "decodeMs", res.DecodeTime.Milliseconds(),
+		"minorFaults", faults.minor, "majorFaults", faults.major)
 
 	sub, err := env.client.Subscribe(ctx, env.source, s.id, client.AtOffset(off))
 	if err != nil {

@@ -258,8 +258,12 @@ const recordOverhead = 24
 // partition: a partition's batches are sent in order, and ingestion admits
 // a producer's requests in the order they were sent (prev_request). If the
 // count grows, keys move to the partitions the new count gives them (as
-// ingestion's routing does); if ingestion refuses a request, the producer
-// routes nothing more until the next answer.
+// ingestion's routing does); if ingestion refuses a request, or answers
+// without the count (an older ingestion node), the producer routes nothing
+// more until an answer gives it again. Requests already in flight to an
+// older node when the producer learns that may reach a partition out of
+// order; the partition refuses such records (OUT_OF_RANGE) rather than
+// store them out of order.
 type Producer struct {
 	c      *Client
 	stream string
@@ -711,9 +715,14 @@ func (p *Producer) sendRequest(r *request) {
 		cancel()
 		req.PrevSequence, req.PrevRequest = 0, 0 // a retry waits for no one
 		now := time.Now()
-		if err == nil {
+		switch {
+		case err == nil && resp.GetPartitions() != 0:
 			p.learnPartitions(resp.GetPartitions())
-		} else if status.Code(err) == codes.InvalidArgument {
+		case err == nil || status.Code(err) == codes.InvalidArgument:
+			// An ingestion node that does not say the count (an older
+			// one, behind the same address in a rolling upgrade) orders
+			// requests by sequence only, which per-partition batches do
+			// not keep.
 			p.forgetPartitions()
 		}
 		if err != nil {

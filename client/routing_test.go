@@ -151,3 +151,35 @@ func TestProducerStopsRoutingWhenARequestIsRefused(t *testing.T) {
 		t.Fatal("after the first answer the producer did not route")
 	}
 }
+
+// An answer without the partition count (an older ingestion node, behind
+// the same address in a rolling upgrade, orders requests by sequence only)
+// stops the producer's routing until an answer gives the count again.
+func TestProducerStopsRoutingForAnOlderIngestion(t *testing.T) {
+	srv, c := setup(t, 4)
+	p := client.NewProducer(c, "s", client.ProducerOptions{})
+	defer p.Close()
+	ctx := context.Background()
+	send := func(key string) *catenapb.ProduceRequest {
+		t.Helper()
+		if _, err := p.SendSync(ctx, client.Record{Key: []byte(key), Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+		reqs := srv.Requests()
+		return reqs[len(reqs)-1]
+	}
+	send("a")
+	if r := send("b"); r.Records[0].Partition == nil {
+		t.Fatal("after an answer with the count the producer did not route")
+	}
+	srv.AnswerWithoutPartitionCount(true)
+	send("c") // routed still: the producer learns from this answer
+	if r := send("d"); r.Records[0].Partition != nil {
+		t.Fatal("after an answer without the count the producer still routes")
+	}
+	srv.AnswerWithoutPartitionCount(false)
+	send("e")
+	if r := send("f"); r.Records[0].Partition == nil {
+		t.Fatal("the count came back and the producer did not route again")
+	}
+}

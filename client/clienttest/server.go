@@ -49,6 +49,9 @@ type Server struct {
 	// closed and replaced when it moves.
 	admitted   map[uint64]uint64
 	admittedCh chan struct{}
+	// countless: answers leave out the stream's partition count, as an
+	// older ingestion node's do.
+	countless bool
 }
 
 type dedupKey struct{ producer, seq uint64 }
@@ -110,6 +113,15 @@ func (s *Server) AddStream(name string, partitions int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.streams[name] = &stream{parts: make([][]*catenapb.Record, partitions), changed: make(chan struct{}), epoch: 1}
+}
+
+// AnswerWithoutPartitionCount makes Produce answers leave out the stream's
+// partition count (on) or give it (off), as older and newer ingestion
+// nodes do.
+func (s *Server) AnswerWithoutPartitionCount(on bool) {
+	s.mu.Lock()
+	s.countless = on
+	s.mu.Unlock()
 }
 
 // FailProduce makes the next len(errs) Produce calls fail with errs (in
@@ -260,6 +272,9 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 		return nil, notFound(req.Stream)
 	}
 	resp := &catenapb.ProduceResponse{Results: make([]*catenapb.ProduceResult, len(req.Records)), Partitions: uint32(len(st.parts))}
+	if s.countless {
+		resp.Partitions = 0
+	}
 	appended := false
 	for i, r := range req.Records {
 		res := &catenapb.ProduceResult{}

@@ -40,14 +40,17 @@ type Log struct {
 	mu     sync.RWMutex
 
 	segs []*segment // oldest first; the last is active; never empty
-	// cuts counts Truncate and Reset calls: a read made outside mu that
-	// fails checks it before it calls the log corrupt (its bytes may
-	// have been cut under it).
-	cuts    uint64
-	next    uint64
-	rolling uint32
-	epochs  []EpochStart
-	closed  bool
+	// cuts counts Truncate and Reset calls, and recentCuts holds where
+	// the latest cut the log (indexed by count, modulo its length): a
+	// read made outside mu checks them before it calls the log corrupt or
+	// returns what it read (bytes at and past a cut may have changed
+	// under it; bytes below it never do).
+	cuts       uint64
+	recentCuts [16]uint64
+	next       uint64
+	rolling    uint32
+	epochs     []EpochStart
+	closed     bool
 
 	durable atomic.Uint64
 	// fault is the first fatal error (wrapping ErrFailed or ErrCorrupt);
@@ -352,6 +355,7 @@ func (l *Log) EpochEndOffset(epoch uint64) (uint64, error) {
 // cut under it ends with ErrOutOfRange, not corruption.
 func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
 	views, maxEnd, cuts, err := l.pinFor(from, maxEnd, maxBytes)
+	cutBelow := func(end uint64) bool { return l.cutBelow(cuts, end) }
 	if err != nil || len(views) == 0 {
 		return nil, err
 	}
@@ -373,28 +377,28 @@ func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
 		for pos < v.size {
 			hb, err := r.at(pos, FrameHeaderSize, budget(total)+skip+FrameHeaderSize)
 			if err != nil {
-				return nil, l.readAtFailed(cuts, v.path, pos, err)
+				return nil, l.readAtFailed(cutBelow(maxEnd), v.path, pos, err)
 			}
 			h, err := DecodeHeader(hb)
 			if err != nil {
-				return nil, l.readFailed(cuts, v.path, pos, err)
+				return nil, l.readFailed(cutBelow(maxEnd), v.path, pos, err)
 			}
 			if !started && h.End() <= from {
 				pos += int64(h.FrameLen)
 				continue
 			}
 			if (started && h.BaseOffset != expect) || (!started && h.BaseOffset > from) {
-				return nil, l.readFailed(cuts, v.path, pos, fmt.Errorf("frame base offset %d, expected %d", h.BaseOffset, expect))
+				return nil, l.readFailed(cutBelow(maxEnd), v.path, pos, fmt.Errorf("frame base offset %d, expected %d", h.BaseOffset, expect))
 			}
 			if h.End() > maxEnd || (len(out) > 0 && total+int(h.FrameLen) > maxBytes) {
-				return l.readDone(cuts, out)
+				return l.readDone(cutBelow(expect), out)
 			}
 			fb, err := r.at(pos, int64(h.FrameLen), budget(total))
 			if err != nil {
-				return nil, l.readAtFailed(cuts, v.path, pos, err)
+				return nil, l.readAtFailed(cutBelow(maxEnd), v.path, pos, err)
 			}
 			if c := frameCRC(fb); c != h.CRC {
-				return nil, l.readFailed(cuts, v.path, pos, fmt.Errorf("%w: batch at offset %d: crc32c %08x, header says %08x",
+				return nil, l.readFailed(cutBelow(maxEnd), v.path, pos, fmt.Errorf("%w: batch at offset %d: crc32c %08x, header says %08x",
 					ErrBadFrame, h.BaseOffset, c, h.CRC))
 			}
 			out = append(out, fb[:len(fb):len(fb)])
@@ -403,17 +407,38 @@ func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
 			pos += int64(h.FrameLen)
 		}
 	}
-	return l.readDone(cuts, out)
+	return l.readDone(cutBelow(expect), out)
+}
+
+// cutBelow reports whether a Truncate or Reset since the log's cut count
+// was cuts cut it below offset end (when more cuts ran than recentCuts
+// remembers, it says yes).
+func (l *Log) cutBelow(cuts, end uint64) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.cuts-cuts > uint64(len(l.recentCuts)) {
+		return true
+	}
+	for c := cuts + 1; c <= l.cuts; c++ {
+		if l.recentCuts[c%uint64(len(l.recentCuts))] < end {
+			return true
+		}
+	}
+	return false
+}
+
+// noteCut records a cut of the log at offset to. Called with mu held.
+func (l *Log) noteCut(to uint64) {
+	l.cuts++
+	l.recentCuts[l.cuts%uint64(len(l.recentCuts))] = to
 }
 
 // readDone returns what a read made outside mu found, unless a Truncate or
-// Reset ran meanwhile: bytes below a pinned size change only then, so
-// without one the frames are what the log held when the read began, and
-// with one they may mix two logs (ErrOutOfRange; the caller reads again).
-func (l *Log) readDone(cuts uint64, out [][]byte) ([][]byte, error) {
-	l.mu.RLock()
-	cut := l.cuts != cuts
-	l.mu.RUnlock()
+// Reset cut the log below its end meanwhile (cut): bytes below a pinned
+// size and below every cut never change, so otherwise the frames are what
+// the log held when the read began; with such a cut they may mix two logs
+// (ErrOutOfRange).
+func (l *Log) readDone(cut bool, out [][]byte) ([][]byte, error) {
 	if cut {
 		return nil, fmt.Errorf("%w: the log was cut while it was read", ErrOutOfRange)
 	}
@@ -465,14 +490,11 @@ func (l *Log) pinFor(from, maxEnd uint64, maxBytes int) ([]segView, uint64, uint
 }
 
 // readFailed classifies the failure of a read made outside mu at pos of
-// the segment at path: if a Truncate or Reset ran since the read pinned
-// its segments, the bytes it wanted may be gone (ErrOutOfRange, nothing
+// the segment at path: if a Truncate or Reset cut the log below what the
+// read wanted since it pinned its segments (cut), the bytes may be gone (ErrOutOfRange, nothing
 // marked); otherwise a short file or a bad frame is corruption and
 // anything else (EIO) is returned as is.
-func (l *Log) readFailed(cuts uint64, path string, pos int64, err error) error {
-	l.mu.RLock()
-	cut := l.cuts != cuts
-	l.mu.RUnlock()
+func (l *Log) readFailed(cut bool, path string, pos int64, err error) error {
 	if cut {
 		return fmt.Errorf("%w: %s was cut at byte %d while it was read: %v", ErrOutOfRange, path, pos, err)
 	}
@@ -482,9 +504,9 @@ func (l *Log) readFailed(cuts uint64, path string, pos int64, err error) error {
 // readAtFailed classifies a failed read of the file: a file shorter than
 // the size the read pinned is as readFailed says; anything else (EIO) is
 // returned as is.
-func (l *Log) readAtFailed(cuts uint64, path string, pos int64, err error) error {
+func (l *Log) readAtFailed(cut bool, path string, pos int64, err error) error {
 	if errors.Is(err, errShort) {
-		return l.readFailed(cuts, path, pos, err)
+		return l.readFailed(cut, path, pos, err)
 	}
 	return fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
 }

@@ -174,7 +174,7 @@ func (l *Log) Truncate(to uint64) error {
 	l.mu.Lock()
 	ns.h = s.h // readers may hold it
 	*s = *ns
-	l.cuts++
+	l.noteCut(to)
 	l.segs = l.segs[: k+1 : k+1]
 	l.next = to
 	l.rolling = rolling
@@ -261,7 +261,7 @@ func (l *Log) Reset(base uint64, rolling uint32) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.cuts++
+	l.noteCut(0)
 	if err := l.removeNewestFirst("reset", l.segs); err != nil {
 		return err
 	}

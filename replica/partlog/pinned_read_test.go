@@ -228,3 +228,31 @@ func TestAReadCutByTruncateIsNotCorruption(t *testing.T) {
 	}
 	equalFrames(t, after, frames[:2])
 }
+
+// A Truncate above what a read covers leaves the read alone: a consumer
+// reading committed records is never failed by a cut of the uncommitted
+// tail (which would end its subscription).
+func TestATruncateAboveAReadLeavesItAlone(t *testing.T) {
+	g := newGateFS()
+	l := openFS(t, g, func(o *partlog.Options) { o.SegmentBytes = 1 << 20 })
+	defer mustClose(t, l)
+	frames := appendAll(t, l, uniform(20, 5, 50, 1))
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	entered, release := g.arm()
+	defer release()
+	read := readAsync(l, 0, 25)
+	waitEntered(t, entered)
+	truncated := make(chan error, 1)
+	go func() { truncated <- l.Truncate(50) }()
+	release()
+	if err := <-truncated; err != nil {
+		t.Fatal(err)
+	}
+	got := <-read
+	if got.err != nil {
+		t.Fatalf("a read below the cut: %v", got.err)
+	}
+	equalFrames(t, got.frames, frames[:5])
+}

@@ -209,6 +209,11 @@ const (
 func (s *Server) persistCommitted(w committedWrite) error {
 	s.committedMu.Lock()
 	defer s.committedMu.Unlock()
+	return s.persistCommittedLocked(w)
+}
+
+// persistCommittedLocked is persistCommitted with committedMu held.
+func (s *Server) persistCommittedLocked(w committedWrite) error {
 	s.mu.Lock()
 	parts := make(map[partKey]*partition, len(s.partitions))
 	maps.Copy(parts, s.partitions)
@@ -217,11 +222,13 @@ func (s *Server) persistCommitted(w committedWrite) error {
 
 	next := make(map[partKey]uint64, len(parts))
 	var legacy []*partition
+	anyFailed := false
 	for k, p := range parts {
 		p.mu.Lock()
 		c, failed := p.committed, p.failed != nil || p.log == nil
 		p.mu.Unlock()
 		if failed {
+			anyFailed = true
 			if old, ok := prev[k]; ok {
 				next[k] = old
 			}
@@ -235,7 +242,9 @@ func (s *Server) persistCommitted(w committedWrite) error {
 	if w == whenMoved && maps.Equal(next, prev) {
 		return nil
 	}
-	if err := writeCommittedTable(s.dataDir, next, w == atCleanClose); err != nil {
+	// A failed partition's offset is the one it last reported, not what
+	// it knew at the close: a table holding one is never clean.
+	if err := writeCommittedTable(s.dataDir, next, w == atCleanClose && !anyFailed); err != nil {
 		return err
 	}
 	s.mu.Lock()

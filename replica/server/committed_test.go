@@ -130,3 +130,31 @@ func TestANewCopyNeverInheritsADroppedCopysOffset(t *testing.T) {
 		t.Fatalf("table once a new copy exists: %v, want s/0 absent or 0", offsets)
 	}
 }
+
+// A partition that cannot serve (here its consumer holds are unreadable)
+// keeps the offset the table last held for it, which may lag what it
+// knew: a clean close of the replica then marks nothing exact, or a later
+// start would answer LATEST from the lagging offset.
+func TestAFailedPartitionKeepsTheTableFromBeingClean(t *testing.T) {
+	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 1, a, b)
+	ctx := context.Background()
+	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 3)}); err != nil {
+		t.Fatal(err)
+	}
+	converged(t, a, b)
+	stopNode(a)
+	stopNode(b)
+	if err := os.WriteFile(filepath.Join(b.srv.partitionDir("s", 0), holdsFile), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b = reopen(t, b)
+	stopNode(b)
+	offsets, clean := readTable(t, b.srv.dataDir)
+	if clean {
+		t.Fatalf("a clean close with a failed partition marked the table clean: %v", offsets)
+	}
+	if offsets[partKey{"s", 0}] != 3 {
+		t.Fatalf("the failed partition's offset was not kept: %v", offsets)
+	}
+}

@@ -433,6 +433,45 @@ func validateConfigure(req *catenapb.ConfigureRequest) error {
 	return nil
 }
 
+// createPartition opens a partition this replica does not hold. It holds
+// committedMu throughout, so that no write of the committed-offset table
+// runs between its look at the table and the new copy's creation: if the
+// table still names the partition (a dropped copy's offset), it is
+// rewritten without it first, or a crash would give the new copy the old
+// copy's floor.
+func (s *Server) createPartition(key partKey, cfg *catenapb.StreamConfig) (*partition, error) {
+	s.committedMu.Lock()
+	defer s.committedMu.Unlock()
+	s.mu.Lock()
+	if p := s.partitions[key]; p != nil || s.closed {
+		s.mu.Unlock()
+		if p == nil {
+			return nil, status.Error(codes.Unavailable, "replica is shutting down")
+		}
+		return p, nil
+	}
+	_, stale := s.committedOnDisk[key]
+	s.mu.Unlock()
+	if stale {
+		if err := s.persistCommittedLocked(whenMoved); err != nil {
+			return nil, status.Errorf(codes.Internal, "configure %s/%d: %v", key.stream, key.index, err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.partitions[key]; p != nil || s.closed {
+		if p == nil {
+			return nil, status.Error(codes.Unavailable, "replica is shutting down")
+		}
+		return p, nil
+	}
+	p, err := s.openPartition(key.stream, key.index, cfg)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	return p, nil
+}
+
 // Configure installs a partition's chain under an epoch.
 func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) (*catenapb.PartitionStatus, error) {
 	if err := validateConfigure(req); err != nil {
@@ -445,30 +484,13 @@ func (s *Server) Configure(ctx context.Context, req *catenapb.ConfigureRequest) 
 		return nil, status.Error(codes.Unavailable, "replica is shutting down")
 	}
 	p := s.partitions[key]
-	if _, stale := s.committedOnDisk[key]; p == nil && stale {
-		// A dropped copy's offset is still in the table on disk: a crash
-		// after this copy is created would give it the old copy's floor.
-		// Write the table without it first.
-		s.mu.Unlock()
-		if err := s.persistCommitted(whenMoved); err != nil {
-			return nil, status.Errorf(codes.Internal, "configure %s/%d: %v", key.stream, key.index, err)
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			return nil, status.Error(codes.Unavailable, "replica is shutting down")
-		}
-		p = s.partitions[key]
-	}
+	s.mu.Unlock()
 	if p == nil {
 		var err error
-		p, err = s.openPartition(req.GetStream(), req.GetPartition(), req.GetConfig())
-		if err != nil {
-			s.mu.Unlock()
-			return nil, status.Errorf(codes.Internal, "%v", err)
+		if p, err = s.createPartition(key, req.GetConfig()); err != nil {
+			return nil, err
 		}
 	}
-	s.mu.Unlock()
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

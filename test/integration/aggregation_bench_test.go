@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,9 +152,12 @@ func BenchmarkAggregatorRestore(b *testing.B) {
 		replaySecs := float64(rest.ReplayMs-rest.LoadMs) / 1000
 		b.ReportMetric(float64(rest.LoadMs), "ms-to-state-ready")
 		b.ReportMetric(float64(replay)/replaySecs, "replay-rec/s")
-		b.Logf("worker log: %s", grepLines(filepath.Join(dir, fmt.Sprintf("aggregator-%d.log", i)), "Shard re"))
-		fmt.Printf("restore: %d keys from a snapshot and 2 increments (%.1f MiB) ready in %d ms; then replayed %d records in %d ms (%.0f records/s)\n",
-			keys, float64(bytes)/(1<<20), rest.LoadMs, replay, rest.ReplayMs-rest.LoadMs, float64(replay)/replaySecs)
+		restored := grepLines(filepath.Join(dir, fmt.Sprintf("aggregator-%d.log", i)), "Shard re")
+		b.Logf("worker log: %s", restored)
+		minor, major := logField(restored, "minorFaults"), logField(restored, "majorFaults")
+		b.ReportMetric(float64(minor), "page-faults")
+		fmt.Printf("restore: %d keys from a snapshot and 2 increments (%.1f MiB) ready in %d ms with %d page faults (%d major); then replayed %d records in %d ms (%.0f records/s)\n",
+			keys, float64(bytes)/(1<<20), rest.LoadMs, minor, major, replay, rest.ReplayMs-rest.LoadMs, float64(replay)/replaySecs)
 	}
 }
 
@@ -165,6 +169,15 @@ func envInt(name string, def int) int {
 		}
 	}
 	return def
+}
+
+// logField returns the integer value of name=N in a log line (0 if absent).
+func logField(line, name string) int64 {
+	var n int64
+	if i := strings.Index(line, name+"="); i >= 0 {
+		fmt.Sscan(line[i+len(name)+1:], &n)
+	}
+	return n
 }
 
 // grepLines returns the lines of a file that contain s.
