@@ -183,3 +183,38 @@ func TestProducerStopsRoutingForAnOlderIngestion(t *testing.T) {
 		t.Fatal("the count came back and the producer did not route again")
 	}
 }
+
+// A producer of records without key or partition leaves their routing to
+// ingestion (whose sticky partition is shared by every producer) until it
+// is sent one with a key; from then on it routes every record itself.
+func TestProducerRoutesOnlyOnceItHasAKeyedRecord(t *testing.T) {
+	srv, c := setup(t, 4)
+	p := client.NewProducer(c, "s", client.ProducerOptions{})
+	defer p.Close()
+	ctx := context.Background()
+	last := func() *catenapb.ProduceRecord {
+		reqs := srv.Requests()
+		r := reqs[len(reqs)-1]
+		return r.Records[len(r.Records)-1]
+	}
+	for range 3 {
+		if _, err := p.SendSync(ctx, client.Record{Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+		if last().Partition != nil {
+			t.Fatal("a keyless producer routed its records itself")
+		}
+	}
+	if _, err := p.SendSync(ctx, client.Record{Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if last().Partition == nil {
+		t.Fatal("a keyed record after the count was known was not routed")
+	}
+	if _, err := p.SendSync(ctx, client.Record{Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if last().Partition == nil {
+		t.Fatal("once routing, a keyless record was left to ingestion")
+	}
+}
