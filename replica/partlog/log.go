@@ -354,20 +354,48 @@ func (l *Log) EpochEndOffset(epoch uint64) (uint64, error) {
 // outside it, so appends go on meanwhile. A read that a Truncate or Reset
 // cut under it ends with ErrOutOfRange, not corruption.
 func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
+	for attempt := 1; ; attempt++ {
+		out, cut, err := l.readFramesOnce(from, maxEnd, maxBytes)
+		if !cut {
+			return out, err
+		}
+		if attempt == maxReadAttempts {
+			return nil, fmt.Errorf("%w: the log was cut under each of %d reads from offset %d", ErrOutOfRange, attempt, from)
+		}
+	}
+}
+
+// maxReadAttempts bounds how often ReadFrames starts again after a cut.
+const maxReadAttempts = 4
+
+// readFramesOnce is one attempt of ReadFrames. cut: a Truncate or Reset
+// ran meanwhile and may explain what the read found (a failure, when any
+// cut ran: the read reaches ahead past the frames it needs, so even a cut
+// above them can shorten what it reads; frames, when a cut is below their
+// end: they may mix two logs); the caller starts again, from a fresh look
+// at the log.
+func (l *Log) readFramesOnce(from, maxEnd uint64, maxBytes int) (out [][]byte, cut bool, err error) {
 	views, maxEnd, cuts, err := l.pinFor(from, maxEnd, maxBytes)
-	cutBelow := func(end uint64) bool { return l.cutBelow(cuts, end) }
 	if err != nil || len(views) == 0 {
-		return nil, err
+		return nil, false, err
 	}
 	defer func() {
 		for _, v := range views {
 			v.h.unpin()
 		}
 	}()
+	failed := func(path string, pos int64, err error) ([][]byte, bool, error) {
+		if l.cutSince(cuts) {
+			return nil, true, nil
+		}
+		if errors.Is(err, errShort) || errors.Is(err, errFrame) {
+			return nil, false, l.fail(ErrCorrupt, "%s at byte %d: %w", path, pos, err)
+		}
+		return nil, false, fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
+	}
 	// Remaining byte budget, clamped so that read-ahead sums cannot overflow
 	// (no read spans more than one segment anyway).
 	budget := func(total int) int64 { return min(int64(max(maxBytes-total, 0)), MaxSegmentBytes+MaxFrameBytes) }
-	var out [][]byte
 	total := 0
 	expect := from // base offset the next returned frame must have, once started
 	started := false
@@ -377,29 +405,29 @@ func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
 		for pos < v.size {
 			hb, err := r.at(pos, FrameHeaderSize, budget(total)+skip+FrameHeaderSize)
 			if err != nil {
-				return nil, l.readAtFailed(cutBelow(maxEnd), v.path, pos, err)
+				return failed(v.path, pos, err)
 			}
 			h, err := DecodeHeader(hb)
 			if err != nil {
-				return nil, l.readFailed(cutBelow(maxEnd), v.path, pos, err)
+				return failed(v.path, pos, fmt.Errorf("%w: %w", errFrame, err))
 			}
 			if !started && h.End() <= from {
 				pos += int64(h.FrameLen)
 				continue
 			}
 			if (started && h.BaseOffset != expect) || (!started && h.BaseOffset > from) {
-				return nil, l.readFailed(cutBelow(maxEnd), v.path, pos, fmt.Errorf("frame base offset %d, expected %d", h.BaseOffset, expect))
+				return failed(v.path, pos, fmt.Errorf("%w: frame base offset %d, expected %d", errFrame, h.BaseOffset, expect))
 			}
 			if h.End() > maxEnd || (len(out) > 0 && total+int(h.FrameLen) > maxBytes) {
-				return l.readDone(cutBelow(expect), out)
+				return out, l.cutBelow(cuts, expect), nil
 			}
 			fb, err := r.at(pos, int64(h.FrameLen), budget(total))
 			if err != nil {
-				return nil, l.readAtFailed(cutBelow(maxEnd), v.path, pos, err)
+				return failed(v.path, pos, err)
 			}
 			if c := frameCRC(fb); c != h.CRC {
-				return nil, l.readFailed(cutBelow(maxEnd), v.path, pos, fmt.Errorf("%w: batch at offset %d: crc32c %08x, header says %08x",
-					ErrBadFrame, h.BaseOffset, c, h.CRC))
+				return failed(v.path, pos, fmt.Errorf("%w: %w: batch at offset %d: crc32c %08x, header says %08x",
+					errFrame, ErrBadFrame, h.BaseOffset, c, h.CRC))
 			}
 			out = append(out, fb[:len(fb):len(fb)])
 			total += len(fb)
@@ -407,7 +435,19 @@ func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
 			pos += int64(h.FrameLen)
 		}
 	}
-	return l.readDone(cutBelow(expect), out)
+	return out, l.cutBelow(cuts, expect), nil
+}
+
+// errFrame marks a read's failure as a bad frame (corruption unless a cut
+// explains it).
+var errFrame = errors.New("bad frame")
+
+// cutSince reports whether a Truncate or Reset ran since the cut count was
+// cuts.
+func (l *Log) cutSince(cuts uint64) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.cuts != cuts
 }
 
 // cutBelow reports whether a Truncate or Reset since the log's cut count
@@ -431,18 +471,6 @@ func (l *Log) cutBelow(cuts, end uint64) bool {
 func (l *Log) noteCut(to uint64) {
 	l.cuts++
 	l.recentCuts[l.cuts%uint64(len(l.recentCuts))] = to
-}
-
-// readDone returns what a read made outside mu found, unless a Truncate or
-// Reset cut the log below its end meanwhile (cut): bytes below a pinned
-// size and below every cut never change, so otherwise the frames are what
-// the log held when the read began; with such a cut they may mix two logs
-// (ErrOutOfRange).
-func (l *Log) readDone(cut bool, out [][]byte) ([][]byte, error) {
-	if cut {
-		return nil, fmt.Errorf("%w: the log was cut while it was read", ErrOutOfRange)
-	}
-	return out, nil
 }
 
 // segView is a pinned segment as one read sees it: its published size
@@ -487,28 +515,6 @@ func (l *Log) pinFor(from, maxEnd uint64, maxBytes int) ([]segView, uint64, uint
 		bytes += v.size - v.pos
 	}
 	return views, maxEnd, l.cuts, nil
-}
-
-// readFailed classifies the failure of a read made outside mu at pos of
-// the segment at path: if a Truncate or Reset cut the log below what the
-// read wanted since it pinned its segments (cut), the bytes may be gone (ErrOutOfRange, nothing
-// marked); otherwise a short file or a bad frame is corruption and
-// anything else (EIO) is returned as is.
-func (l *Log) readFailed(cut bool, path string, pos int64, err error) error {
-	if cut {
-		return fmt.Errorf("%w: %s was cut at byte %d while it was read: %v", ErrOutOfRange, path, pos, err)
-	}
-	return l.fail(ErrCorrupt, "%s at byte %d: %w", path, pos, err)
-}
-
-// readAtFailed classifies a failed read of the file: a file shorter than
-// the size the read pinned is as readFailed says; anything else (EIO) is
-// returned as is.
-func (l *Log) readAtFailed(cut bool, path string, pos int64, err error) error {
-	if errors.Is(err, errShort) {
-		return l.readFailed(cut, path, pos, err)
-	}
-	return fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
 }
 
 // OffsetForTime returns the first offset whose batch MaxTimestamp >= ts,
