@@ -9,9 +9,22 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/client"
+	"github.com/catena-streams/catena/client/clienttest"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
 )
+
+// sendAndSee sends r synchronously and returns the last record of the
+// last request srv received: r as it went on the wire.
+func sendAndSee(t *testing.T, p *client.Producer, srv *clienttest.Server, r client.Record) *catenapb.ProduceRecord {
+	t.Helper()
+	if _, err := p.SendSync(context.Background(), r); err != nil {
+		t.Fatal(err)
+	}
+	reqs := srv.Requests()
+	last := reqs[len(reqs)-1]
+	return last.Records[len(last.Records)-1]
+}
 
 // partitionsOf returns the distinct partitions a request's records name
 // (-1 for records that name none).
@@ -159,27 +172,22 @@ func TestProducerStopsRoutingForAnOlderIngestion(t *testing.T) {
 	srv, c := setup(t, 4)
 	p := client.NewProducer(c, "s", client.ProducerOptions{})
 	defer p.Close()
-	ctx := context.Background()
-	send := func(key string) *catenapb.ProduceRequest {
+	send := func(key string) *catenapb.ProduceRecord {
 		t.Helper()
-		if _, err := p.SendSync(ctx, client.Record{Key: []byte(key), Value: []byte("v")}); err != nil {
-			t.Fatal(err)
-		}
-		reqs := srv.Requests()
-		return reqs[len(reqs)-1]
+		return sendAndSee(t, p, srv, client.Record{Key: []byte(key), Value: []byte("v")})
 	}
 	send("a")
-	if r := send("b"); r.Records[0].Partition == nil {
+	if r := send("b"); r.Partition == nil {
 		t.Fatal("after an answer with the count the producer did not route")
 	}
 	srv.AnswerWithoutPartitionCount(true)
 	send("c") // routed still: the producer learns from this answer
-	if r := send("d"); r.Records[0].Partition != nil {
+	if r := send("d"); r.Partition != nil {
 		t.Fatal("after an answer without the count the producer still routes")
 	}
 	srv.AnswerWithoutPartitionCount(false)
 	send("e")
-	if r := send("f"); r.Records[0].Partition == nil {
+	if r := send("f"); r.Partition == nil {
 		t.Fatal("the count came back and the producer did not route again")
 	}
 }
@@ -191,30 +199,15 @@ func TestProducerRoutesOnlyOnceItHasAKeyedRecord(t *testing.T) {
 	srv, c := setup(t, 4)
 	p := client.NewProducer(c, "s", client.ProducerOptions{})
 	defer p.Close()
-	ctx := context.Background()
-	last := func() *catenapb.ProduceRecord {
-		reqs := srv.Requests()
-		r := reqs[len(reqs)-1]
-		return r.Records[len(r.Records)-1]
-	}
 	for range 3 {
-		if _, err := p.SendSync(ctx, client.Record{Value: []byte("v")}); err != nil {
-			t.Fatal(err)
-		}
-		if last().Partition != nil {
+		if sendAndSee(t, p, srv, client.Record{Value: []byte("v")}).Partition != nil {
 			t.Fatal("a keyless producer routed its records itself")
 		}
 	}
-	if _, err := p.SendSync(ctx, client.Record{Key: []byte("k"), Value: []byte("v")}); err != nil {
-		t.Fatal(err)
-	}
-	if last().Partition == nil {
+	if sendAndSee(t, p, srv, client.Record{Key: []byte("k"), Value: []byte("v")}).Partition == nil {
 		t.Fatal("a keyed record after the count was known was not routed")
 	}
-	if _, err := p.SendSync(ctx, client.Record{Value: []byte("v")}); err != nil {
-		t.Fatal(err)
-	}
-	if last().Partition == nil {
+	if sendAndSee(t, p, srv, client.Record{Value: []byte("v")}).Partition == nil {
 		t.Fatal("once routing, a keyless record was left to ingestion")
 	}
 }

@@ -3,6 +3,7 @@ package partlog
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -83,18 +84,18 @@ func (l *Log) fail(kind error, format string, args ...any) error {
 	return *l.fault.Load()
 }
 
-// corrupt records corruption found at pos of s.
-func (l *Log) corrupt(s *segment, pos int64, cause error) error {
-	return l.fail(ErrCorrupt, "%s at byte %d: %w", s.path, pos, cause)
+// corrupt records corruption found at pos of the segment at path.
+func (l *Log) corrupt(path string, pos int64, cause error) error {
+	return l.fail(ErrCorrupt, "%s at byte %d: %w", path, pos, cause)
 }
 
 // readErr classifies a read failure: a file shorter than its published size
 // was cut under us (corrupt); anything else (EIO) is returned as is.
-func (l *Log) readErr(s *segment, pos int64, err error) error {
+func (l *Log) readErr(path string, pos int64, err error) error {
 	if errors.Is(err, errShort) {
-		return l.corrupt(s, pos, err)
+		return l.corrupt(path, pos, err)
 	}
-	return fmt.Errorf("partlog: read %s at byte %d: %w", s.path, pos, err)
+	return fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
 }
 
 // usable reports the fault or closed state. Call with mu or wmu held.
@@ -352,7 +353,8 @@ func (l *Log) EpochEndOffset(epoch uint64) (uint64, error) {
 // The log's lock is held only to pin the segments the read needs (see
 // handle) and note their published sizes: the reads and checksums happen
 // outside it, so appends go on meanwhile. A read that a Truncate or Reset
-// cut under it ends with ErrOutOfRange, not corruption.
+// may have disturbed starts again on the cut log (readFramesOnce), never
+// reporting corruption; after maxReadAttempts it is ErrOutOfRange.
 func (l *Log) ReadFrames(from, maxEnd uint64, maxBytes int) ([][]byte, error) {
 	for attempt := 1; ; attempt++ {
 		out, cut, err := l.readFramesOnce(from, maxEnd, maxBytes)
@@ -384,14 +386,21 @@ func (l *Log) readFramesOnce(from, maxEnd uint64, maxBytes int) (out [][]byte, c
 			v.h.unpin()
 		}
 	}()
-	failed := func(path string, pos int64, err error) ([][]byte, bool, error) {
-		if l.cutSince(cuts) {
+	// A failure is the log's (readErr, corrupt) unless any cut ran since
+	// the pin: the read reaches ahead past what it needs, up to the size
+	// it pinned.
+	anyCut := func() bool { return l.cutBelow(cuts, math.MaxUint64) }
+	readFailed := func(path string, pos int64, err error) ([][]byte, bool, error) {
+		if anyCut() {
 			return nil, true, nil
 		}
-		if errors.Is(err, errShort) || errors.Is(err, errFrame) {
-			return nil, false, l.fail(ErrCorrupt, "%s at byte %d: %w", path, pos, err)
+		return nil, false, l.readErr(path, pos, err)
+	}
+	badFrame := func(path string, pos int64, err error) ([][]byte, bool, error) {
+		if anyCut() {
+			return nil, true, nil
 		}
-		return nil, false, fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
+		return nil, false, l.corrupt(path, pos, err)
 	}
 	// Remaining byte budget, clamped so that read-ahead sums cannot overflow
 	// (no read spans more than one segment anyway).
@@ -405,29 +414,29 @@ func (l *Log) readFramesOnce(from, maxEnd uint64, maxBytes int) (out [][]byte, c
 		for pos < v.size {
 			hb, err := r.at(pos, FrameHeaderSize, budget(total)+skip+FrameHeaderSize)
 			if err != nil {
-				return failed(v.path, pos, err)
+				return readFailed(v.path, pos, err)
 			}
 			h, err := DecodeHeader(hb)
 			if err != nil {
-				return failed(v.path, pos, fmt.Errorf("%w: %w", errFrame, err))
+				return badFrame(v.path, pos, err)
 			}
 			if !started && h.End() <= from {
 				pos += int64(h.FrameLen)
 				continue
 			}
 			if (started && h.BaseOffset != expect) || (!started && h.BaseOffset > from) {
-				return failed(v.path, pos, fmt.Errorf("%w: frame base offset %d, expected %d", errFrame, h.BaseOffset, expect))
+				return badFrame(v.path, pos, fmt.Errorf("frame base offset %d, expected %d", h.BaseOffset, expect))
 			}
 			if h.End() > maxEnd || (len(out) > 0 && total+int(h.FrameLen) > maxBytes) {
 				return out, l.cutBelow(cuts, expect), nil
 			}
 			fb, err := r.at(pos, int64(h.FrameLen), budget(total))
 			if err != nil {
-				return failed(v.path, pos, err)
+				return readFailed(v.path, pos, err)
 			}
 			if c := frameCRC(fb); c != h.CRC {
-				return failed(v.path, pos, fmt.Errorf("%w: %w: batch at offset %d: crc32c %08x, header says %08x",
-					errFrame, ErrBadFrame, h.BaseOffset, c, h.CRC))
+				return badFrame(v.path, pos, fmt.Errorf("%w: batch at offset %d: crc32c %08x, header says %08x",
+					ErrBadFrame, h.BaseOffset, c, h.CRC))
 			}
 			out = append(out, fb[:len(fb):len(fb)])
 			total += len(fb)
@@ -436,18 +445,6 @@ func (l *Log) readFramesOnce(from, maxEnd uint64, maxBytes int) (out [][]byte, c
 		}
 	}
 	return out, l.cutBelow(cuts, expect), nil
-}
-
-// errFrame marks a read's failure as a bad frame (corruption unless a cut
-// explains it).
-var errFrame = errors.New("bad frame")
-
-// cutSince reports whether a Truncate or Reset ran since the cut count was
-// cuts.
-func (l *Log) cutSince(cuts uint64) bool {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	return l.cuts != cuts
 }
 
 // cutBelow reports whether a Truncate or Reset since the log's cut count
@@ -541,18 +538,18 @@ func (l *Log) OffsetForTime(ts int64) (uint64, error) {
 		for pos < limit {
 			hb, err := r.at(pos, FrameHeaderSize, headerWalkReadahead)
 			if err != nil {
-				return 0, l.readErr(s, pos, err)
+				return 0, l.readErr(s.path, pos, err)
 			}
 			h, err := DecodeHeader(hb)
 			if err != nil {
-				return 0, l.corrupt(s, pos, err)
+				return 0, l.corrupt(s.path, pos, err)
 			}
 			if h.MaxTimestamp >= ts {
 				return h.BaseOffset, nil
 			}
 			pos += int64(h.FrameLen)
 		}
-		return 0, l.corrupt(s, pos, fmt.Errorf("index promises a batch with max timestamp >= %d that the file lacks", ts))
+		return 0, l.corrupt(s.path, pos, fmt.Errorf("index promises a batch with max timestamp >= %d that the file lacks", ts))
 	}
 	return l.next, nil
 }

@@ -160,10 +160,10 @@ func (l *Log) Truncate(to uint64) error {
 	for p := int64(SegmentHeaderSize); p < pos; {
 		h, bad, err := scanFrame(&r, p, pos)
 		if err != nil {
-			return l.readErr(s, p, err)
+			return l.readErr(s.path, p, err)
 		}
 		if bad != nil {
-			return l.corrupt(s, p, bad)
+			return l.corrupt(s.path, p, bad)
 		}
 		ns.addFrame(h, p, l.interval)
 		rolling = rollChecksum(rolling, h.CRC)
@@ -216,11 +216,11 @@ func (l *Log) boundary(s *segment, to uint64) (int64, error) {
 	for pos := s.lookup(to); pos < s.size; {
 		hb, err := r.at(pos, FrameHeaderSize, headerWalkReadahead)
 		if err != nil {
-			return 0, l.readErr(s, pos, err)
+			return 0, l.readErr(s.path, pos, err)
 		}
 		h, err := DecodeHeader(hb)
 		if err != nil {
-			return 0, l.corrupt(s, pos, err)
+			return 0, l.corrupt(s.path, pos, err)
 		}
 		switch {
 		case h.BaseOffset == to:
@@ -229,7 +229,7 @@ func (l *Log) boundary(s *segment, to uint64) (int64, error) {
 			return 0, fmt.Errorf("%w: truncate to %d, inside batch [%d,%d) of %s",
 				ErrNotBoundary, to, h.BaseOffset, h.End(), s.path)
 		case h.BaseOffset > to:
-			return 0, l.corrupt(s, pos, fmt.Errorf("frame base offset %d past wanted offset %d", h.BaseOffset, to))
+			return 0, l.corrupt(s.path, pos, fmt.Errorf("frame base offset %d past wanted offset %d", h.BaseOffset, to))
 		}
 		pos += int64(h.FrameLen)
 	}

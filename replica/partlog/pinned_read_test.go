@@ -192,32 +192,39 @@ func TestARetainedReadOutlivesItsDeletedSegment(t *testing.T) {
 	}
 }
 
-// A Truncate that cuts what a read is reading makes the read start again
-// on the cut log: the log is not corrupt, and no read mixes the two.
-func TestAReadCutByTruncateIsNotCorruption(t *testing.T) {
+// truncateUnderRead appends 20 frames of 5 records, holds a read of
+// [0, readTo) at the disk, truncates the log to truncateTo meanwhile,
+// and returns the frames appended, the read's outcome and the log.
+func truncateUnderRead(t *testing.T, readTo, truncateTo uint64) ([][]byte, readResult, *partlog.Log) {
+	t.Helper()
 	g := newGateFS()
 	l := openFS(t, g, func(o *partlog.Options) { o.SegmentBytes = 1 << 20 })
-	defer mustClose(t, l)
+	t.Cleanup(func() { mustClose(t, l) })
 	frames := appendAll(t, l, uniform(20, 5, 50, 1))
 	if err := l.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	end := l.NextOffset()
 	entered, release := g.arm()
 	defer release()
-	read := readAsync(l, 0, end)
+	read := readAsync(l, 0, readTo)
 	waitEntered(t, entered)
 	truncated := make(chan error, 1)
-	go func() { truncated <- l.Truncate(10) }()
+	go func() { truncated <- l.Truncate(truncateTo) }()
 	// Truncate reads the segment too (to rebuild its index): let every
 	// read through now.
 	release()
 	if err := <-truncated; err != nil {
 		t.Fatal(err)
 	}
+	return frames, <-read, l
+}
+
+// A Truncate that cuts what a read is reading makes the read start again
+// on the cut log: the log is not corrupt, and no read mixes the two.
+func TestAReadCutByTruncateIsNotCorruption(t *testing.T) {
+	frames, got, l := truncateUnderRead(t, 100, 10)
 	// The read saw the log before the cut, or started again after it
 	// and saw the cut log: never a mix, never corruption.
-	got := <-read
 	if got.err != nil {
 		t.Fatalf("a read cut under it: %v, want the frames of the log before or after the cut", got.err)
 	}
@@ -237,24 +244,7 @@ func TestAReadCutByTruncateIsNotCorruption(t *testing.T) {
 // reading committed records is never failed by a cut of the uncommitted
 // tail (which would end its subscription).
 func TestATruncateAboveAReadLeavesItAlone(t *testing.T) {
-	g := newGateFS()
-	l := openFS(t, g, func(o *partlog.Options) { o.SegmentBytes = 1 << 20 })
-	defer mustClose(t, l)
-	frames := appendAll(t, l, uniform(20, 5, 50, 1))
-	if err := l.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	entered, release := g.arm()
-	defer release()
-	read := readAsync(l, 0, 25)
-	waitEntered(t, entered)
-	truncated := make(chan error, 1)
-	go func() { truncated <- l.Truncate(50) }()
-	release()
-	if err := <-truncated; err != nil {
-		t.Fatal(err)
-	}
-	got := <-read
+	frames, got, _ := truncateUnderRead(t, 25, 50)
 	if got.err != nil {
 		t.Fatalf("a read below the cut: %v", got.err)
 	}

@@ -24,6 +24,19 @@ func forgetCommitted(t *testing.T, dataDir string, k partKey) {
 	}
 }
 
+// committedChain starts a chain [a b] of partition s/0 and commits n
+// records on both.
+func committedChain(t *testing.T, n int) (a, b *node) {
+	t.Helper()
+	a, b = startNode(t, "a", nil), startNode(t, "b", nil)
+	configure(t, 1, a, b)
+	if _, err := client(t, a.addr).Append(context.Background(), &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, n)}); err != nil {
+		t.Fatal(err)
+	}
+	converged(t, a, b)
+	return a, b
+}
+
 func readTable(t *testing.T, dataDir string) (map[partKey]uint64, bool) {
 	t.Helper()
 	offsets, clean, err := readCommittedTable(dataDir)
@@ -37,13 +50,7 @@ func readTable(t *testing.T, dataDir string) (map[partKey]uint64, bool) {
 // it clean, the next start clears the mark before serving, and the offsets
 // come back exact.
 func TestCommittedOffsetsLiveInOneTable(t *testing.T) {
-	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
-	configure(t, 1, a, b)
-	ctx := context.Background()
-	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 5)}); err != nil {
-		t.Fatal(err)
-	}
-	converged(t, a, b)
+	a, b := committedChain(t, 5)
 	stopNode(a)
 	stopNode(b)
 	offsets, clean := readTable(t, b.srv.dataDir)
@@ -65,13 +72,7 @@ func TestCommittedOffsetsLiveInOneTable(t *testing.T) {
 // A replica written before the table kept a record per partition: it is
 // read, moved into the table, and removed.
 func TestVersion1CommittedRecordsMoveIntoTheTable(t *testing.T) {
-	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
-	configure(t, 1, a, b)
-	ctx := context.Background()
-	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 6)}); err != nil {
-		t.Fatal(err)
-	}
-	converged(t, a, b)
+	a, b := committedChain(t, 6)
 	stopNode(a)
 	stopNode(b)
 	if err := os.Remove(filepath.Join(b.srv.dataDir, committedTableFile)); err != nil {
@@ -97,13 +98,8 @@ func TestVersion1CommittedRecordsMoveIntoTheTable(t *testing.T) {
 // A dropped copy's offset must not become a floor for a new copy of the
 // same partition: creating one first writes the table without it.
 func TestANewCopyNeverInheritsADroppedCopysOffset(t *testing.T) {
-	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
-	configure(t, 1, a, b)
+	a, b := committedChain(t, 5)
 	ctx := context.Background()
-	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 5)}); err != nil {
-		t.Fatal(err)
-	}
-	converged(t, a, b)
 	if err := b.srv.persistCommitted(whenMoved); err != nil {
 		t.Fatal(err)
 	}
@@ -136,13 +132,7 @@ func TestANewCopyNeverInheritsADroppedCopysOffset(t *testing.T) {
 // knew: a clean close of the replica then marks nothing exact, or a later
 // start would answer LATEST from the lagging offset.
 func TestAFailedPartitionKeepsTheTableFromBeingClean(t *testing.T) {
-	a, b := startNode(t, "a", nil), startNode(t, "b", nil)
-	configure(t, 1, a, b)
-	ctx := context.Background()
-	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 1, 3)}); err != nil {
-		t.Fatal(err)
-	}
-	converged(t, a, b)
+	a, b := committedChain(t, 3)
 	stopNode(a)
 	stopNode(b)
 	if err := os.WriteFile(filepath.Join(b.srv.partitionDir("s", 0), holdsFile), []byte("{not json"), 0o644); err != nil {
