@@ -163,7 +163,7 @@ $(CONTROLLER_GEN):
 clean: ## Remove build output.
 	rm -rf $(BIN)
 
-##@ End to end (a real single-node Kubernetes: hack/knode on this machine, or kind when it is on PATH)
+##@ End to end (a real Kubernetes of three nodes: hack/knode on this machine, or kind when it is on PATH)
 
 # The image the cluster runs: a tag derived from git, never latest, so that
 # pods use the imported image (imagePullPolicy IfNotPresent) and no registry.
@@ -183,7 +183,7 @@ HELM_INSTALL = "$$(hack/helm.sh | tail -1)" upgrade --install catena charts/cate
 	  --set image.repository=$(IMAGE_REPO),image.pullPolicy=IfNotPresent --set-string image.tag=$(IMAGE_TAG)
 
 .PHONY: cluster-up
-cluster-up: ## Bring up the single-node test cluster (builds its binaries once, 10-20 min cold; about 25 s warm).
+cluster-up: ## Bring up the test cluster, CATENA_KNODE_NODES nodes (default 3; builds its binaries once, 10-20 min cold; about 30 s warm).
 	hack/knode/cluster.sh up
 
 .PHONY: cluster-down
@@ -203,7 +203,7 @@ test-e2e: ## Cluster up, image, helm install, the test/e2e suite, cluster down (
 	@start=$$(date +%s); status=0; \
 	{ $(MAKE) --no-print-directory cluster-up && $(MAKE) --no-print-directory image deploy-local IMAGE_TAG=$(IMAGE_TAG) && \
 	  KUBECONFIG=$(CLUSTER_KUBECONFIG) CATENA_E2E_IMAGE=$(IMAGE) CATENA_E2E_RELEASE_NAMESPACE=$(CATENA_NS) \
-	  CATENA_E2E_CTR="$$(hack/knode/cluster.sh ctr)" HELM="$$(hack/helm.sh | tail -1)" \
+	  CATENA_E2E_CTR="$$(hack/knode/cluster.sh ctr)" CATENA_E2E_NODES="$$(hack/knode/cluster.sh nodes-cmd)" HELM="$$(hack/helm.sh | tail -1)" \
 	  KUBECTL="$$(hack/knode/cluster.sh kubectl)" \
 	  $(GO) test -tags e2e -count=1 -timeout 40m -v ./test/e2e/... -ginkgo.v; } || status=$$?; \
 	$(MAKE) --no-print-directory cluster-down || status=1; \

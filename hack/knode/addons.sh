@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Applies what a bare node lacks: CoreDNS (kube-dns at $DNS_IP) and the
-# StorageClass catena-local with LOCAL_PV_COUNT static local
-# PersistentVolumes, directories under $STATE/local-pv, bound to this node.
-# Idempotent (kubectl apply).
+# Applies what a bare cluster lacks: CoreDNS (kube-dns at $DNS_IP) and the
+# StorageClass catena-local (each node's static local PersistentVolumes are
+# applied by node.sh add). Idempotent (kubectl apply).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=common.sh
@@ -102,7 +101,7 @@ spec:
   - {name: dns-tcp, port: 53, protocol: TCP}
 ---
 # Local volumes: the scheduler places a replica pod where its volume is
-# (WaitForFirstConsumer); nothing provisions them, the PVs below exist.
+# (WaitForFirstConsumer); nothing provisions them, each node has its own.
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata:
@@ -112,31 +111,4 @@ provisioner: kubernetes.io/no-provisioner
 volumeBindingMode: WaitForFirstConsumer
 EOT
 
-pvs=""
-for i in $(seq 0 $((LOCAL_PV_COUNT - 1))); do
-  dir=$STATE/local-pv/pv$i
-  mkdir -p "$dir"
-  # Replica pods run as 65532 with that fsGroup; local volumes are not
-  # chowned by the kubelet on every kind of node, so open the directory.
-  chmod 0777 "$dir"
-  pvs+="---
-apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: catena-local-pv$i
-  labels: {catena.io/knode: local-pv}
-spec:
-  capacity: {storage: $LOCAL_PV_SIZE}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: $LOCAL_STORAGE_CLASS
-  local: {path: $dir}
-  nodeAffinity:
-    required:
-      nodeSelectorTerms:
-      - matchExpressions:
-        - {key: kubernetes.io/hostname, operator: In, values: [$NODE_NAME]}
-"
-done
-echo "$pvs" | ctl apply -f - >/dev/null
-log "CoreDNS, StorageClass $LOCAL_STORAGE_CLASS and $LOCAL_PV_COUNT local PersistentVolumes applied"
+log "CoreDNS and StorageClass $LOCAL_STORAGE_CLASS applied"

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The Makefile's one entry to a test cluster. Uses kind when it is on PATH
-# (cluster $KIND_CLUSTER, the node's own containerd), otherwise the local
-# node of hack/knode (this machine as the node).
+# (cluster $KIND_CLUSTER), otherwise the local nodes of hack/knode
+# (CATENA_KNODE_NODES of them, default 3, network namespaces of this machine).
 #
 #   hack/knode/cluster.sh up            # prints the kubeconfig path last
 #   hack/knode/cluster.sh down
-#   hack/knode/cluster.sh image IMAGE   # builds IMAGE from bin/ and loads it into the node
+#   hack/knode/cluster.sh image IMAGE   # builds IMAGE from bin/ and loads it into every node
 #   hack/knode/cluster.sh kubeconfig    # prints the kubeconfig path
-#   hack/knode/cluster.sh ctr           # prints the ctr command that reaches the node's containerd
+#   hack/knode/cluster.sh ctr           # prints the ctr command that reaches a node's containerd,
+#                                       # with {node} where the node's name goes
 #   hack/knode/cluster.sh kubectl       # prints the kubectl to use
+#   hack/knode/cluster.sh node ARGS...  # hack/knode/node.sh: stop, start, pause, cut, delete a node
+#   hack/knode/cluster.sh nodes-cmd     # prints the command for node faults (nothing on kind)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -68,8 +71,16 @@ image() {
   if use_kind; then
     kind load image-archive "$tar" --name "$KIND_CLUSTER" >&2
   else
-    [ -S "$SOCK" ] || die "the local node is not up ($SOCK missing): run make cluster-up"
-    ctrd -n k8s.io images import "$tar" >/dev/null
+    local i n=0
+    # A node that joins later (node.sh add) imports what is recorded here.
+    mkdir -p "$STATE/images"
+    cp "$tar" "$STATE/images/catena.tar"
+    for i in $(node_indexes); do
+      [ -S "$(node_sock "$i")" ] || continue
+      ctrd "$i" -n k8s.io images import "$tar" >/dev/null
+      n=$((n + 1))
+    done
+    [ "$n" -gt 0 ] || die "no node of the local cluster is up: run make cluster-up"
   fi
   log "image $ref imported in $(elapsed)s"
 }
@@ -79,7 +90,8 @@ kubectl_path() {
 }
 
 ctr_cmd() {
-  if use_kind; then echo "docker exec $KIND_CLUSTER-control-plane ctr"; else echo "ctr -a $SOCK"; fi
+  # kind's node containers are named after their nodes.
+  if use_kind; then echo "docker exec {node} ctr"; else echo "ctr -a $STATE/nodes/{node}/containerd/containerd.sock"; fi
 }
 
 case "${1:-}" in
@@ -89,5 +101,11 @@ image) image "${2:-}" ;;
 kubeconfig) kubeconfig ;;
 ctr) ctr_cmd ;;
 kubectl) kubectl_path ;;
-*) die "usage: $0 up|down|image IMAGE|kubeconfig|ctr|kubectl" ;;
+nodes-cmd) use_kind || echo "$here/cluster.sh node" ;;
+node)
+  shift
+  use_kind && die "node faults need the local nodes of hack/knode, not kind"
+  exec "$here/node.sh" "$@"
+  ;;
+*) die "usage: $0 up|down|image IMAGE|kubeconfig|ctr|kubectl|node ARGS...|nodes-cmd" ;;
 esac

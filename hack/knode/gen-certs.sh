@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Makes the node's PKI with openssl, once: a CA, the API server's serving
+# Makes the cluster's PKI with openssl, once: a CA, the API server's serving
 # certificate, client certificates for the admin, the controller manager,
-# the scheduler, kube-proxy and the kubelet, the kubelet's serving
-# certificate and the service-account key pair; and a kubeconfig for each
-# client. Kept in $STATE/pki until `down` removes the state.
+# the scheduler and kube-proxy, and the service-account key pair; and a
+# kubeconfig for each client. Kept in $STATE/pki until `down` removes the
+# state.
+#
+#   gen-certs.sh          the control plane's
+#   gen-certs.sh node N   node N's: the kubelet's client and serving
+#                         certificates, and its kubeconfig
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=common.sh
@@ -34,40 +38,50 @@ cert() {
   rm -f "$1.csr" "$1.ext"
 }
 cert apiserver "/CN=kube-apiserver" serverAuth \
-  "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:$NODE_NAME,IP:127.0.0.1,IP:$NODE_IP,IP:$SERVICE_IP"
-cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
-cert admin "/O=system:masters/CN=kubernetes-admin" clientAuth
-cert controller-manager "/CN=system:kube-controller-manager" clientAuth
-cert scheduler "/CN=system:kube-scheduler" clientAuth
-cert kube-proxy "/CN=system:kube-proxy" clientAuth
-cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" clientAuth
-cert kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" serverAuth \
-  "DNS:$NODE_NAME,DNS:localhost,IP:127.0.0.1,IP:$NODE_IP"
+  "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:$BRIDGE_IP,IP:$SERVICE_IP"
 
-# kubeconfig NAME CERT: embedded certificates, so the file works on its own.
+# kubeconfig FILE CERT [SERVER]: embedded certificates, so the file works on
+# its own. Processes on this machine's own network reach the API server on
+# loopback; those in a node's namespace reach it on the bridge.
 kubeconfig() {
-  cat >"$STATE/$1.kubeconfig" <<KC
+  cat >"$1" <<KC
 apiVersion: v1
 kind: Config
 clusters:
 - name: catena-knode
   cluster:
     certificate-authority-data: $(base64 -w0 ca.crt)
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: https://${3:-127.0.0.1}:$APISERVER_PORT
 users:
-- name: $1
+- name: ${2##*/}
   user:
     client-certificate-data: $(base64 -w0 "$2.crt")
     client-key-data: $(base64 -w0 "$2.key")
 contexts:
 - name: catena-knode
-  context: {cluster: catena-knode, user: $1}
+  context: {cluster: catena-knode, user: ${2##*/}}
 current-context: catena-knode
 KC
-  chmod 600 "$STATE/$1.kubeconfig"
+  chmod 600 "$1"
 }
-kubeconfig admin admin
-kubeconfig controller-manager controller-manager
-kubeconfig scheduler scheduler
-kubeconfig kube-proxy kube-proxy
-kubeconfig kubelet kubelet
+
+if [ "${1:-}" = node ]; then
+  i=${2:?usage: gen-certs.sh node N}
+  name=$(node_name "$i") ip=$(node_ip "$i")
+  mkdir -p "$PKI/$name"
+  cert "$name/kubelet" "/O=system:nodes/CN=system:node:$name" clientAuth
+  cert "$name/kubelet-serving" "/O=system:nodes/CN=system:node:$name" serverAuth \
+    "DNS:$name,DNS:localhost,IP:127.0.0.1,IP:$ip"
+  kubeconfig "$(node_dir "$i")/kubelet.kubeconfig" "$name/kubelet" "$BRIDGE_IP"
+  exit 0
+fi
+
+cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
+cert admin "/O=system:masters/CN=kubernetes-admin" clientAuth
+cert controller-manager "/CN=system:kube-controller-manager" clientAuth
+cert scheduler "/CN=system:kube-scheduler" clientAuth
+cert kube-proxy "/CN=system:kube-proxy" clientAuth
+kubeconfig "$STATE/admin.kubeconfig" admin
+kubeconfig "$STATE/controller-manager.kubeconfig" controller-manager
+kubeconfig "$STATE/scheduler.kubeconfig" scheduler
+kubeconfig "$STATE/kube-proxy.kubeconfig" kube-proxy "$BRIDGE_IP"

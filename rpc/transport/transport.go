@@ -59,7 +59,7 @@ func DialOptions(tlsConfig *tls.Config) []grpc.DialOption {
 		// reconnectMaxDelay.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: reconnectBaseDelay, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMaxDelay},
-			MinConnectTimeout: 5 * time.Second,
+			MinConnectTimeout: MinConnectTimeout,
 		}),
 	}
 }
@@ -76,6 +76,23 @@ const minResolutionInterval = time.Second
 func init() {
 	dns.SetMinResolutionInterval(minResolutionInterval)
 }
+
+// MinConnectTimeout bounds one connection attempt (TCP, TLS and HTTP/2
+// handshakes) when the back-off is shorter. Peers are in the same cluster,
+// where a handshake takes milliseconds; an attempt that takes a second is
+// almost always to an address nobody holds any more: a replica pod that
+// came back on another node keeps its DNS name, but for a few seconds the
+// name can still resolve to the old pod's address (the headless Service
+// publishes a terminating pod, DNS answers are cached), and many pod
+// networks drop packets to an address no pod has rather than refuse them.
+// Each failed attempt re-resolves the name (minResolutionInterval), so a
+// stale answer costs one attempt. It must stay well below the operator's
+// failure timeout, which reorders a chain whose link stays silent that
+// long: with gRPC's default of 20 s (5 s before this), a predecessor
+// dialling a returned member's old address had its link declared cut, and
+// was itself removed, on every such return between nodes (seen on the
+// three-node test cluster).
+const MinConnectTimeout = time.Second
 
 // Reconnect back-off of every client connection.
 const (

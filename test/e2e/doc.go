@@ -13,6 +13,6 @@
 // Run with `make test-e2e` (brings a cluster up and down), or against a
 // running cluster:
 //
-//	KUBECONFIG=... CATENA_E2E_IMAGE=catena:TAG CATENA_E2E_CTR="ctr -a SOCK" \
+//	KUBECONFIG=... CATENA_E2E_IMAGE=catena:TAG CATENA_E2E_CTR="ctr -a .../nodes/{node}/containerd/containerd.sock" \
 //	  HELM=path/to/helm KUBECTL=path/to/kubectl go test -tags e2e ./test/e2e/ -ginkgo.v
 package e2e

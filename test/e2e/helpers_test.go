@@ -250,6 +250,12 @@ func catenactlPod(ns, name, container, tlsSecret string, args []string) *corev1.
 // at rate records/s, as user (clientSecret), and waits until it is
 // producing.
 func startChecker(ns, stream, user, name string, duration time.Duration, rate int) *checker {
+	return startCheckerOn("", ns, stream, user, name, duration, rate)
+}
+
+// startCheckerOn is startChecker with the checker's pod on node (""
+// where the scheduler puts it).
+func startCheckerOn(node, ns, stream, user, name string, duration time.Duration, rate int) *checker {
 	var s streamsv1alpha1.Stream
 	Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: stream}, &s)).To(Succeed())
 	Expect(s.Status.Endpoints.Producers).NotTo(BeEmpty(), "Stream %s has no producer endpoint", stream)
@@ -257,6 +263,7 @@ func startChecker(ns, stream, user, name string, duration time.Duration, rate in
 		"--duration", duration.String(), "--rate", fmt.Sprint(rate), "--keys", "16",
 		"--retry-timeout", "2m", "--verify-timeout", "3m"})
 	pod.Labels = map[string]string{"app.kubernetes.io/component": "e2e-checker"}
+	pod.Spec.NodeName = node
 	Expect(k8s.Create(ctx, pod)).To(Succeed())
 	c := &checker{ns: ns, name: name, started: time.Now()}
 	By("waiting for checker " + name + " to produce")
@@ -300,8 +307,9 @@ func (c *checker) finish(timeout time.Duration) checkReport {
 	return rep
 }
 
-// killContainer sends SIGKILL to a container's process through the node's
-// containerd (CATENA_E2E_CTR), from outside the container: inside it the
+// killContainer sends SIGKILL to a container's process through its node's
+// containerd (CATENA_E2E_CTR, {node} replaced by the pod's node), from
+// outside the container: inside it the
 // process is PID 1 and would ignore a SIGKILL from its own namespace (and
 // the image has no shell or kill).
 func killContainer(p corev1.Pod, container string) {
@@ -312,7 +320,7 @@ func killContainer(p corev1.Pod, container string) {
 		}
 	}
 	Expect(id).To(HavePrefix("containerd://"), "pod %s container %s: %q", p.Name, container, id)
-	args := strings.Fields(env.ctr)
+	args := strings.Fields(strings.ReplaceAll(env.ctr, "{node}", p.Spec.NodeName))
 	args = append(args, "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", strings.TrimPrefix(id, "containerd://"))
 	out, err := run(args[0], args[1:]...)
 	Expect(err).NotTo(HaveOccurred(), "ctr tasks kill: %s", out)
