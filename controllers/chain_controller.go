@@ -233,7 +233,7 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	if err != nil {
 		return reconcile.Result{}, fmt.Errorf("failed to plan chain %s: %w", chain.Name, err)
 	}
-	seen := chainObservation{Reports: reports, Health: health, WritesAllowed: true, MinLength: minLen}
+	seen := chainObservation{Reports: reports, Health: health, Nodes: podNodes(pods), WritesAllowed: true, MinLength: minLen}
 	busy, changed := false, false
 	if repair != nil {
 		seen.WritesAllowed = repair.Plan.WritesAllowed
@@ -452,6 +452,17 @@ func (r *ChainReconciler) poolPods(ctx context.Context, pool *streamsv1alpha1.Re
 		pods[list.Items[i].Name] = &list.Items[i]
 	}
 	return pods, nil
+}
+
+// podNodes maps each scheduled pod to its node.
+func podNodes(pods map[string]*corev1.Pod) map[string]string {
+	out := make(map[string]string, len(pods))
+	for name, p := range pods {
+		if p != nil && p.Spec.NodeName != "" {
+			out[name] = p.Spec.NodeName
+		}
+	}
+	return out
 }
 
 // health decides every replica's health from the observer's verdict and

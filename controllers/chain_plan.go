@@ -200,6 +200,9 @@ type chainObservation struct {
 	Reports map[string]*catenapb.PartitionStatus
 	// Health of every replica pod of the pool.
 	Health map[string]chainplan.Health
+	// Nodes are the nodes the pool's pods are scheduled on, by pod (a pod
+	// not scheduled, or not read: absent).
+	Nodes map[string]string
 	// WritesAllowed is the planner's verdict on the chain as it stands.
 	WritesAllowed bool
 	// MinLength is the fewest full copies that take writes.
@@ -252,6 +255,9 @@ func chainStatus(chain *streamsv1alpha1.ReplicationChain, obs chainObservation) 
 			catching = append(catching, fmt.Sprintf("%s catching up to offset %d", m.Name, committed))
 		default:
 			m.State = streamsv1alpha1.MemberInChain
+		}
+		if n := obs.Nodes[m.Name]; n != "" {
+			m.Node = n
 		}
 		if m.ConfirmedEpoch < target {
 			unconfirmed = append(unconfirmed, m.Name)

@@ -15,6 +15,7 @@ import (
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
 )
 
 func TestPlaceChainCountsChainsFromStatus(t *testing.T) {
@@ -524,5 +525,34 @@ func TestReconfigurationEventType(t *testing.T) {
 		if got := reconfigurationEventType(reason); got != want {
 			t.Errorf("%s: %s, want %s", reason, got, want)
 		}
+	}
+}
+
+// A link that stays silent for the failure timeout gets a member removed.
+// A predecessor dialling a returned member's stale address (its pod came
+// back on another node) must have time for a second attempt, at the
+// name's new address, before that: one attempt is bounded by
+// transport.MinConnectTimeout.
+func TestTwoConnectAttemptsFitInTheFailureTimeout(t *testing.T) {
+	if 2*transport.MinConnectTimeout > DefaultFailureTimeout {
+		t.Fatalf("a connection attempt may take %v, the failure timeout is %v: a link to a returned member's new address may be declared cut before its second attempt",
+			transport.MinConnectTimeout, DefaultFailureTimeout)
+	}
+}
+
+// Each member's node is what its pod was last seen on: a pod not scheduled
+// (or not read) this round keeps the node it had.
+func TestChainStatusRecordsEachMembersNode(t *testing.T) {
+	chain := &streamsv1alpha1.ReplicationChain{ObjectMeta: metav1.ObjectMeta{Generation: 1}}
+	chain.Status.TargetEpoch = 1
+	chain.Status.Members = []streamsv1alpha1.ChainMember{{Name: "a"}, {Name: "b", Node: "old"}, {Name: "c", Node: "n3"}}
+	st := chainStatus(chain, chainObservation{Nodes: map[string]string{"a": "n1", "b": "n2"}})
+	for i, want := range []string{"n1", "n2", "n3"} {
+		if got := st.Members[i].Node; got != want {
+			t.Errorf("member %s: node %q, want %q", st.Members[i].Name, got, want)
+		}
+	}
+	if chain.Status.Members[0].Node != "" {
+		t.Error("chainStatus changed its input")
 	}
 }

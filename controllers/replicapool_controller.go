@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,6 +46,13 @@ type ReplicaPoolReconciler struct {
 	// Certificates, when set, issues each pool's replica certificate and
 	// runs the replicas with mutual TLS and --allow-* (nil: plaintext).
 	Certificates CertificateIssuer
+	// NodeLoss, when set, replaces replicas lost with their node (nil:
+	// never; the operator then reads no Nodes or PersistentVolumes).
+	NodeLoss *NodeLossOptions
+	// Recorder records Events on ReplicaPools (nil: none).
+	Recorder events.EventRecorder
+	// now is the clock (nil: time.Now).
+	now func() time.Time
 }
 
 // +kubebuilder:rbac:groups=streams.catena.io,resources=replicapools,verbs=get;list;watch;create;update;patch;delete
@@ -78,12 +87,14 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 	// and an apply that fails leaves it no less true. A failed read
 	// records nothing rather than a status made of zero values.
 	before := pool.DeepCopy()
-	sts, usage, err := r.observe(ctx, pool)
+	obs, err := r.observe(ctx, pool)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	var lossCond *metav1.Condition
 	defer func() {
-		pool.Status = poolStatus(pool, sts, usage)
+		pool.Status = poolStatus(pool, obs.sts, obs.usage(pool))
+		setNodeLossCondition(&pool.Status, pool.Generation, lossCond)
 		if err := r.patchStatus(ctx, before, pool); err != nil {
 			retErr = kerrors.NewAggregate([]error{retErr, err})
 		}
@@ -101,7 +112,7 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		mountTLS(&desiredSTS.Spec.Template.Spec, pool.TLSSecretName(), c.podArgs(replicaAccessArgs(pool, c.OperatorIdentity())...)...)
 		res = requeueAt(res, wake, c.now())
 	}
-	if sts == nil {
+	if obs.sts == nil {
 		logger.Info("Creating the pool's StatefulSet", "statefulSet", desiredSTS.Name, "replicas", pool.Spec.Replicas)
 	}
 	for _, obj := range []client.Object{svc, desiredSTS, pdb} {
@@ -109,7 +120,18 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 			return res, err
 		}
 	}
-	return res, r.reconcileNetworkPolicy(ctx, pool)
+	if err := r.reconcileNetworkPolicy(ctx, pool); err != nil {
+		return res, err
+	}
+	if r.NodeLoss == nil {
+		return res, nil
+	}
+	wake, cond, err := r.reconcileNodeLoss(ctx, pool, obs)
+	lossCond = cond
+	if wake > 0 && (res.RequeueAfter == 0 || wake < res.RequeueAfter) {
+		res.RequeueAfter = wake
+	}
+	return res, err
 }
 
 // reconcileNetworkPolicy applies the pool's NetworkPolicy when they are on,
@@ -131,48 +153,57 @@ func (r *ReplicaPoolReconciler) reconcileNetworkPolicy(ctx context.Context, pool
 	return nil
 }
 
-// observe reads the pool's StatefulSet (nil when it does not exist) and
-// what the pool hosts.
-func (r *ReplicaPoolReconciler) observe(ctx context.Context, pool *streamsv1alpha1.ReplicaPool) (*appsv1.StatefulSet, poolUsage, error) {
+// poolObservation is what a pass over a pool reads before it acts.
+type poolObservation struct {
+	// sts is the pool's StatefulSet (nil when it does not exist).
+	sts *appsv1.StatefulSet
+	// streams and chains are those hosted on the pool.
+	streams []streamsv1alpha1.Stream
+	chains  []streamsv1alpha1.ReplicationChain
+}
+
+// observe reads the pool's StatefulSet and what the pool hosts.
+func (r *ReplicaPoolReconciler) observe(ctx context.Context, pool *streamsv1alpha1.ReplicaPool) (poolObservation, error) {
+	var obs poolObservation
 	sts := &appsv1.StatefulSet{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: pool.Namespace, Name: pool.StatefulSetName()}, sts); err != nil {
 		if !apierrors.IsNotFound(err) {
-			return nil, poolUsage{}, fmt.Errorf("failed to read StatefulSet %s: %w", pool.StatefulSetName(), err)
+			return obs, fmt.Errorf("failed to read StatefulSet %s: %w", pool.StatefulSetName(), err)
 		}
 		sts = nil
 	}
-	usage, err := r.usage(ctx, pool)
-	return sts, usage, err
-}
-
-// usage reads the Streams and chains hosted on the pool.
-func (r *ReplicaPoolReconciler) usage(ctx context.Context, pool *streamsv1alpha1.ReplicaPool) (poolUsage, error) {
-	var u poolUsage
+	obs.sts = sts
 	var streams streamsv1alpha1.StreamList
 	if err := r.Client.List(ctx, &streams, client.InNamespace(pool.Namespace)); err != nil {
-		return u, fmt.Errorf("failed to list the Streams in %s: %w", pool.Namespace, err)
+		return obs, fmt.Errorf("failed to list the Streams in %s: %w", pool.Namespace, err)
 	}
-	for i := range streams.Items {
-		s := &streams.Items[i]
-		if s.PoolName() != pool.Name {
-			continue
+	for _, s := range streams.Items {
+		if s.PoolName() == pool.Name {
+			obs.streams = append(obs.streams, s)
 		}
-		u.Streams++
+	}
+	var chains streamsv1alpha1.ReplicationChainList
+	if err := r.Client.List(ctx, &chains, client.InNamespace(pool.Namespace)); err != nil {
+		return obs, fmt.Errorf("failed to list the ReplicationChains in %s: %w", pool.Namespace, err)
+	}
+	for _, c := range chains.Items {
+		if c.Spec.Pool == pool.Name {
+			obs.chains = append(obs.chains, c)
+		}
+	}
+	return obs, nil
+}
+
+// usage is what the pool hosts, for its status.
+func (o poolObservation) usage(pool *streamsv1alpha1.ReplicaPool) poolUsage {
+	u := poolUsage{Streams: int32(len(o.streams)), Chains: int32(len(o.chains))}
+	for _, s := range o.streams {
 		if s.Spec.ReplicationFactor > pool.Spec.Replicas {
 			u.TooLongChains = append(u.TooLongChains, s.Name)
 		}
 	}
 	slices.Sort(u.TooLongChains)
-	var chains streamsv1alpha1.ReplicationChainList
-	if err := r.Client.List(ctx, &chains, client.InNamespace(pool.Namespace)); err != nil {
-		return u, fmt.Errorf("failed to list the ReplicationChains in %s: %w", pool.Namespace, err)
-	}
-	for i := range chains.Items {
-		if chains.Items[i].Spec.Pool == pool.Name {
-			u.Chains++
-		}
-	}
-	return u, nil
+	return u
 }
 
 func (r *ReplicaPoolReconciler) patchStatus(ctx context.Context, before, pool *streamsv1alpha1.ReplicaPool) error {
@@ -199,6 +230,24 @@ func (r *ReplicaPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			return requestsFor(l.Items), err
 		})
 	}
+	if r.NodeLoss != nil {
+		// A node going NotReady, Ready or away; a claim deleted or
+		// recreated; a replica pod's readiness: each may change what
+		// planNodeLoss decides.
+		readyChanged := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+			return nodeReady(e.ObjectOld.(*corev1.Node)) != nodeReady(e.ObjectNew.(*corev1.Node))
+		}}
+		b = b.Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+			var l streamsv1alpha1.ReplicaPoolList
+			if err := r.Client.List(ctx, &l); err != nil {
+				log.FromContext(ctx).Error(err, "Failed to list the ReplicaPools for a Node's change")
+				return nil
+			}
+			return requestsFor(l.Items)
+		}), builder.WithPredicates(readyChanged)).
+			Watches(&corev1.PersistentVolumeClaim{}, handler.EnqueueRequestsFromMapFunc(replicaObjectPool)).
+			Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(replicaObjectPool))
+	}
 	return b.
 		For(&streamsv1alpha1.ReplicaPool{}).
 		Owns(&appsv1.StatefulSet{}).
@@ -213,4 +262,19 @@ func (r *ReplicaPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}), createOrDelete).
 		Named("replicapool").
 		Complete(r)
+}
+
+// replicaObjectPool maps a replica pod or claim of a pool to the pool.
+func replicaObjectPool(_ context.Context, obj client.Object) []reconcile.Request {
+	l := obj.GetLabels()
+	if l[labelName] != appName || l[labelComponent] != componentReplica || l[labelInstance] == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: obj.GetNamespace(), Name: l[labelInstance]}}}
+}
+
+// nodeReady reports whether a Node's Ready condition is True.
+func nodeReady(n *corev1.Node) bool {
+	c := nodeReadyCondition(n)
+	return c != nil && c.Status == corev1.ConditionTrue
 }

@@ -42,6 +42,9 @@ type Options struct {
 	// certificate from it (ReplicaTLS is then ignored). Nil: plaintext
 	// operands.
 	Certificates CertificateIssuer
+	// NodeLoss, when set, replaces replicas lost with their node (nil:
+	// never).
+	NodeLoss *NodeLossOptions
 	// AggregationIngestAddr says which ingestion address workers are told
 	// to read sources and write checkpoints through (nil: the source
 	// Stream's status.endpoints.producers). Tests point it at an ingestion
@@ -64,8 +67,9 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 		}
 		opts.ReplicaTLS = c.ClientTLS()
 	}
+	recorder := mgr.GetEventRecorder("catena-operator")
 	pools := &ReplicaPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets,
-		NetworkPolicy: opts.NetworkPolicy, Certificates: opts.Certificates}
+		NetworkPolicy: opts.NetworkPolicy, Certificates: opts.Certificates, NodeLoss: opts.NodeLoss, Recorder: recorder}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}
@@ -79,7 +83,6 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	if err := gates.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the chains-ready gate controller: %w", err)
 	}
-	recorder := mgr.GetEventRecorder("catena-operator")
 	streams := &StreamReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets,
 		Recorder: recorder, Conns: conns, ReplicaAddr: addr, Certificates: opts.Certificates}
 	if err := streams.SetupWithManager(ctx, mgr); err != nil {

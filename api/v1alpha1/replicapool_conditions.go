@@ -12,6 +12,12 @@ const (
 	// asked of it: pods that do not become ready, or a Stream whose
 	// replicationFactor exceeds the pool's replicas.
 	ReplicaPoolDegradedCondition = "Degraded"
+	// ReplicaPoolNodeLossCondition is True while replicas of the pool are
+	// lost with their node (deleted, or NotReady past the operator's
+	// grace) and not replaced yet; the message names them and what they
+	// wait for. False (reason Replaced) says which replica was replaced
+	// last, and why.
+	ReplicaPoolNodeLossCondition = "NodeLoss"
 )
 
 // Reasons of a ReplicaPool's conditions.
@@ -36,4 +42,19 @@ const (
 	// Stream on the pool asks for longer chains than the pool has pods; the
 	// message names the Stream.
 	ReplicaPoolReplicationFactorExceedsReplicasReason = "ReplicationFactorExceedsReplicas"
+	// ReplicaPoolReplacingReason (NodeLoss True): a lost replica's claim
+	// and pod were just deleted; the pod comes back on another node with
+	// an empty volume and its chains copy it in.
+	ReplicaPoolReplacingReason = "Replacing"
+	// ReplicaPoolReplacementWaitingReason (NodeLoss True): lost replicas
+	// wait (for failure detection, for another replica to be back in its
+	// chains, or because their volumes may hold a chain's last copy).
+	ReplicaPoolReplacementWaitingReason = "ReplacementWaiting"
+	// ReplicaPoolReplacementOffReason (NodeLoss True): the annotation
+	// streams.catena.io/replace-lost-replicas=false on the pool or one of
+	// its Streams turned replacement off; a person replaces them.
+	ReplicaPoolReplacementOffReason = "ReplacementOff"
+	// ReplicaPoolReplacedReason (NodeLoss False): no replica is lost now;
+	// the message says which was replaced last.
+	ReplicaPoolReplacedReason = "Replaced"
 )

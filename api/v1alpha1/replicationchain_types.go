@@ -69,6 +69,13 @@ type ChainMember struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	ConfirmedEpoch int64 `json:"confirmedEpoch,omitempty"`
+
+	// node is the Kubernetes node the member's pod runs on, as last seen
+	// (empty while the pod is not scheduled): with nodeSpread Required no
+	// two members of a chain share one.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node,omitempty"`
 }
 
 // ReconfigurationReason is why the operator changed a chain.

@@ -43,6 +43,7 @@ func newOperatorCommand() *cobra.Command {
 		tlsFiles                      transport.TLSFiles
 		netpol                        networkPolicyFlags
 		certs                         certificateFlags
+		nodeLoss                      nodeLossFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "operator",
@@ -101,8 +102,15 @@ func newOperatorCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("failed to create the controller manager: %w", err)
 			}
+			nodeLossOpts, err := nodeLoss.options(watchNamespaces)
+			if err != nil {
+				return err
+			}
+			if nodeLossOpts == nil {
+				logger.Info("Replicas lost with their node are not replaced", "why", nodeLoss.offReason(watchNamespaces))
+			}
 			if err := controllers.SetupWithManager(ctx, mgr, controllers.Options{Image: image, ImagePullSecrets: pullSecrets, ReplicaTLS: replicaTLS, FailureTimeout: failureTimeout,
-				NetworkPolicy: netpolOpts, Certificates: certificates}); err != nil {
+				NetworkPolicy: netpolOpts, Certificates: certificates, NodeLoss: nodeLossOpts}); err != nil {
 				return err
 			}
 			if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
@@ -128,6 +136,8 @@ func newOperatorCommand() *cobra.Command {
 	cmd.Flags().StringSliceVar(&watchNamespaces, "watch-namespaces", nil, "namespaces (comma-separated) to run Streams, pools and Aggregations in; empty: every namespace. With a list, Roles in those namespaces are all the operator needs (the chart's watchNamespaces)")
 	cmd.Flags().StringSliceVar(&pullSecrets, "image-pull-secrets", nil, "Secrets (names, comma-separated, in each operand's namespace) to pull that image with, on every pod the operator runs")
 	cmd.Flags().DurationVar(&failureTimeout, "failure-timeout", controllers.DefaultFailureTimeout, "how long a replica may stay silent, or its pod not Ready, before its chains are reordered without it")
+	cmd.Flags().BoolVar(&nodeLoss.enabled, "replace-lost-replicas", true, "give a replica whose local volume is on a lost node (deleted, or NotReady for --node-loss-grace) a new volume on another node, one member of a chain at a time (off with --watch-namespaces: it reads Nodes and PersistentVolumes)")
+	cmd.Flags().DurationVar(&nodeLoss.grace, "node-loss-grace", controllers.DefaultNodeLossGrace, "how long a node may be NotReady before its replicas are lost with it (a deleted Node is lost at once)")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	cmd.Flags().BoolVar(&netpol.enabled, "network-policies", false, "give each ReplicaPool a NetworkPolicy: its replica port reachable only from its pods, ingestion and this operator (needs a CNI that enforces them)")
 	cmd.Flags().StringVar(&netpol.namespace, "operator-namespace", "", "the operator's namespace, where its CA Secret lives and which --network-policies admits (default: $POD_NAMESPACE)")
@@ -258,6 +268,32 @@ func (l leaseTimings) validate() error {
 		return fmt.Errorf("--leader-elect-lease-duration (%v) must be longer than --leader-elect-renew-deadline (%v)", l.duration, l.renewDeadline)
 	}
 	return nil
+}
+
+// nodeLossFlags are --replace-lost-replicas and --node-loss-grace.
+type nodeLossFlags struct {
+	enabled bool
+	grace   time.Duration
+}
+
+// options are the controllers' NodeLoss options: nil when replacement is
+// off, or in namespaced mode, whose Roles cannot read Nodes and
+// PersistentVolumes (cluster-scoped).
+func (f nodeLossFlags) options(watchNamespaces []string) (*controllers.NodeLossOptions, error) {
+	if f.grace <= 0 {
+		return nil, fmt.Errorf("--node-loss-grace must be positive, not %v (--replace-lost-replicas=false turns replacement off)", f.grace)
+	}
+	if !f.enabled || len(watchNamespaces) > 0 {
+		return nil, nil
+	}
+	return &controllers.NodeLossOptions{Grace: f.grace}, nil
+}
+
+func (f nodeLossFlags) offReason(watchNamespaces []string) string {
+	if !f.enabled {
+		return "--replace-lost-replicas=false"
+	}
+	return "namespaced mode (--watch-namespaces): reading Nodes and PersistentVolumes needs a ClusterRole"
 }
 
 // operatorCache is the operator's cache: the replica and worker pods only

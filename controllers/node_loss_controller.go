@@ -1,0 +1,181 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
+)
+
+// NodeLossOptions turn on the replacement of replicas lost with their node
+// (planNodeLoss).
+type NodeLossOptions struct {
+	// Grace is how long a node may be NotReady before its replicas are
+	// lost with it (0: DefaultNodeLossGrace).
+	Grace time.Duration
+}
+
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
+
+// reconcileNodeLoss replaces, when planNodeLoss says so, one replica of the
+// pool lost with its node: its volume is kept (reclaim policy Retain), its
+// claim and pod are deleted, and the StatefulSet recreates both, the claim
+// bound to a free volume on another node. It returns when to look again
+// (a node's grace running out) and the pool's NodeLoss condition (nil: no
+// change).
+func (r *ReplicaPoolReconciler) reconcileNodeLoss(ctx context.Context, pool *streamsv1alpha1.ReplicaPool, obs poolObservation) (time.Duration, *metav1.Condition, error) {
+	in, err := r.observeNodeLoss(ctx, pool, obs)
+	if err != nil {
+		return 0, nil, err
+	}
+	plan := planNodeLoss(in)
+	cond := nodeLossCondition(pool, plan)
+	if plan.Replace == nil {
+		return plan.RequeueAfter, cond, nil
+	}
+	l := *plan.Replace
+	logger := log.FromContext(ctx).WithValues("replica", l.Pod, "node", l.Node, "claim", l.Claim, "volume", l.Volume)
+	if l.RetainVolume {
+		pv := in.Volumes[l.Volume]
+		before := pv.DeepCopy()
+		pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+		if err := r.Client.Patch(ctx, pv, client.MergeFrom(before)); err != nil {
+			return 0, nil, fmt.Errorf("failed to keep PersistentVolume %s (reclaim policy Retain) before replacing %s: %w", l.Volume, l.Pod, err)
+		}
+	}
+	claim := in.Claims[l.Claim]
+	if err := r.Client.Delete(ctx, claim, client.Preconditions{UID: &claim.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return 0, nil, fmt.Errorf("failed to delete PersistentVolumeClaim %s of lost replica %s: %w", l.Claim, l.Pod, err)
+	}
+	if pod := in.Pods[l.Pod]; pod != nil {
+		opts := []client.DeleteOption{client.Preconditions{UID: &pod.UID}}
+		if l.PodOnNode {
+			// Its kubelet is gone and will never confirm the pod's end; the
+			// StatefulSet makes no new pod while this one exists.
+			opts = append(opts, client.GracePeriodSeconds(0))
+		}
+		if err := r.Client.Delete(ctx, pod, opts...); err != nil && !apierrors.IsNotFound(err) {
+			return 0, nil, fmt.Errorf("failed to delete pod %s of lost replica: %w", l.Pod, err)
+		}
+	}
+	msg := fmt.Sprintf("Replica %s was lost with node %s (%s): deleted its claim %s (PersistentVolume %s kept, reclaim policy Retain) and its pod; "+
+		"the pod comes back on another node with an empty volume and its chains copy it in", l.Pod, l.Node, l.Why, l.Claim, l.Volume)
+	logger.Info("Replacing a replica lost with its node", "why", l.Why)
+	if r.Recorder != nil {
+		r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, "LostReplicaReplaced", "ReplaceLostReplica", "%s", msg)
+	}
+	cond = &metav1.Condition{Type: streamsv1alpha1.ReplicaPoolNodeLossCondition, Status: metav1.ConditionTrue,
+		Reason: streamsv1alpha1.ReplicaPoolReplacingReason, Message: msg}
+	if len(plan.Waiting) > 0 {
+		cond.Message += "; not yet: " + strings.Join(plan.Waiting, "; ")
+	}
+	return plan.RequeueAfter, cond, nil
+}
+
+// observeNodeLoss reads the pool's pods and claims, their volumes and the
+// volumes' nodes.
+func (r *ReplicaPoolReconciler) observeNodeLoss(ctx context.Context, pool *streamsv1alpha1.ReplicaPool, obs poolObservation) (nodeLossInput, error) {
+	now := time.Now
+	if r.now != nil {
+		now = r.now
+	}
+	in := nodeLossInput{
+		Pool: pool, Streams: obs.streams, Chains: obs.chains,
+		Pods: map[string]*corev1.Pod{}, Claims: map[string]*corev1.PersistentVolumeClaim{},
+		Volumes: map[string]*corev1.PersistentVolume{}, Nodes: map[string]*corev1.Node{},
+		Grace: r.NodeLoss.Grace, Now: now(),
+	}
+	if in.Grace <= 0 {
+		in.Grace = DefaultNodeLossGrace
+	}
+	sel := client.MatchingLabels(poolSelectorLabels(pool))
+	var pods corev1.PodList
+	if err := r.Client.List(ctx, &pods, client.InNamespace(pool.Namespace), sel); err != nil {
+		return in, fmt.Errorf("failed to list the replica pods of ReplicaPool %s: %w", pool.Name, err)
+	}
+	for i := range pods.Items {
+		in.Pods[pods.Items[i].Name] = &pods.Items[i]
+	}
+	var claims corev1.PersistentVolumeClaimList
+	if err := r.Client.List(ctx, &claims, client.InNamespace(pool.Namespace), sel); err != nil {
+		return in, fmt.Errorf("failed to list the PersistentVolumeClaims of ReplicaPool %s: %w", pool.Name, err)
+	}
+	for i := range claims.Items {
+		c := &claims.Items[i]
+		in.Claims[c.Name] = c
+		if c.Spec.VolumeName == "" {
+			continue
+		}
+		pv := &corev1.PersistentVolume{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Name: c.Spec.VolumeName}, pv); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return in, fmt.Errorf("failed to read PersistentVolume %s of claim %s: %w", c.Spec.VolumeName, c.Name, err)
+		}
+		in.Volumes[pv.Name] = pv
+		name, ok := volumeNode(pv)
+		if !ok || in.Nodes[name] != nil {
+			continue
+		}
+		n := &corev1.Node{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Name: name}, n); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue // deleted: lost
+			}
+			return in, fmt.Errorf("failed to read Node %s of PersistentVolume %s: %w", name, pv.Name, err)
+		}
+		in.Nodes[name] = n
+	}
+	return in, nil
+}
+
+// nodeLossCondition is the pool's NodeLoss condition when nothing is
+// replaced in this pass: True while replicas are lost, False (Replaced)
+// once none is after a replacement, nil (left as it is, or absent) on a
+// pool that never lost one.
+func nodeLossCondition(pool *streamsv1alpha1.ReplicaPool, plan nodeLossPlan) *metav1.Condition {
+	c := &metav1.Condition{Type: streamsv1alpha1.ReplicaPoolNodeLossCondition, Status: metav1.ConditionTrue}
+	switch {
+	case plan.Replace != nil:
+		return nil // the caller says what it did
+	case plan.Disabled != "":
+		c.Reason = streamsv1alpha1.ReplicaPoolReplacementOffReason
+	case len(plan.Waiting) > 0:
+		c.Reason = streamsv1alpha1.ReplicaPoolReplacementWaitingReason
+	default:
+		prev := meta.FindStatusCondition(pool.Status.Conditions, streamsv1alpha1.ReplicaPoolNodeLossCondition)
+		if prev == nil {
+			return nil
+		}
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, streamsv1alpha1.ReplicaPoolReplacedReason, prev.Message
+		if prev.Reason != streamsv1alpha1.ReplicaPoolReplacingReason && prev.Reason != streamsv1alpha1.ReplicaPoolReplacedReason {
+			c.Message = "No replica is lost with its node"
+		}
+		return c
+	}
+	c.Message = "Lost with their node and not replaced yet: " + strings.Join(plan.Waiting, "; ")
+	return c
+}
+
+// setNodeLossCondition sets cond on status (nil: no change).
+func setNodeLossCondition(status *streamsv1alpha1.ReplicaPoolStatus, generation int64, cond *metav1.Condition) {
+	if cond == nil {
+		return
+	}
+	cond.ObservedGeneration = generation
+	meta.SetStatusCondition(&status.Conditions, *cond)
+}
