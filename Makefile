@@ -180,7 +180,11 @@ CATENA_NS      ?= catena-system
 CLUSTER_KUBECONFIG = $(shell hack/knode/cluster.sh kubeconfig)
 HELM_INSTALL = "$$(hack/helm.sh | tail -1)" upgrade --install catena charts/catena \
 	  --namespace $(CATENA_NS) --create-namespace --wait --timeout 5m \
-	  --set image.repository=$(IMAGE_REPO),image.pullPolicy=IfNotPresent --set-string image.tag=$(IMAGE_TAG)
+	  --set image.repository=$(IMAGE_REPO),image.pullPolicy=IfNotPresent --set-string image.tag=$(IMAGE_TAG) $(HELM_EXTRA)
+# Extra helm flags for deploy-local. The e2e suite shortens the node-loss
+# grace so that its drain spec moves a replica within a minute.
+HELM_EXTRA     ?=
+E2E_HELM_EXTRA := --set nodeLoss.grace=45s
 
 .PHONY: cluster-up
 cluster-up: ## Bring up the test cluster, CATENA_KNODE_NODES nodes (default 3; builds its binaries once, 10-20 min cold; about 30 s warm).
@@ -201,7 +205,7 @@ deploy-local: ## Install (or upgrade) the operator from charts/catena with $(IMA
 .PHONY: test-e2e
 test-e2e: ## Cluster up, image, helm install, the test/e2e suite, cluster down (also when the suite fails).
 	@start=$$(date +%s); status=0; \
-	{ $(MAKE) --no-print-directory cluster-up && $(MAKE) --no-print-directory image deploy-local IMAGE_TAG=$(IMAGE_TAG) && \
+	{ $(MAKE) --no-print-directory cluster-up && $(MAKE) --no-print-directory image deploy-local IMAGE_TAG=$(IMAGE_TAG) HELM_EXTRA="$(E2E_HELM_EXTRA)" && \
 	  KUBECONFIG=$(CLUSTER_KUBECONFIG) CATENA_E2E_IMAGE=$(IMAGE) CATENA_E2E_RELEASE_NAMESPACE=$(CATENA_NS) \
 	  CATENA_E2E_CTR="$$(hack/knode/cluster.sh ctr)" CATENA_E2E_NODES="$$(hack/knode/cluster.sh nodes-cmd)" HELM="$$(hack/helm.sh | tail -1)" \
 	  KUBECTL="$$(hack/knode/cluster.sh kubectl)" \

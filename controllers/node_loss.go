@@ -39,18 +39,27 @@ type nodeLossInput struct {
 	// Streams are the Streams on the pool (their annotations count).
 	Streams []streamsv1alpha1.Stream
 	// Pods are the pool's replica pods by name; Claims the PersistentVolumeClaims
-	// by name; Volumes the PersistentVolumes by name; Nodes the cluster's
-	// Nodes by name (a name missing from Nodes is a Node that does not
-	// exist).
+	// by name; Volumes the PersistentVolumes by name; Nodes the Node each
+	// volume's kubernetes.io/hostname label names, by that label's value
+	// (which need not be the Node's name): a value missing from Nodes is a
+	// node that does not exist.
 	Pods    map[string]*corev1.Pod
 	Claims  map[string]*corev1.PersistentVolumeClaim
 	Volumes map[string]*corev1.PersistentVolume
 	Nodes   map[string]*corev1.Node
 	// Chains are the chains on the pool.
 	Chains []streamsv1alpha1.ReplicationChain
-	Grace  time.Duration
-	Now    time.Time
+	// Grace is how long a node may be NotReady, or a replica's pod wait
+	// unscheduled for its cordoned node, before the replica is lost.
+	Grace time.Duration
+	Now   time.Time
 }
+
+// replacementSettle is how long a replica whose claim is new, and that no
+// chain lists in chain yet, counts as on its way back: a replacement
+// becomes Ready (it holds no copy a chain waits for) a moment before its
+// chains add it to copy in.
+const replacementSettle = 2 * time.Minute
 
 // lostReplica is a replica whose volume is on a lost node.
 type lostReplica struct {
@@ -64,6 +73,9 @@ type lostReplica struct {
 	// to Retain before the claim goes, so the volume object (and what a
 	// person may still recover from the disk) is kept.
 	RetainVolume bool
+	// ClaimDeleting: the claim is already being deleted (a replacement
+	// that stopped half way: its pod still holds the claim).
+	ClaimDeleting bool
 }
 
 // nodeLossPlan is what to do about one pool's lost replicas.
@@ -72,6 +84,9 @@ type nodeLossPlan struct {
 	// pass, and never one that shares a chain with a member that is not
 	// back in it yet.
 	Replace *lostReplica
+	// Finish are replacements begun earlier whose pod still holds the
+	// claim being deleted: their pods are deleted now.
+	Finish []lostReplica
 	// Waiting says, per lost replica not replaced now, why not (sorted).
 	Waiting []string
 	// Disabled: the annotation that turned replacement off ("" when on).
@@ -82,20 +97,28 @@ type nodeLossPlan struct {
 
 // planNodeLoss decides which of a pool's replicas are lost with their node
 // and which one to replace now. A replica is lost when its claim is bound
-// to a volume whose node affinity pins it to one node, and that Node is
-// deleted or has not been Ready for Grace. A lost replica is replaced only
-// when
-//   - failure detection (not this) has taken it out of every chain, and
-//     its pod is not Ready;
-//   - every chain on the pool still has a member in chain whose volume is
-//     not lost: the data has a live copy to be copied from, and a volume
-//     that may hold a chain's last copy (every node of a chain lost at
-//     once, or cut off from the control plane) is never given up;
+// to a volume whose node affinity pins it to one node (by its
+// kubernetes.io/hostname label), and that Node is deleted, has not been
+// Ready for Grace, or is cordoned while the replica's pod has waited
+// unscheduled for Grace (a drain evicted it, and it cannot return to its
+// volume). A lost replica is replaced only when
+//   - failure detection (not this) has taken it out of every chain (no
+//     chain lists it), and its pod is not Ready elsewhere (a pod still
+//     bound to the lost node shows the Ready it last reported);
+//   - every chain on the pool still has a member in chain, with a Ready
+//     pod, whose volume is not lost: the data has a live copy to be copied
+//     from, and a volume that may hold a chain's last copy (every node of
+//     a chain lost at once, or cut off from the control plane) is never
+//     given up;
 //   - no other replica of the pool is on the way back: a replacement
-//     still copying, a pod restarting on its own volume (not Ready, or a
-//     member of a chain but not in it yet). The new replica joins chains
-//     that may share members with any of them, so replacements go one at
-//     a time, never two members of a chain at once.
+//     still copying or not yet added to its chains (its claim is new), a
+//     pod restarting on its own volume (not Ready, or listed in a chain
+//     but not in it yet). The new replica joins chains that may share
+//     members with any of them, so replacements go one at a time, never
+//     two members of a chain at once.
+//
+// A replacement that stopped half way (its claim is being deleted, its pod
+// still holds it) is finished: its pod is deleted.
 func planNodeLoss(in nodeLossInput) nodeLossPlan {
 	var plan nodeLossPlan
 	lost := map[string]lostReplica{}
@@ -106,7 +129,12 @@ func planNodeLoss(in nodeLossInput) nodeLossPlan {
 		if wait > 0 && (plan.RequeueAfter == 0 || wait < plan.RequeueAfter) {
 			plan.RequeueAfter = wait
 		}
-		if ok {
+		switch {
+		case ok && l.ClaimDeleting:
+			if in.Pods[name] != nil {
+				plan.Finish = append(plan.Finish, l)
+			}
+		case ok:
 			lost[name] = l
 			names = append(names, name)
 		}
@@ -116,21 +144,26 @@ func planNodeLoss(in nodeLossInput) nodeLossPlan {
 	}
 	plan.Disabled = replacementDisabled(in)
 
-	inChain := map[string][]string{}
+	listed := map[string][]string{}
 	var recovering, noLiveCopy []string
 	addOnce := func(list *[]string, s string) {
 		if !slices.Contains(*list, s) {
 			*list = append(*list, s)
 		}
 	}
+	inChainSomewhere := map[string]bool{}
+	shortChain := false // a chain a new replica may be about to join
 	for _, c := range in.Chains {
+		shortChain = shortChain || int32(len(c.Status.Members)) < c.Spec.ReplicationFactor
 		live := false
 		for _, m := range c.Status.Members {
+			listed[m.Name] = append(listed[m.Name], c.Name)
 			_, isLost := lost[m.Name]
 			switch {
 			case m.State == streamsv1alpha1.MemberInChain:
-				inChain[m.Name] = append(inChain[m.Name], c.Name)
-				live = live || !isLost
+				inChainSomewhere[m.Name] = true
+				// A live copy: in chain, its volume not lost, its pod Ready.
+				live = live || (!isLost && in.Pods[m.Name] != nil && podReady(in.Pods[m.Name]))
 			case !isLost:
 				addOnce(&recovering, m.Name)
 			}
@@ -141,9 +174,21 @@ func planNodeLoss(in nodeLossInput) nodeLossPlan {
 	}
 	for i := range in.Pool.Spec.Replicas {
 		name := in.Pool.PodName(i)
-		if _, isLost := lost[name]; !isLost && (in.Pods[name] == nil || !podReady(in.Pods[name])) {
-			addOnce(&recovering, name)
+		if _, isLost := lost[name]; isLost {
+			continue
 		}
+		claim := in.Claims[dataVolumeName+"-"+name]
+		switch {
+		case in.Pods[name] == nil || !podReady(in.Pods[name]):
+			addOnce(&recovering, name)
+		case claim == nil || !claim.DeletionTimestamp.IsZero():
+			addOnce(&recovering, name)
+		case shortChain && !inChainSomewhere[name] && in.Now.Sub(claim.CreationTimestamp.Time) < replacementSettle:
+			addOnce(&recovering, name) // a replacement about to be added to its chains
+		}
+	}
+	for _, l := range plan.Finish {
+		addOnce(&recovering, l.Pod)
 	}
 	slices.Sort(recovering)
 	slices.Sort(noLiveCopy)
@@ -154,12 +199,15 @@ func planNodeLoss(in nodeLossInput) nodeLossPlan {
 		switch {
 		case plan.Disabled != "":
 			why = "replacement is off (" + plan.Disabled + ")"
-		case len(inChain[name]) > 0:
-			why = "still in chains " + strings.Join(inChain[name], ", ")
-		case in.Pods[name] != nil && podReady(in.Pods[name]):
+		case len(listed[name]) > 0:
+			why = "still listed in chains " + strings.Join(listed[name], ", ")
+		case in.Pods[name] != nil && podReady(in.Pods[name]) && !l.PodOnNode:
+			// A pod on the lost node keeps the Ready it last reported: no
+			// kubelet updates it (a deleted Node's pods stay Ready until
+			// the pod garbage collector removes them, 40 s on).
 			why = "its pod is still Ready"
 		case len(noLiveCopy) > 0:
-			why = "chains " + strings.Join(noLiveCopy, ", ") + " have no member in chain outside lost nodes: its volume may hold their last copy"
+			why = "chains " + strings.Join(noLiveCopy, ", ") + " have no Ready member in chain outside lost nodes: its volume may hold their last copy"
 		case len(recovering) > 0:
 			why = "waits for " + strings.Join(recovering, ", ") + " to be back in their chains"
 		case plan.Replace != nil:
@@ -171,8 +219,18 @@ func planNodeLoss(in nodeLossInput) nodeLossPlan {
 		}
 		plan.Replace = &l
 	}
+	if len(plan.Waiting) > 0 && (plan.RequeueAfter == 0 || plan.RequeueAfter > nodeLossRecheck) {
+		// What they wait for (a member leaving its chains, another one
+		// coming back) shows in chains and pods that do not all wake the
+		// pool: look again.
+		plan.RequeueAfter = nodeLossRecheck
+	}
 	return plan
 }
+
+// nodeLossRecheck is how often a pool with lost replicas waiting is looked
+// at again.
+const nodeLossRecheck = 15 * time.Second
 
 // replicaLost reports whether the replica's volume is on a lost node, and,
 // when its node is NotReady but within its grace, how long until it is
@@ -180,25 +238,46 @@ func planNodeLoss(in nodeLossInput) nodeLossPlan {
 func replicaLost(in nodeLossInput, pod string) (lostReplica, time.Duration, bool) {
 	claimName := dataVolumeName + "-" + pod
 	claim := in.Claims[claimName]
-	if claim == nil || !claim.DeletionTimestamp.IsZero() || claim.Spec.VolumeName == "" {
+	if claim == nil || claim.Spec.VolumeName == "" {
 		return lostReplica{}, 0, false
 	}
 	pv := in.Volumes[claim.Spec.VolumeName]
 	if pv == nil {
 		return lostReplica{}, 0, false
 	}
-	node, ok := volumeNode(pv)
+	host, ok := volumeNode(pv)
 	if !ok {
 		return lostReplica{}, 0, false // not pinned to one node: the pod can run elsewhere
 	}
-	l := lostReplica{Pod: pod, Claim: claimName, Volume: pv.Name, Node: node,
-		RetainVolume: pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain}
-	if p := in.Pods[pod]; p != nil && p.Spec.NodeName == node {
-		l.PodOnNode = true
-	}
-	n := in.Nodes[node]
+	l := lostReplica{Pod: pod, Claim: claimName, Volume: pv.Name, Node: host,
+		RetainVolume:  pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain,
+		ClaimDeleting: !claim.DeletionTimestamp.IsZero()}
+	p := in.Pods[pod]
+	n := in.Nodes[host]
 	if n == nil {
 		l.Why = "deleted"
+		// Its name is gone with it: the label is its name on most clusters.
+		// Where it was not, the pod waits for the pod garbage collector.
+		l.PodOnNode = p != nil && p.Spec.NodeName == host
+		return l, 0, true
+	}
+	l.Node = n.Name
+	l.PodOnNode = p != nil && p.Spec.NodeName == n.Name
+	if n.Spec.Unschedulable && p != nil && p.Spec.NodeName == "" {
+		// Drained (or cordoned while its pod was deleted): the pod cannot
+		// come back to its volume until someone uncordons the node. A
+		// rolling restart during maintenance would do the same for a
+		// moment: wait the grace, from when the pod could not be placed.
+		since := p.CreationTimestamp.Time
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+				since = c.LastTransitionTime.Time
+			}
+		}
+		if left := since.Add(in.Grace).Sub(in.Now); left > 0 {
+			return lostReplica{}, left, false
+		}
+		l.Why = fmt.Sprintf("cordoned, its pod unscheduled since %s", since.UTC().Format(time.RFC3339))
 		return l, 0, true
 	}
 	ready := nodeReadyCondition(n)
@@ -213,8 +292,10 @@ func replicaLost(in nodeLossInput, pod string) (lostReplica, time.Duration, bool
 	return l, 0, true
 }
 
-// volumeNode is the one node a volume's required node affinity allows
-// (kubernetes.io/hostname In [one name]): what a local volume has.
+// volumeNode is the kubernetes.io/hostname label value of the one node a
+// volume's required node affinity allows (kubernetes.io/hostname In [one
+// value]): what a local volume has. The label is usually, not always, the
+// Node's name.
 func volumeNode(pv *corev1.PersistentVolume) (string, bool) {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
 		return "", false

@@ -42,12 +42,25 @@ func (r *ReplicaPoolReconciler) reconcileNodeLoss(ctx context.Context, pool *str
 		return 0, nil, err
 	}
 	plan := planNodeLoss(in)
+	for _, l := range plan.Finish {
+		if err := r.deleteLostPod(ctx, in.Pods[l.Pod], l); err != nil {
+			return 0, nil, err
+		}
+	}
 	cond := nodeLossCondition(pool, plan)
 	if plan.Replace == nil {
 		return plan.RequeueAfter, cond, nil
 	}
 	l := *plan.Replace
 	logger := log.FromContext(ctx).WithValues("replica", l.Pod, "node", l.Node, "claim", l.Claim, "volume", l.Volume)
+	// The cache decided; the API server confirms before anything is given
+	// up: a Node that came back, or a cache behind, keeps the replica.
+	if still, err := r.stillLost(ctx, in, l); err != nil || !still {
+		if err == nil {
+			logger.Info("A replica's node is no longer lost when read again: not replacing it")
+		}
+		return nodeLossRecheck, nil, err
+	}
 	if l.RetainVolume {
 		pv := in.Volumes[l.Volume]
 		before := pv.DeepCopy()
@@ -60,16 +73,8 @@ func (r *ReplicaPoolReconciler) reconcileNodeLoss(ctx context.Context, pool *str
 	if err := r.Client.Delete(ctx, claim, client.Preconditions{UID: &claim.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return 0, nil, fmt.Errorf("failed to delete PersistentVolumeClaim %s of lost replica %s: %w", l.Claim, l.Pod, err)
 	}
-	if pod := in.Pods[l.Pod]; pod != nil {
-		opts := []client.DeleteOption{client.Preconditions{UID: &pod.UID}}
-		if l.PodOnNode {
-			// Its kubelet is gone and will never confirm the pod's end; the
-			// StatefulSet makes no new pod while this one exists.
-			opts = append(opts, client.GracePeriodSeconds(0))
-		}
-		if err := r.Client.Delete(ctx, pod, opts...); err != nil && !apierrors.IsNotFound(err) {
-			return 0, nil, fmt.Errorf("failed to delete pod %s of lost replica: %w", l.Pod, err)
-		}
+	if err := r.deleteLostPod(ctx, in.Pods[l.Pod], l); err != nil {
+		return 0, nil, err
 	}
 	msg := fmt.Sprintf("Replica %s was lost with node %s (%s): deleted its claim %s (PersistentVolume %s kept, reclaim policy Retain) and its pod; "+
 		"the pod comes back on another node with an empty volume and its chains copy it in", l.Pod, l.Node, l.Why, l.Claim, l.Volume)
@@ -83,6 +88,66 @@ func (r *ReplicaPoolReconciler) reconcileNodeLoss(ctx context.Context, pool *str
 		cond.Message += "; not yet: " + strings.Join(plan.Waiting, "; ")
 	}
 	return plan.RequeueAfter, cond, nil
+}
+
+// deleteLostPod deletes a lost replica's pod (nil: nothing to delete), so
+// that the StatefulSet recreates it with a new claim. A pod still bound to
+// the lost node is deleted with grace 0: its kubelet is gone, or cut off,
+// and will not confirm the end, and the StatefulSet makes no new pod while
+// this one exists. Were that node only cut off, its old pod may run on
+// until the cut heals, next to the new one under the same name: harmless
+// here, as it has been taken out of every chain under a newer epoch (it
+// can commit nothing), and the two have different volumes.
+func (r *ReplicaPoolReconciler) deleteLostPod(ctx context.Context, pod *corev1.Pod, l lostReplica) error {
+	if pod == nil {
+		return nil
+	}
+	opts := []client.DeleteOption{client.Preconditions{UID: &pod.UID}}
+	if l.PodOnNode {
+		opts = append(opts, client.GracePeriodSeconds(0))
+	}
+	if err := r.Client.Delete(ctx, pod, opts...); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("failed to delete pod %s of lost replica: %w", l.Pod, err)
+	}
+	return nil
+}
+
+// stillLost reads the lost replica's node again from the API server (not
+// the cache) and says whether it is still lost.
+func (r *ReplicaPoolReconciler) stillLost(ctx context.Context, in nodeLossInput, l lostReplica) (bool, error) {
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	host, _ := volumeNode(in.Volumes[l.Volume])
+	n, err := nodeByHostname(ctx, reader, host)
+	if err != nil {
+		return false, err
+	}
+	fresh := in
+	fresh.Nodes = map[string]*corev1.Node{}
+	if n != nil {
+		fresh.Nodes[host] = n
+	}
+	_, _, lost := replicaLost(fresh, l.Pod)
+	return lost, nil
+}
+
+// nodeByHostname is the one Node labelled kubernetes.io/hostname=host
+// (nil: none). Two such Nodes are an error: which one holds the volume
+// cannot be told.
+func nodeByHostname(ctx context.Context, reader client.Reader, host string) (*corev1.Node, error) {
+	var nodes corev1.NodeList
+	if err := reader.List(ctx, &nodes, client.MatchingLabels{corev1.LabelHostname: host}); err != nil {
+		return nil, fmt.Errorf("failed to read the Node labelled %s=%s: %w", corev1.LabelHostname, host, err)
+	}
+	switch len(nodes.Items) {
+	case 0:
+		return nil, nil
+	case 1:
+		return &nodes.Items[0], nil
+	}
+	return nil, fmt.Errorf("%d Nodes are labelled %s=%s: which one holds the volume cannot be told", len(nodes.Items), corev1.LabelHostname, host)
 }
 
 // observeNodeLoss reads the pool's pods and claims, their volumes and the
@@ -127,18 +192,20 @@ func (r *ReplicaPoolReconciler) observeNodeLoss(ctx context.Context, pool *strea
 			return in, fmt.Errorf("failed to read PersistentVolume %s of claim %s: %w", c.Spec.VolumeName, c.Name, err)
 		}
 		in.Volumes[pv.Name] = pv
-		name, ok := volumeNode(pv)
-		if !ok || in.Nodes[name] != nil {
+		host, ok := volumeNode(pv)
+		if !ok {
 			continue
 		}
-		n := &corev1.Node{}
-		if err := r.Client.Get(ctx, types.NamespacedName{Name: name}, n); err != nil {
-			if apierrors.IsNotFound(err) {
-				continue // deleted: lost
-			}
-			return in, fmt.Errorf("failed to read Node %s of PersistentVolume %s: %w", name, pv.Name, err)
+		if _, seen := in.Nodes[host]; seen {
+			continue
 		}
-		in.Nodes[name] = n
+		n, err := nodeByHostname(ctx, r.Client, host)
+		if err != nil {
+			return in, err
+		}
+		if n != nil {
+			in.Nodes[host] = n
+		}
 	}
 	return in, nil
 }
@@ -158,12 +225,14 @@ func nodeLossCondition(pool *streamsv1alpha1.ReplicaPool, plan nodeLossPlan) *me
 		c.Reason = streamsv1alpha1.ReplicaPoolReplacementWaitingReason
 	default:
 		prev := meta.FindStatusCondition(pool.Status.Conditions, streamsv1alpha1.ReplicaPoolNodeLossCondition)
-		if prev == nil {
+		switch {
+		case prev == nil:
 			return nil
-		}
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, streamsv1alpha1.ReplicaPoolReplacedReason, prev.Message
-		if prev.Reason != streamsv1alpha1.ReplicaPoolReplacingReason && prev.Reason != streamsv1alpha1.ReplicaPoolReplacedReason {
-			c.Message = "No replica is lost with its node"
+		case prev.Reason == streamsv1alpha1.ReplicaPoolReplacingReason || prev.Reason == streamsv1alpha1.ReplicaPoolReplacedReason:
+			msg, _, _ := strings.Cut(prev.Message, "; not yet: ")
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, streamsv1alpha1.ReplicaPoolReplacedReason, msg
+		default:
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, streamsv1alpha1.ReplicaPoolNoneLostReason, "No replica is lost with its node"
 		}
 		return c
 	}

@@ -46,7 +46,9 @@ func newLossWorld() *lossWorld {
 		}}}
 	}
 	for _, c := range []string{"c0", "c1"} {
-		w.in.Chains = append(w.in.Chains, streamsv1alpha1.ReplicationChain{ObjectMeta: metav1.ObjectMeta{Name: c}})
+		ch := streamsv1alpha1.ReplicationChain{ObjectMeta: metav1.ObjectMeta{Name: c}}
+		ch.Spec.ReplicationFactor = 3
+		w.in.Chains = append(w.in.Chains, ch)
 	}
 	w.members("c0", "p-0", "p-1", "p-2")
 	w.members("c1", "p-1", "p-2", "p-0")
@@ -87,6 +89,19 @@ func (w *lossWorld) nodeNotReady(i int, d time.Duration) *lossWorld {
 	return w
 }
 
+// drained cordons node n<i>; its pod, evicted and recreated, has waited
+// unscheduled for d.
+func (w *lossWorld) drained(i int, d time.Duration) *lossWorld {
+	w.in.Nodes[fmt.Sprintf("n%d", i)].Spec.Unschedulable = true
+	p := w.in.Pods[fmt.Sprintf("p-%d", i)]
+	p.Spec.NodeName = ""
+	p.Status.Conditions = []corev1.PodCondition{
+		{Type: corev1.PodReady, Status: corev1.ConditionFalse},
+		{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(lossNow.Add(-d))},
+	}
+	return w
+}
+
 func (w *lossWorld) podNotReady(i int) *lossWorld {
 	w.in.Pods[fmt.Sprintf("p-%d", i)].Status.Conditions[0].Status = corev1.ConditionFalse
 	return w
@@ -114,8 +129,9 @@ func TestPlanNodeLoss(t *testing.T) {
 		podOnNode   bool
 		retain      bool
 		waiting     []string // substrings, one per waiting replica, in order
+		finish      []string // pods of replacements begun earlier, deleted now
 		disabled    bool
-		requeueNear time.Duration
+		requeueNear time.Duration // 0: nodeLossRecheck while some wait, else none
 	}{
 		{name: "all healthy", world: newLossWorld()},
 		{name: "node deleted, member out of its chains: replaced", world: newLossWorld().nodeGone(1).out(1), replace: "p-1", podOnNode: true},
@@ -136,13 +152,64 @@ func TestPlanNodeLoss(t *testing.T) {
 		}(), replace: "p-2", podOnNode: true, retain: true},
 		{name: "node NotReady within its grace: wait, and look again when it runs out", world: newLossWorld().nodeNotReady(0, 2*time.Minute).out(0), requeueNear: 3 * time.Minute},
 		{name: "node NotReady past its grace: replaced", world: newLossWorld().nodeNotReady(0, 6*time.Minute).out(0), replace: "p-0", podOnNode: true},
+		{name: "node drained: cordoned, the pod evicted and recreated Pending past the grace", world: newLossWorld().out(2).drained(2, 6*time.Minute), replace: "p-2"},
+		{name: "node drained: the pod Pending within the grace", world: newLossWorld().out(2).drained(2, time.Minute), requeueNear: 4 * time.Minute},
+		{name: "node drained: the pod not recreated yet", world: func() *lossWorld {
+			w := newLossWorld().out(2).drained(2, 6*time.Minute)
+			delete(w.in.Pods, "p-2")
+			return w
+		}()},
+		{name: "a volume's node found by its hostname label, not its name", world: func() *lossWorld {
+			w := newLossWorld().nodeNotReady(1, 6*time.Minute).out(1)
+			n := w.in.Nodes["n1"]
+			n.Name = "ip-10-0-0-1.compute.internal"
+			w.in.Pods["p-1"].Spec.NodeName = n.Name
+			return w
+		}(), replace: "p-1", podOnNode: true},
+		{name: "node cordoned with its pod still on it: the drain has not evicted it", world: func() *lossWorld {
+			w := newLossWorld()
+			w.in.Nodes["n2"].Spec.Unschedulable = true
+			return w
+		}()},
 		{name: "node deleted but the member is still in a chain: failure detection first", world: newLossWorld().nodeGone(1),
-			waiting: []string{"p-1 (node n1 deleted): still in chains c0, c1"}},
+			waiting: []string{"p-1 (node n1 deleted): still listed in chains c0, c1"}},
+		{name: "a lost member still listed as failed: failure detection first", world: func() *lossWorld {
+			w := newLossWorld().nodeGone(1)
+			w.members("c0", "p-0", "p-1:Failed", "p-2")
+			w.members("c1", "p-2", "p-0")
+			return w
+		}(), waiting: []string{"p-1 (node n1 deleted): still listed in chains c0"}},
+		{name: "a replacement Ready but in no chain yet blocks the next", world: func() *lossWorld {
+			w := newLossWorld().nodeGone(2).out(2).out(1)
+			w.in.Claims["data-p-1"].CreationTimestamp = metav1.NewTime(lossNow.Add(-30 * time.Second))
+			w.in.Volumes["pv-1"].Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Values = []string{"n0"}
+			return w
+		}(), waiting: []string{"p-2 (node n2 deleted): waits for p-1 to be back"}},
+		{name: "a new claim in a pool whose chains are all full is no replacement on its way", world: func() *lossWorld {
+			w := newLossWorld().nodeGone(2).out(2)
+			w.in.Chains[0].Spec.ReplicationFactor, w.in.Chains[1].Spec.ReplicationFactor = 1, 1
+			w.members("c0", "p-0")
+			w.members("c1", "p-0")
+			w.in.Claims["data-p-1"].CreationTimestamp = metav1.NewTime(lossNow.Add(-30 * time.Second))
+			return w
+		}(), replace: "p-2", podOnNode: true},
+		{name: "a member in chain whose pod is not Ready is no live copy", world: func() *lossWorld {
+			w := newLossWorld().nodeGone(1).out(1)
+			w.members("c1", "p-2")
+			w.podNotReady(2)
+			return w
+		}(), waiting: []string{"p-1 (node n1 deleted): chains c1 have no Ready member in chain"}},
 		{name: "pod Ready elsewhere: not lost while its pod serves", world: func() *lossWorld {
 			w := newLossWorld().nodeGone(1).out(1)
+			w.in.Pods["p-1"].Spec.NodeName = "n9"
 			w.in.Pods["p-1"].Status.Conditions[0].Status = corev1.ConditionTrue
 			return w
 		}(), waiting: []string{"p-1 (node n1 deleted): its pod is still Ready"}},
+		{name: "a pod on the deleted node shows the Ready it last reported", world: func() *lossWorld {
+			w := newLossWorld().nodeGone(1).out(1)
+			w.in.Pods["p-1"].Status.Conditions[0].Status = corev1.ConditionTrue
+			return w
+		}(), replace: "p-1", podOnNode: true},
 		{name: "annotation on the pool turns it off", world: func() *lossWorld {
 			w := newLossWorld().nodeGone(1).out(1)
 			w.in.Pool.Annotations = map[string]string{ReplaceLostReplicasAnnotation: "false"}
@@ -180,13 +247,19 @@ func TestPlanNodeLoss(t *testing.T) {
 			w.members("c1", "p-2") // c1 runs on p-2 alone, itself lost (not yet detected)
 			w.members("c0", "p-0")
 			return w
-		}(), waiting: []string{"p-1 (node n1 deleted): chains c1 have no member in chain outside lost nodes", "p-2 (node n2 deleted): still in chains c1"}},
-		{name: "a claim being deleted is not looked at again", world: func() *lossWorld {
+		}(), waiting: []string{"p-1 (node n1 deleted): chains c1 have no Ready member in chain outside lost nodes", "p-2 (node n2 deleted): still listed in chains c1"}},
+		{name: "a replacement that stopped half way: its pod still holds the claim being deleted", world: func() *lossWorld {
 			w := newLossWorld().nodeGone(1).out(1)
 			now := metav1.NewTime(lossNow)
 			w.in.Claims["data-p-1"].DeletionTimestamp = &now
 			return w
-		}(), waiting: nil},
+		}(), finish: []string{"p-1"}},
+		{name: "a replacement that stopped half way blocks the next", world: func() *lossWorld {
+			w := newLossWorld().nodeGone(1).out(1).nodeGone(2).out(2)
+			now := metav1.NewTime(lossNow)
+			w.in.Claims["data-p-1"].DeletionTimestamp = &now
+			return w
+		}(), finish: []string{"p-1"}, waiting: []string{"p-2 (node n2 deleted): waits for p-1"}},
 		{name: "a volume not pinned to one node is never lost with a node", world: func() *lossWorld {
 			w := newLossWorld().nodeGone(1).out(1)
 			w.in.Volumes["pv-1"].Spec.NodeAffinity = nil
@@ -219,10 +292,19 @@ func TestPlanNodeLoss(t *testing.T) {
 			if (plan.Disabled != "") != c.disabled {
 				t.Errorf("disabled %q, want %v", plan.Disabled, c.disabled)
 			}
-			if c.requeueNear > 0 && (plan.RequeueAfter < c.requeueNear-time.Second || plan.RequeueAfter > c.requeueNear+time.Second) {
-				t.Errorf("requeue after %v, want about %v", plan.RequeueAfter, c.requeueNear)
-			} else if c.requeueNear == 0 && plan.RequeueAfter != 0 {
-				t.Errorf("requeue after %v, want none", plan.RequeueAfter)
+			var finish []string
+			for _, f := range plan.Finish {
+				finish = append(finish, f.Pod)
+			}
+			if fmt.Sprint(finish) != fmt.Sprint(c.finish) {
+				t.Errorf("finish %v, want %v", finish, c.finish)
+			}
+			want := c.requeueNear
+			if want == 0 && len(c.waiting) > 0 {
+				want = nodeLossRecheck
+			}
+			if plan.RequeueAfter < want-time.Second || plan.RequeueAfter > want+time.Second {
+				t.Errorf("requeue after %v, want about %v", plan.RequeueAfter, want)
 			}
 		})
 	}

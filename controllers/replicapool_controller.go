@@ -12,6 +12,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -49,6 +50,9 @@ type ReplicaPoolReconciler struct {
 	// NodeLoss, when set, replaces replicas lost with their node (nil:
 	// never; the operator then reads no Nodes or PersistentVolumes).
 	NodeLoss *NodeLossOptions
+	// APIReader reads around the cache: what node loss confirms before it
+	// gives a volume up (nil: Client).
+	APIReader client.Reader
 	// Recorder records Events on ReplicaPools (nil: none).
 	Recorder events.EventRecorder
 	// now is the clock (nil: time.Now).
@@ -124,6 +128,8 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		return res, err
 	}
 	if r.NodeLoss == nil {
+		// Off: a condition from when it was on would no longer be kept up.
+		meta.RemoveStatusCondition(&pool.Status.Conditions, streamsv1alpha1.ReplicaPoolNodeLossCondition)
 		return res, nil
 	}
 	wake, cond, err := r.reconcileNodeLoss(ctx, pool, obs)
@@ -235,7 +241,8 @@ func (r *ReplicaPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// recreated; a replica pod's readiness: each may change what
 		// planNodeLoss decides.
 		readyChanged := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-			return nodeReady(e.ObjectOld.(*corev1.Node)) != nodeReady(e.ObjectNew.(*corev1.Node))
+			o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+			return nodeReady(o) != nodeReady(n) || o.Spec.Unschedulable != n.Spec.Unschedulable
 		}}
 		b = b.Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 			var l streamsv1alpha1.ReplicaPoolList

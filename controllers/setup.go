@@ -69,7 +69,7 @@ func SetupWithManager(ctx context.Context, mgr ctrl.Manager, opts Options) error
 	}
 	recorder := mgr.GetEventRecorder("catena-operator")
 	pools := &ReplicaPoolReconciler{Client: mgr.GetClient(), Scheme: mgr.GetScheme(), Image: opts.Image, ImagePullSecrets: opts.ImagePullSecrets,
-		NetworkPolicy: opts.NetworkPolicy, Certificates: opts.Certificates, NodeLoss: opts.NodeLoss, Recorder: recorder}
+		NetworkPolicy: opts.NetworkPolicy, Certificates: opts.Certificates, NodeLoss: opts.NodeLoss, APIReader: mgr.GetAPIReader(), Recorder: recorder}
 	if err := pools.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("failed to set up the ReplicaPool controller: %w", err)
 	}

@@ -57,4 +57,7 @@ const (
 	// ReplicaPoolReplacedReason (NodeLoss False): no replica is lost now;
 	// the message says which was replaced last.
 	ReplicaPoolReplacedReason = "Replaced"
+	// ReplicaPoolNoneLostReason (NodeLoss False): replicas that were lost
+	// came back with their node before they were replaced.
+	ReplicaPoolNoneLostReason = "NoneLost"
 )

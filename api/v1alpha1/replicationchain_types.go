@@ -70,9 +70,8 @@ type ChainMember struct {
 	// +kubebuilder:validation:Minimum=0
 	ConfirmedEpoch int64 `json:"confirmedEpoch,omitempty"`
 
-	// node is the Kubernetes node the member's pod runs on, as last seen
-	// (empty while the pod is not scheduled): with nodeSpread Required no
-	// two members of a chain share one.
+	// node is the Kubernetes node the member's pod was last seen scheduled
+	// on: with nodeSpread Required no two members of a chain share one.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Node string `json:"node,omitempty"`

@@ -76,7 +76,7 @@ image() {
     mkdir -p "$STATE/images"
     cp "$tar" "$STATE/images/catena.tar"
     for i in $(node_indexes); do
-      [ -S "$(node_sock "$i")" ] || continue
+      ctrd "$i" version >/dev/null 2>&1 || continue # stopped: node.sh start imports it
       ctrd "$i" -n k8s.io images import "$tar" >/dev/null
       n=$((n + 1))
     done

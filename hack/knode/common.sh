@@ -55,7 +55,7 @@ node_zone() { echo "zone-$1"; }
 node_indexes() {
   local d
   for d in "$STATE"/nodes/"$NODE_PREFIX"*; do
-    [ -d "$d" ] && [ ! -f "$d/deleted" ] && node_index "${d##*/}"
+    [ -d "$d" ] && node_index "${d##*/}"
   done | sort -n
 }
 
@@ -93,7 +93,9 @@ node_pids() {
   local top
   top=$(cgroup_freezer_root)/$(node_name "$1")
   [ -d "$top" ] || return 0
-  find "$top" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -un
+  # A cgroup may vanish during the walk (a container ending): what is
+  # left is still listed.
+  { find "$top" -name cgroup.procs -exec cat {} + 2>/dev/null || true; } | sort -un
 }
 
 # pid_alive PIDFILE: the PID recorded in PIDFILE still runs the binary it
@@ -111,13 +113,19 @@ pid_alive() {
 # `T0_NS=$(date +%s%N)`).
 elapsed() { awk -v a="${T0_NS:-0}" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }'; }
 
-# wait_for WHAT SECONDS COMMAND...: poll COMMAND every 0.2 s.
+# wait_for WHAT SECONDS COMMAND...: poll COMMAND every 0.2 s; exit when
+# it does not succeed in time.
 wait_for() {
+  try_for "$@" || die "timed out after ${2}s waiting for $1 (logs in $STATE/logs and $STATE/nodes/*/logs)"
+}
+
+# try_for WHAT SECONDS COMMAND...: wait_for, but returns 1 on time out.
+try_for() {
   local what=$1 secs=$2
   shift 2
   local deadline=$((SECONDS + secs))
   until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -lt $deadline ] || die "timed out after ${secs}s waiting for $what (logs in $STATE/logs and $STATE/nodes/*/logs)"
+    [ $SECONDS -lt $deadline ] || return 1
     sleep 0.2
   done
   log "[+$(elapsed)s] $what"

@@ -41,6 +41,7 @@ stop kube-controller-manager
 stop kube-apiserver 5
 stop etcd
 
+while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null; do :; done
 if ip link show "$BRIDGE" >/dev/null 2>&1; then
   ip link delete "$BRIDGE" && log "removed bridge $BRIDGE"
 fi

@@ -266,6 +266,7 @@ daemons_start() {
     start_daemon "$i" containerd containerd --config "$dir/containerd/config.toml"
     wait_for "$name: containerd answers" 30 ctrd "$i" version
   fi
+  images_import "$i"
   if ! daemon_alive "$i" kubelet; then
     start_daemon "$i" kubelet "$CACHE/kubelet" \
       --config="$dir/kubelet-config.yaml" --kubeconfig="$dir/kubelet.kubeconfig" --root-dir="$dir/kubelet" \
@@ -275,6 +276,16 @@ daemons_start() {
   if ! daemon_alive "$i" kube-proxy; then
     start_daemon "$i" kube-proxy "$CACHE/kube-proxy" --config="$dir/kube-proxy-config.yaml"
   fi
+}
+
+# images_import N: the base images, and those cluster.sh image loaded into
+# the nodes while this one was not running (not yet added, or stopped).
+images_import() {
+  local img
+  for img in "$CACHE/images/pause.tar" "$CACHE/images/coredns-$COREDNS_VERSION.tar" "$STATE"/images/*.tar; do
+    [ -f "$img" ] || continue
+    ctrd "$1" -n k8s.io images import "$img" >/dev/null
+  done
 }
 
 # pvs_apply N: the node's local PersistentVolumes, directories in its folder.
@@ -312,7 +323,7 @@ spec:
 node_ready() { [ "$(ctl get node "$(node_name "$1")" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
 
 add() {
-  local i=$1 name img
+  local i=$1 name
   name=$(node_name "$i")
   [ -d "$(node_dir "$i")" ] && node_running "$i" && { echo "$name"; return; }
   T0_NS=$(date +%s%N)
@@ -321,12 +332,6 @@ add() {
   cgroups_make "$i"
   network_make "$i"
   daemons_start "$i"
-  # The base images, and the images cluster.sh image loaded into the
-  # nodes before this one joined.
-  for img in "$CACHE/images/pause.tar" "$CACHE/images/coredns-$COREDNS_VERSION.tar" "$STATE"/images/*.tar; do
-    [ -f "$img" ] || continue
-    ctrd "$i" -n k8s.io images import "$img" >/dev/null
-  done
   echo "$i" >>"$STATE/nodes/used"
   pvs_apply "$i"
   echo "$name"
@@ -341,7 +346,10 @@ sandboxes_remove() {
   [ -f "$dir/containerd/config.toml" ] && [ -e "/var/run/netns/$(node_netns "$i")" ] || return 0
   if ! daemon_alive "$i" containerd; then
     start_daemon "$i" containerd containerd --config "$dir/containerd/config.toml"
-    wait_for "$(node_name "$i"): containerd answers" 30 ctrd "$i" version || return 0
+    if ! try_for "$(node_name "$i"): containerd answers" 30 ctrd "$i" version; then
+      log "$(node_name "$i"): containerd did not start: its sandboxes' netns may stay in /var/run/netns"
+      return 0
+    fi
   fi
   printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 30\n' "$(node_sock "$i")" "$(node_sock "$i")" >"$cfg"
   "$CACHE/crictl" --config "$cfg" rmp -fa >/dev/null 2>&1 || log "$(node_name "$i"): crictl rmp -fa failed"
@@ -362,7 +370,6 @@ teardown() {
   local i=$1 dir
   dir=$(node_dir "$i")
   T0_NS=$(date +%s%N)
-  [ -f "$dir/paused" ] && freeze "$i" 0 2>/dev/null
   # The kubelet first, so that it does not start what the CRI removes.
   if daemon_alive "$i" kubelet; then read -r pid _ <"$dir/pids/kubelet" && kill -9 "$pid" 2>/dev/null || true; fi
   sandboxes_remove "$i"
@@ -400,6 +407,12 @@ case "$cmd" in
 add)
   if [ -n "${1:-}" ]; then
     i=$1
+    # A deleted node's PersistentVolume objects keep their names (and may
+    # still be bound); a node under the same name would give them new,
+    # empty directories.
+    if [ ! -d "$(node_dir "$i")" ] && grep -qx "$i" "$STATE/nodes/used" 2>/dev/null; then
+      die "$(node_name "$i") was deleted: add a new node (node.sh add, without an index)"
+    fi
   else
     # Never an index used before: a new node is a new name, as a cloud's
     # replacement for a lost machine would be.

@@ -55,6 +55,9 @@ echo 1 >/proc/sys/net/ipv4/ip_forward
 modprobe br_netfilter 2>/dev/null || true
 [ ! -f /proc/sys/net/bridge/bridge-nf-call-iptables ] || echo 1 >/proc/sys/net/bridge/bridge-nf-call-iptables
 ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+# With bridge-nf-call-iptables, traffic between nodes crosses this
+# machine's FORWARD chain, whose policy may be DROP (Docker, ufw).
+iptables -C FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null || iptables -I FORWARD 1 -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT
 ip addr replace "$BRIDGE_IP/24" dev "$BRIDGE"
 ip link set "$BRIDGE" up
 

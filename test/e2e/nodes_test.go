@@ -3,6 +3,7 @@
 package e2e_test
 
 import (
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -75,38 +76,9 @@ var _ = Describe("Nodes of a real cluster", Ordered, func() {
 	})
 
 	It("gives a replica lost with its node a new volume on a new node, under load, and loses no acknowledged record", func() {
-		// The victim: a node with a replica but neither the operator nor
-		// CoreDNS (losing those is a test of their own); the checker runs on
-		// the operator's node.
-		var victim, victimNode, checkerNode string
+		victim, victimNode, checkerNode := pickVictim(ns, "spread-pool")
 		pods := map[string]corev1.Pod{}
 		Eventually(func(g Gomega) { pods = replicaPods(g, ns, "spread-pool") }).Should(Succeed())
-		spared := map[string]bool{}
-		for _, sel := range []struct{ ns, label string }{
-			{env.releaseNamespace, "app.kubernetes.io/component=operator"},
-			{"kube-system", "k8s-app=kube-dns"},
-		} {
-			var l corev1.PodList
-			Expect(k8s.List(ctx, &l, client.InNamespace(sel.ns), client.MatchingLabelsSelector{Selector: mustSelector(sel.label)})).To(Succeed())
-			for _, p := range l.Items {
-				spared[p.Spec.NodeName] = true
-				if sel.ns == env.releaseNamespace {
-					checkerNode = p.Spec.NodeName
-				}
-			}
-		}
-		names := make([]string, 0, len(pods))
-		for name := range pods {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		for _, name := range names {
-			if !spared[pods[name].Spec.NodeName] {
-				victim, victimNode = name, pods[name].Spec.NodeName
-				break
-			}
-		}
-		Expect(victim).NotTo(BeEmpty(), "every replica shares a node with the operator or CoreDNS: %v", spared)
 		claim := claimOf(pods[victim])
 		var pvcBefore corev1.PersistentVolumeClaim
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: claim}, &pvcBefore)).To(Succeed())
@@ -151,8 +123,7 @@ var _ = Describe("Nodes of a real cluster", Ordered, func() {
 		By("a new node joins; the replacement lands on it and its chains copy it in")
 		out, err = run(nodes[0], append(nodes[1:], "add")...)
 		Expect(err).NotTo(HaveOccurred(), out)
-		lines := strings.Split(strings.TrimSpace(out), "\n")
-		newNode := strings.TrimSpace(lines[len(lines)-1])
+		newNode := lastLine(out)
 		Eventually(func(g Gomega) {
 			pods := replicaPods(g, ns, "spread-pool")
 			g.Expect(pods).To(HaveKey(victim))
@@ -175,7 +146,141 @@ var _ = Describe("Nodes of a real cluster", Ordered, func() {
 		rep := c.finish(5 * time.Minute)
 		GinkgoWriter.Printf("node loss: %d records acknowledged, all read back once and in order\n", rep.Acked)
 	})
+
+	It("drains a node under load: its replica moves to a free node, one member of a chain at a time", func() {
+		free := addNode(nodes)
+		victim, victimNode, checkerNode := pickVictim(ns, "spread-pool")
+		c := startCheckerOn(checkerNode, ns, "spread", "app", "check-drain", 3*time.Minute, checkerRate)
+		w := watchDisruption(ns, "spread-pool", "spread")
+
+		By("kubectl drain " + victimNode + ", which holds " + victim)
+		start := time.Now()
+		DeferCleanup(func() { _, _ = run(env.kubectl, "uncordon", victimNode) })
+		kubectl("drain", victimNode, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout", "5m")
+		GinkgoWriter.Printf("timing: kubectl drain %s returned after %s\n", victimNode, since(start))
+		Eventually(func(g Gomega) {
+			pods := replicaPods(g, ns, "spread-pool")
+			g.Expect(pods).To(HaveKey(victim))
+			g.Expect(pods[victim].Spec.NodeName).To(Equal(free), "%s moved to the free node", victim)
+			g.Expect(podReady(pods[victim])).To(BeTrue(), "%s back in every chain", victim)
+			for name, ch := range chains(g, ns, "spread") {
+				g.Expect(chainConverged(ch)).To(BeTrue(), "chain %s: %v", name, memberNames(ch))
+				g.Expect(ch.Status.Members).To(HaveLen(3), "chain %s at its replication factor", name)
+			}
+			var pool streamsv1alpha1.ReplicaPool
+			g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "spread-pool"}, &pool)).To(Succeed())
+			cond := meta.FindStatusCondition(pool.Status.Conditions, streamsv1alpha1.ReplicaPoolNodeLossCondition)
+			g.Expect(cond).NotTo(BeNil())
+			g.Expect(cond.Message).To(ContainSubstring("Replica %s was lost with node %s (cordoned, its pod unscheduled since", victim, victimNode))
+		}).WithTimeout(5 * time.Minute).WithPolling(time.Second).Should(Succeed())
+		GinkgoWriter.Printf("timing: drain of %s: %s copied in on %s, every chain at 3 members %s after the drain began\n", victimNode, victim, free, since(start))
+		maxDown, minInChain, worst := w.stop()
+		GinkgoWriter.Printf("during the drain: at most %d replica pods down at once, at least %d members in chain (%s)\n", maxDown, minInChain, worst)
+		c.finish(5 * time.Minute)
+		Expect(maxDown).To(BeNumerically("<=", 1), "two replica pods were down at once")
+		Expect(minInChain).To(BeNumerically(">=", 2), "a chain lost two members at once: %s", worst)
+	})
+
+	It("takes a replica cut off the network for 30 s out of its chains, and back from its volume when the link heals", func() {
+		victim, victimNode, checkerNode := pickVictim(ns, "spread-pool")
+		var before corev1.Pod
+		Eventually(func(g Gomega) { before = replicaPods(g, ns, "spread-pool")[victim] }).Should(Succeed())
+		var pvcBefore corev1.PersistentVolumeClaim
+		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: claimOf(before)}, &pvcBefore)).To(Succeed())
+		c := startCheckerOn(checkerNode, ns, "spread", "app", "check-cut", 2*time.Minute, checkerRate)
+
+		By("cutting " + victimNode + " (with " + victim + ") off the network for 30 s")
+		faultAt := time.Now()
+		out, err := run(nodes[0], append(nodes[1:], "cut", victimNode)...)
+		Expect(err).NotTo(HaveOccurred(), out)
+		healed := false
+		heal := func() {
+			if !healed {
+				healed = true
+				out, err := run(nodes[0], append(nodes[1:], "heal", victimNode)...)
+				Expect(err).NotTo(HaveOccurred(), out)
+			}
+		}
+		DeferCleanup(heal)
+		Eventually(func(g Gomega) {
+			for name, ch := range chains(g, ns, "spread") {
+				g.Expect(failureEvent(g, ns, name, faultAt)).To(BeTrue(), "chain %s not reordered (members %v)", name, memberNames(ch))
+			}
+		}).WithTimeout(25 * time.Second).WithPolling(250 * time.Millisecond).Should(Succeed())
+		GinkgoWriter.Printf("timing: %s cut off: every chain reordered without %s %s after the cut\n", victimNode, victim, since(faultAt))
+		time.Sleep(time.Until(faultAt.Add(30 * time.Second)))
+		heal()
+		healAt := time.Now()
+
+		Eventually(func(g Gomega) {
+			for name, ch := range chains(g, ns, "spread") {
+				g.Expect(chainConverged(ch)).To(BeTrue(), "chain %s: %v", name, memberNames(ch))
+				g.Expect(memberNames(ch)).To(ContainElement(ContainSubstring(victim)), "chain %s takes %s back", name, victim)
+				g.Expect(ch.Status.Members).To(HaveLen(3))
+			}
+		}).WithTimeout(3 * time.Minute).WithPolling(250 * time.Millisecond).Should(Succeed())
+		GinkgoWriter.Printf("timing: %s healed: %s back in every chain %s after the heal\n", victimNode, victim, since(healAt))
+		var pvc corev1.PersistentVolumeClaim
+		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: claimOf(before)}, &pvc)).To(Succeed())
+		Expect(pvc.UID).To(Equal(pvcBefore.UID), "back from its own volume, not replaced")
+		c.finish(5 * time.Minute)
+	})
 })
+
+// pickVictim chooses a replica of pool, and its node, to fail: one on a
+// node with neither the operator nor CoreDNS (losing those is a test of
+// its own). checkerNode is the operator's node, where a checker is safe.
+func pickVictim(ns, pool string) (victim, victimNode, checkerNode string) {
+	var pods map[string]corev1.Pod
+	Eventually(func(g Gomega) { pods = replicaPods(g, ns, pool) }).Should(Succeed())
+	spared := map[string]bool{}
+	for _, sel := range []struct{ ns, label string }{
+		{env.releaseNamespace, "app.kubernetes.io/component=operator"},
+		{"kube-system", "k8s-app=kube-dns"},
+	} {
+		var l corev1.PodList
+		Expect(k8s.List(ctx, &l, client.InNamespace(sel.ns), client.MatchingLabelsSelector{Selector: mustSelector(sel.label)})).To(Succeed())
+		for _, p := range l.Items {
+			spared[p.Spec.NodeName] = true
+			if sel.ns == env.releaseNamespace {
+				checkerNode = p.Spec.NodeName
+			}
+		}
+	}
+	names := make([]string, 0, len(pods))
+	for name := range pods {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if n := pods[name].Spec.NodeName; n != "" && !spared[n] {
+			return name, n, checkerNode
+		}
+	}
+	Fail(fmt.Sprintf("every replica of %s shares a node with the operator or CoreDNS: %v", pool, spared))
+	return "", "", ""
+}
+
+// addNode brings a new node into the cluster (node.sh add) and waits until
+// it is Ready; it returns its name.
+func addNode(nodes []string) string {
+	out, err := run(nodes[0], append(nodes[1:], "add")...)
+	Expect(err).NotTo(HaveOccurred(), out)
+	name := lastLine(out)
+	Eventually(func(g Gomega) {
+		var n corev1.Node
+		g.Expect(k8s.Get(ctx, types.NamespacedName{Name: name}, &n)).To(Succeed())
+		g.Expect(slices.ContainsFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool {
+			return c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue
+		})).To(BeTrue(), "node %s Ready", name)
+	}).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(Succeed())
+	return name
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
 
 func mustSelector(s string) labels.Selector {
 	sel, err := labels.Parse(s)

@@ -173,7 +173,7 @@ var _ = Describe("A Stream on a real node", Ordered, func() {
 
 	It("loses no acknowledged record through a helm upgrade of the operator and a rolling restart of the replicas", func() {
 		c := startChecker(ns, sampleStream, sampleUser, "check-rolling", 3*time.Minute, checkerRate)
-		w := watchDisruption(ns)
+		w := watchDisruption(ns, samplePool, sampleStream)
 
 		By("upgrading the operator with helm (a new pod template rolls it)")
 		start := time.Now()
@@ -299,8 +299,8 @@ func failureEvent(g Gomega, ns, chain string, t time.Time) bool {
 	return false
 }
 
-// disruptionWatch samples the replica pods and chains while an upgrade and
-// restart run.
+// disruptionWatch samples a pool's replica pods and a Stream's chains
+// while a disruption (an upgrade and restart, a drain) runs.
 type disruptionWatch struct {
 	stopCh     chan struct{}
 	done       sync.WaitGroup
@@ -310,7 +310,7 @@ type disruptionWatch struct {
 	worst string
 }
 
-func watchDisruption(ns string) *disruptionWatch {
+func watchDisruption(ns, pool, stream string) *disruptionWatch {
 	w := &disruptionWatch{stopCh: make(chan struct{}), minInChain: 1 << 30}
 	start := time.Now()
 	w.done.Add(1)
@@ -326,7 +326,7 @@ func watchDisruption(ns string) *disruptionWatch {
 			case <-tick.C:
 			}
 			var pods corev1.PodList
-			if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app.kubernetes.io/instance": samplePool}); err != nil {
+			if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app.kubernetes.io/instance": pool}); err != nil {
 				continue
 			}
 			down := 3 - len(pods.Items)
@@ -343,9 +343,9 @@ func watchDisruption(ns string) *disruptionWatch {
 				continue
 			}
 			for _, c := range list.Items {
-				if c.Spec.Stream == sampleStream && inChain(c) < w.minInChain {
+				if c.Spec.Stream == stream && inChain(c) < w.minInChain {
 					w.minInChain = inChain(c)
-					w.worst = fmt.Sprintf("%s after the upgrade began: chain %s epoch %d members %v; replica pods not ready %v",
+					w.worst = fmt.Sprintf("%s after the disruption began: chain %s epoch %d members %v; replica pods not ready %v",
 						since(start), c.Name, c.Status.TargetEpoch, memberNames(c), notReady)
 				}
 			}
