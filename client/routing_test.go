@@ -73,8 +73,11 @@ func TestProducerBatchesPerPartitionOnceItKnowsTheCount(t *testing.T) {
 	// has eight: whole batches average well above two records a
 	// partition per request. Slices of a backlog in send order (what
 	// ingestion's routing gets) average about one: 16 records over 64
-	// partitions.
-	reqs := srv.Requests()[1:]
+	// partitions. The first request after SendSync's is left out: it was
+	// cut while the records were still being sent (whenever the
+	// producer's loop ran, which a loaded machine decides) and waited at
+	// the gate; every later one was cut after all of them were sent.
+	reqs := srv.Requests()[2:]
 	pairs, recs := 0, 0
 	for i, r := range reqs {
 		ps := partitionsOf(r)
