@@ -226,9 +226,9 @@ func nodeLossCondition(pool *streamsv1alpha1.ReplicaPool, plan nodeLossPlan) *me
 	default:
 		prev := meta.FindStatusCondition(pool.Status.Conditions, streamsv1alpha1.ReplicaPoolNodeLossCondition)
 		switch {
-		case prev == nil:
-			return nil
-		case prev.Reason == streamsv1alpha1.ReplicaPoolReplacingReason || prev.Reason == streamsv1alpha1.ReplicaPoolReplacedReason:
+		case prev == nil || prev.Status == metav1.ConditionFalse:
+			return nil // never lost, or already said so
+		case prev.Reason == streamsv1alpha1.ReplicaPoolReplacingReason:
 			msg, _, _ := strings.Cut(prev.Message, "; not yet: ")
 			c.Status, c.Reason, c.Message = metav1.ConditionFalse, streamsv1alpha1.ReplicaPoolReplacedReason, msg
 		default:

@@ -216,7 +216,13 @@ func (r *ReplicaPoolReconciler) patchStatus(ctx context.Context, before, pool *s
 	if equality.Semantic.DeepEqual(before.Status, pool.Status) {
 		return nil
 	}
-	if err := r.Client.Status().Patch(ctx, pool, client.MergeFrom(before)); err != nil {
+	// With the pool's resourceVersion: a pass that read the pool from a
+	// cache not yet holding the previous pass's status (a pod or claim
+	// event wakes the pool right after it acted) would write its stale
+	// conditions back, and a merge patch replaces the whole list (seen:
+	// the NodeLoss message of a replacement overwritten by the previous
+	// one's). It fails instead, and the pass runs again on fresh reads.
+	if err := r.Client.Status().Patch(ctx, pool, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
 		return fmt.Errorf("failed to patch the status of ReplicaPool %s: %w", pool.Name, err)
 	}
 	return nil
