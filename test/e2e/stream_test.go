@@ -229,6 +229,19 @@ func expectRepair(ns, victim, what string, fault func(corev1.Pod), samePod func(
 	var pvcBefore corev1.PersistentVolumeClaim
 	Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: claim}, &pvcBefore)).To(Succeed())
 
+	// A replica returns with what its volume holds; a partition still
+	// empty when it went (the checker had only begun) is copied in new
+	// (MemberReplaced), not returned. Fail it only once every partition
+	// has committed records.
+	By("waiting for every partition of " + sampleStream + " to hold committed records")
+	Eventually(func(g Gomega) {
+		for i := range samplePartitions {
+			var p streamsv1alpha1.Partition
+			g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: streamsv1alpha1.PartitionName(sampleStream, int32(i))}, &p)).To(Succeed())
+			g.Expect(p.Status.CommittedOffset).To(BeNumerically(">", 0), "partition %s", p.Name)
+		}
+	}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+
 	By(what + " on " + victim)
 	faultAt := time.Now()
 	fault(before)
