@@ -163,10 +163,7 @@ var _ = Describe("Nodes of a real cluster", Ordered, func() {
 			g.Expect(pods).To(HaveKey(victim))
 			g.Expect(pods[victim].Spec.NodeName).To(Equal(free), "%s moved to the free node", victim)
 			g.Expect(podReady(pods[victim])).To(BeTrue(), "%s back in every chain", victim)
-			for name, ch := range chains(g, ns, "spread") {
-				g.Expect(chainConverged(ch)).To(BeTrue(), "chain %s: %v", name, memberNames(ch))
-				g.Expect(ch.Status.Members).To(HaveLen(3), "chain %s at its replication factor", name)
-			}
+			expectFullChains(g, ns, "spread", 3)
 			var pool streamsv1alpha1.ReplicaPool
 			g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: "spread-pool"}, &pool)).To(Succeed())
 			cond := meta.FindStatusCondition(pool.Status.Conditions, streamsv1alpha1.ReplicaPoolNodeLossCondition)
@@ -275,6 +272,14 @@ func addNode(nodes []string) string {
 		})).To(BeTrue(), "node %s Ready", name)
 	}).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(Succeed())
 	return name
+}
+
+// expectFullChains: every chain of stream converged, at rf members.
+func expectFullChains(g Gomega, ns, stream string, rf int) {
+	for name, ch := range chains(g, ns, stream) {
+		g.Expect(chainConverged(ch)).To(BeTrue(), "chain %s: %v", name, memberNames(ch))
+		g.Expect(ch.Status.Members).To(HaveLen(rf), "chain %s at its replication factor", name)
+	}
 }
 
 func lastLine(s string) string {
