@@ -271,19 +271,46 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 }
 
 func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
+	p, err := s.Enqueue(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return p.Wait(ctx)
+}
+
+// Pending is a produce request whose records are queued at their
+// partitions' appenders, in the order Enqueue was called.
+type Pending struct {
+	srv       *Server
+	stream    string
+	start     time.Time
+	n         uint32
+	partition []uint32
+	queued    []*chunk
+	owners    [][]int
+}
+
+// Enqueue validates req and queues its records at their partitions'
+// appenders, then returns without waiting for them to commit. Records that
+// one caller enqueues one call after another reach each partition's head in
+// that order, whatever order Wait is called in: a listener that reads a
+// connection's requests one by one (the Kafka listener) keeps the order of
+// its requests without holding the next one back until the last is
+// answered. An error means nothing was queued.
+func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pending, error) {
 	start := time.Now()
 	sr, err := s.stream(ctx, req.GetStream())
 	if err != nil {
 		return nil, err
 	}
 	recs := req.GetRecords()
+	n := uint32(len(sr.partitions))
 	if len(recs) == 0 {
-		return &catenapb.ProduceResponse{}, nil
+		return &Pending{srv: s, stream: req.GetStream(), start: start, n: n}, nil
 	}
 	if len(recs) > maxProduceRecords {
 		return nil, status.Errorf(codes.InvalidArgument, "produce carries %d records, above the limit of %d per request; nothing was stored", len(recs), maxProduceRecords)
 	}
-	n := uint32(len(sr.partitions))
 	limit := int(sr.config.GetMaxRecordBytes())
 	if limit <= 0 || limit > partlog.MaxRecordBytes {
 		limit = partlog.MaxRecordBytes
@@ -301,7 +328,8 @@ func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	seqs := make([]uint64, len(recs))
 	if producer == 0 {
 		// Ingestion's own sequences are drawn and queued under one lock,
-		// so each partition receives them in increasing order.
+		// so each partition receives them in increasing order. The lock
+		// is let go once they are queued, not when they commit.
 		producer = s.ownProducer
 		s.ownMu.Lock()
 		defer s.ownMu.Unlock()
@@ -335,7 +363,7 @@ func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	if d, ok := ctx.Deadline(); ok {
 		deadline = d
 	}
-	// Queue in the producer's order, then wait for the heads' answers.
+	// Queue in the producer's order; Wait waits for the heads' answers.
 	prev := req.GetPrevSequence()
 	if req.GetProducerId() == 0 {
 		prev = 0 // ingestion's own ids: no producer order to keep
@@ -348,8 +376,7 @@ func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	var queued []*chunk
-	var owners [][]int
+	p := &Pending{srv: s, stream: req.GetStream(), start: start, n: n, partition: partitionOf}
 	for _, g := range order {
 		a := s.appenderFor(req.GetStream(), g.partition)
 		for _, idx := range splitChunks(g.idx, recs) {
@@ -364,24 +391,29 @@ func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 				c.bytes += len(r.GetKey()) + len(r.GetValue())
 			}
 			a.enqueue(c)
-			queued = append(queued, c)
-			owners = append(owners, idx)
+			p.queued = append(p.queued, c)
+			p.owners = append(p.owners, idx)
 		}
 	}
 	release()
+	return p, nil
+}
 
-	results := make([]*catenapb.ProduceResult, len(recs))
-	resultBuf := make([]catenapb.ProduceResult, len(recs))
+// Wait waits until every record of the request is committed or failed, and
+// answers as Produce does. A cancelled ctx stops the wait, not the appends.
+func (p *Pending) Wait(ctx context.Context) (*catenapb.ProduceResponse, error) {
+	results := make([]*catenapb.ProduceResult, len(p.partition))
+	resultBuf := make([]catenapb.ProduceResult, len(p.partition))
 	failed := false
-	for ci, c := range queued {
+	for ci, c := range p.queued {
 		select {
 		case <-c.done:
 		case <-ctx.Done():
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
-		for k, i := range owners[ci] {
+		for k, i := range p.owners[ci] {
 			res := &resultBuf[i]
-			res.Partition = partitionOf[i]
+			res.Partition = p.partition[i]
 			if c.err != nil {
 				st := status.Convert(c.err)
 				res.ErrorCode, res.ErrorMessage = int32(st.Code()), st.Message()
@@ -392,10 +424,10 @@ func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 		}
 		failed = failed || c.err != nil
 	}
-	if !failed {
-		s.metrics.produceSeconds.WithLabelValues(req.GetStream()).Observe(time.Since(start).Seconds())
+	if !failed && len(p.queued) > 0 {
+		p.srv.metrics.produceSeconds.WithLabelValues(p.stream).Observe(time.Since(p.start).Seconds())
 	}
-	return &catenapb.ProduceResponse{Results: results, Partitions: n}, nil
+	return &catenapb.ProduceResponse{Results: results, Partitions: p.n}, nil
 }
 
 // committedSeen is the highest committed offset of a partition this

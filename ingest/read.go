@@ -184,3 +184,34 @@ func (s *Server) DescribeStream(ctx context.Context, req *catenapb.DescribeStrea
 func (s *Server) ListStreams(ctx context.Context, _ *catenapb.ListStreamsRequest) (*catenapb.ListStreamsResponse, error) {
 	return &catenapb.ListStreamsResponse{Streams: s.disc.current().streamNames()}, nil
 }
+
+// StreamInfo is a stream as this ingestion node's discovery last saw it.
+type StreamInfo struct {
+	Name   string
+	Config *catenapb.StreamConfig
+	// Partitions is the partition count; Chains[i] is partition i's chain
+	// (nil while unknown), Epochs[i] its epoch.
+	Partitions int
+	Chains     [][]*catenapb.Member
+	Epochs     []uint64
+}
+
+// Stream describes a stream from what discovery knows, refreshing once
+// when it is unknown; NotFound when it does not exist. Unlike
+// DescribeStream it does not wait for a fresh discovery round.
+func (s *Server) Stream(ctx context.Context, name string) (StreamInfo, error) {
+	sr, err := s.stream(ctx, name)
+	if err != nil {
+		return StreamInfo{}, err
+	}
+	info := StreamInfo{Name: sr.name, Config: sr.config, Partitions: len(sr.partitions), Chains: make([][]*catenapb.Member, len(sr.partitions)), Epochs: make([]uint64, len(sr.partitions))}
+	for i, pr := range sr.partitions {
+		if pr != nil {
+			info.Chains[i], info.Epochs[i] = pr.members, pr.epoch
+		}
+	}
+	return info, nil
+}
+
+// StreamNames lists the streams discovery knows, sorted.
+func (s *Server) StreamNames() []string { return s.disc.current().streamNames() }

@@ -67,6 +67,9 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 					label = "streams"
 				}
 				fmt.Fprintf(out, "  ingestion: %s  %s: %s  metrics http://%s/metrics\n", st.Ingest, label, strings.Join(st.Streams, ", "), st.Metrics)
+				if st.Kafka != "" {
+					fmt.Fprintf(out, "  kafka: %s (bootstrap server for Kafka clients)\n", st.Kafka)
+				}
 				for _, r := range st.Replicas {
 					fmt.Fprintf(out, "  replica %s: %s  pid %d  metrics http://%s/metrics  data %s\n", r.ID, r.Addr, r.PID, r.Metrics, r.DataDir)
 				}
@@ -78,6 +81,7 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 	pprofFlag(cmd, &pprofAddr)
 	f.StringVar(&spec.DataDir, "data-dir", ".catena-dev", "directory for every replica's data and dev.json")
 	f.StringVar(&spec.Listen, "listen", "127.0.0.1:7070", "ingestion address; replicas use the following ports")
+	f.StringVar(&spec.KafkaListen, "kafka-listen", "", "address of a Kafka listener for unchanged Kafka clients, e.g. 127.0.0.1:9092 (empty: none; docs/kafka.md)")
 	f.IntVar(&spec.Replicas, "replicas", 3, "replica processes to run")
 	f.StringSliceVar(&streams, "stream", []string{"demo"}, "streams to create and master, repeatable or comma-separated, each NAME or NAME:PARTITIONS")
 	f.IntVar(&spec.Partitions, "partitions", 4, "partitions of each stream that gives no NAME:PARTITIONS")

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/ingest/kafka"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -21,6 +24,7 @@ func newIngestCommand() *cobra.Command {
 		tlsFiles                       transport.TLSFiles
 		allow                          *allowFlags
 		stream, allowOthers            string
+		kafkaListen, kafkaAdvertise    string
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest",
@@ -64,8 +68,16 @@ func newIngestCommand() *cobra.Command {
 			// Clients may come without a certificate (the --allow-*
 			// flags say whether that is enough); links to replicas
 			// present this node's.
-			g := grpc.NewServer(append(transport.ServerOptions(transport.OptionalClientCerts(tlsConfig)), serverOpts...)...)
+			clientTLS := transport.OptionalClientCerts(tlsConfig)
+			g := grpc.NewServer(append(transport.ServerOptions(clientTLS), serverOpts...)...)
 			srv.Register(g)
+			if kafkaListen != "" {
+				ks, err := serveKafka(kafkaListen, kafkaAdvertise, srv, clientTLS, policy, logger)
+				if err != nil {
+					return err
+				}
+				defer ks.Close()
+			}
 			logger.Info("Ingestion serving", "addr", lis.Addr().String(), "replicas", replicas)
 			return serveGRPC(ctx, lis, g, 5*time.Second)
 		},
@@ -80,6 +92,36 @@ func newIngestCommand() *cobra.Command {
 	allow = addAllowFlags(cmd, "ingestion node", ingest.MethodClasses(), true)
 	cmd.Flags().StringVar(&stream, "stream", "", "the Stream whose access the --allow-* flags give; requests about other Streams are allowed to --allow-other-streams only (empty: the flags cover every Stream)")
 	cmd.Flags().StringVar(&allowOthers, "allow-other-streams", transport.AnyIdentity, "with --stream: identities that may make any call about another Stream (comma-separated, as --allow-*)")
+	cmd.Flags().StringVar(&kafkaListen, "kafka-listen", "", "address of a Kafka listener for unchanged Kafka clients (empty: none; docs/kafka.md); it serves TLS and applies the --allow-* flags as the gRPC listener does")
+	cmd.Flags().StringVar(&kafkaAdvertise, "kafka-advertise", "", "host:port Kafka clients are told to connect to (empty: the --kafka-listen address, with this host's name for an unspecified host)")
 	_ = cmd.MarkFlagRequired("replicas")
 	return cmd
+}
+
+// serveKafka starts ingestion's Kafka listener: the same TLS as the gRPC
+// listener's, and the same access policy, judged per operation.
+func serveKafka(listen, advertise string, srv *ingest.Server, tlsConfig *tls.Config, policy *transport.Policy, logger logr.Logger) (*kafka.Server, error) {
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("failed to listen for Kafka clients on %s: %w", listen, err)
+	}
+	if advertise == "" {
+		advertise = lis.Addr().String()
+	}
+	opts := kafka.Options{Ingest: srv, Advertise: advertise, TLS: tlsConfig, Logger: logger.WithValues("listener", "kafka")}
+	if policy != nil {
+		opts.Authorize = policy.Check
+	}
+	ks, err := kafka.New(opts)
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	go func() {
+		if err := ks.Serve(lis); err != nil {
+			logger.Error(err, "Kafka listener stopped")
+		}
+	}()
+	logger.Info("Kafka listener serving", "addr", lis.Addr().String(), "advertised", ks.Advertised())
+	return ks, nil
 }

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/ingest/kafka"
 	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -49,6 +50,10 @@ const (
 type Spec struct {
 	DataDir  string
 	Listen   string // ingestion address; replicas take the ports after it
+	// KafkaListen, when set, is the address of a Kafka listener beside
+	// the ingestion endpoint (docs/kafka.md); its topics are the dev
+	// cluster's streams, and CreateTopics creates streams.
+	KafkaListen string
 	Replicas int
 	// Streams to create and master; the first is State.Stream.
 	Streams []StreamSpec
@@ -95,6 +100,8 @@ func cpuShare(replicas int) int {
 // State is what dev.json holds.
 type State struct {
 	Ingest  string `json:"ingest"`
+	// Kafka is the Kafka listener's address (empty: none).
+	Kafka   string `json:"kafka,omitempty"`
 	Metrics string `json:"metrics,omitempty"`
 	// Stream is the first of Streams, for readers written when dev hosted
 	// one stream.
@@ -229,6 +236,24 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	defer g.Stop()
 
 	st := State{Ingest: ingestLis.Addr().String(), Stream: spec.Streams[0].Name, Streams: streamNames(spec.Streams)}
+	if spec.KafkaListen != "" {
+		klis, err := net.Listen("tcp", spec.KafkaListen)
+		if err != nil {
+			return fmt.Errorf("failed to listen for Kafka clients on %s: %w", spec.KafkaListen, err)
+		}
+		ks, err := kafka.New(kafka.Options{Ingest: ing, Logger: log.WithValues("role", "kafka")})
+		if err != nil {
+			klis.Close()
+			return err
+		}
+		go func() {
+			if err := ks.Serve(klis); err != nil {
+				serveErr <- fmt.Errorf("kafka listener: %w", err)
+			}
+		}()
+		defer ks.Close()
+		st.Kafka = klis.Addr().String()
+	}
 	if prev != nil {
 		st.Created = prev.Created
 	}

@@ -103,6 +103,14 @@ func ParseAllow(s string) []string {
 	return out
 }
 
+// Check is check for listeners that are not gRPC but serve the same
+// methods (ingestion's Kafka listener): ctx carries the caller as a gRPC
+// peer (peer.NewContext with credentials.TLSInfo), so the same identities
+// and lists apply.
+func (p *Policy) Check(ctx context.Context, method string, req any) error {
+	return p.check(ctx, method, req)
+}
+
 // check returns nil when the caller of ctx may call method with req (nil:
 // not known yet), else the gRPC error to answer with.
 func (p *Policy) check(ctx context.Context, method string, req any) error {

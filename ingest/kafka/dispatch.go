@@ -1,0 +1,85 @@
+package kafka
+
+import (
+	"context"
+	"sort"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// versions is the range of one API's versions the listener serves.
+type versions struct{ min, max int16 }
+
+// supported lists every API the listener serves, and ApiVersions reports
+// exactly these: a client sees an API it may not use as absent and does
+// without it. The ranges stop before versions that need what Catena does
+// not have: topic ids (Metadata v10+ and Fetch v13+ name topics by a UUID),
+// Produce v10+ (KIP-890's transaction verification), ListOffsets v7+
+// (max-timestamp lookups). docs/kafka.md has the same table.
+var supported = map[int16]versions{
+	kmsg.Produce.Int16():         {3, 9},
+	kmsg.Fetch.Int16():           {4, 12},
+	kmsg.ListOffsets.Int16():     {1, 6},
+	kmsg.Metadata.Int16():        {1, 9},
+	kmsg.ApiVersions.Int16():     {0, 3},
+	kmsg.CreateTopics.Int16():    {2, 6},
+	kmsg.DeleteTopics.Int16():    {1, 5},
+	kmsg.InitProducerID.Int16():  {0, 4},
+	kmsg.DescribeConfigs.Int16(): {1, 4},
+}
+
+// apiKeys is supported as ApiVersions reports it, by key.
+func apiKeys() []kmsg.ApiVersionsResponseApiKey {
+	out := make([]kmsg.ApiVersionsResponseApiKey, 0, len(supported))
+	for k, v := range supported {
+		key := kmsg.NewApiVersionsResponseApiKey()
+		key.ApiKey, key.MinVersion, key.MaxVersion = k, v.min, v.max
+		out = append(out, key)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ApiKey < out[j].ApiKey })
+	return out
+}
+
+func (cn *conn) apiVersions() *kmsg.ApiVersionsResponse {
+	resp := kmsg.NewPtrApiVersionsResponse()
+	resp.ApiKeys = apiKeys()
+	return resp
+}
+
+// apiVersionsUnsupported answers an ApiVersions of a version the listener
+// does not serve: at v0, UNSUPPORTED_VERSION, with the versions it does, so
+// that the client retries with one of them.
+func (cn *conn) apiVersionsUnsupported() *kmsg.ApiVersionsResponse {
+	resp := cn.apiVersions()
+	resp.ErrorCode = kerr.UnsupportedVersion.Code
+	resp.Version = 0
+	return resp
+}
+
+// dispatch answers one parsed request. Produce is queued here, in the
+// connection's order; the rest is answered in goroutines of their own,
+// and every answer is written in request order.
+func (cn *conn) dispatch(h header, req kmsg.Request) error {
+	switch r := req.(type) {
+	case *kmsg.ApiVersionsRequest:
+		cn.reply(h, cn.apiVersions())
+	case *kmsg.ProduceRequest:
+		cn.produce(h, r)
+	case *kmsg.FetchRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.fetch(ctx, r) })
+	case *kmsg.ListOffsetsRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.listOffsets(ctx, r) })
+	case *kmsg.MetadataRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.metadata(ctx, r) })
+	case *kmsg.CreateTopicsRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.createTopics(ctx, r) })
+	case *kmsg.DeleteTopicsRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.deleteTopics(ctx, r) })
+	case *kmsg.InitProducerIDRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.initProducerID(ctx, r) })
+	case *kmsg.DescribeConfigsRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.describeConfigs(ctx, r) })
+	}
+	return nil
+}

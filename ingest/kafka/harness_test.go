@@ -1,0 +1,118 @@
+package kafka
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+
+	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/replica/server"
+	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/transport"
+)
+
+// cluster is three in-process replicas holding stream "s" (chains of all
+// three, fsync on every member), an ingestion server over them and a Kafka
+// listener in front of it, all on loopback.
+type cluster struct {
+	t        *testing.T
+	replicas []string
+	ing      *ingest.Server
+	kafka    *Server
+	addr     string
+}
+
+func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluster {
+	t.Helper()
+	ctx := context.Background()
+	var members []*catenapb.Member
+	for _, id := range []string{"a", "b", "c"} {
+		srv, err := server.New(server.Options{ID: id, DataDir: t.TempDir(), Logger: logr.Discard(), Fatal: func(err error) { t.Errorf("replica %s stopped: %v", id, err) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer(transport.ServerOptions(nil)...)
+		srv.Register(g)
+		go func() { _ = g.Serve(lis) }()
+		t.Cleanup(func() {
+			g.Stop()
+			srv.Close()
+		})
+		members = append(members, &catenapb.Member{Id: id, Addr: lis.Addr().String()})
+	}
+	cfg := &catenapb.StreamConfig{Partitions: uint32(partitions), Durability: catenapb.Durability_DURABILITY_FSYNC}
+	for p := range partitions {
+		for i := len(members) - 1; i >= 0; i-- {
+			conn, err := transport.Dial(members[i].GetAddr(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = catenapb.NewReplicaClient(conn).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: uint32(p), Epoch: 1, Members: members, Config: cfg})
+			conn.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c := &cluster{t: t}
+	for _, m := range members {
+		c.replicas = append(c.replicas, m.GetAddr())
+	}
+	var err error
+	if c.ing, err = ingest.New(ingest.Options{Replicas: c.replicas, Logger: logr.Discard()}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.ing.Close)
+	opts := Options{Ingest: c.ing, Logger: testr.New(t)}
+	for _, f := range tweak {
+		f(&opts)
+	}
+	if c.kafka, err = New(opts); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.kafka.Serve(lis) }()
+	t.Cleanup(c.kafka.Close)
+	c.addr = lis.Addr().String()
+	return c
+}
+
+// client is a franz-go client of the listener.
+func (c *cluster) client(opts ...kgo.Opt) *kgo.Client {
+	c.t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.addr), kgo.RetryTimeout(20 * time.Second)}, opts...)...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(cl.Close)
+	return cl
+}
+
+// committed is partition p's committed offset as ingestion lists it.
+func (c *cluster) committed(p uint32) uint64 {
+	c.t.Helper()
+	resp, err := c.ing.ListOffsets(context.Background(), &catenapb.ListOffsetsRequest{Stream: "s", Partition: p, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return resp.GetOffset()
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
