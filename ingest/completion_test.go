@@ -136,3 +136,41 @@ func TestProducersAreAnsweredOnTheTailsCompletion(t *testing.T) {
 	head.release <- struct{}{}
 	answered("the second record, on the head's final answer", second)
 }
+
+// TestProducesWithoutProducerIDDoNotWaitForEachOther: ingestion numbers
+// the records of producers without an id itself, under one lock so that
+// each partition receives them in order. That lock once stayed held until
+// the records committed, so one such produce waited for the one before
+// it, here for ever behind a partition whose head never answers; it is let
+// go once the records are queued.
+func TestProducesWithoutProducerIDDoNotWaitForEachOther(t *testing.T) {
+	head := &chainMember{id: "head", partitions: 2}
+	head.hungPartition.Store(0 + 1)
+	addr := serveReplica(t, head)
+	head.view(1, []*catenapb.Member{{Id: "head", Addr: addr}})
+	s := startIngestion(t, []string{addr})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stuck := make(chan error, 1)
+	go func() {
+		p := uint32(0)
+		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("to the hung partition"), Partition: &p}}})
+		stuck <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the first produce is queued and waits
+	p := uint32(1)
+	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer pcancel()
+	resp, err := s.Produce(pctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("to the other"), Partition: &p}}})
+	if err != nil {
+		t.Fatalf("a produce to partition 1 waited for one to the hung partition 0: %v", err)
+	}
+	if r := resp.GetResults()[0]; r.GetErrorCode() != 0 || r.GetPartition() != 1 {
+		t.Fatalf("produce to partition 1 answered %+v", r)
+	}
+	select {
+	case err := <-stuck:
+		t.Fatalf("the produce to the hung partition was answered: %v", err)
+	default:
+	}
+}

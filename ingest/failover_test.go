@@ -24,6 +24,10 @@ type chainMember struct {
 	// early answer to answer_assigned) and never commits it, as a head
 	// whose chain is slow (a loaded machine, a slow member) does.
 	slowChain atomic.Bool
+	// partitions it reports of stream s (0: one), all on the same chain;
+	// appends to partition hungPartition+1 (0: none) are never answered.
+	partitions    uint32
+	hungPartition atomic.Uint32
 
 	mu      sync.Mutex
 	epoch   uint64
@@ -65,10 +69,15 @@ func (m *chainMember) Status(ctx context.Context, _ *catenapb.StatusRequest) (*c
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return &catenapb.StatusResponse{ReplicaId: m.id, Partitions: []*catenapb.PartitionStatus{{
-		Stream: "s", Partition: 0, ReplicaId: m.id, Epoch: m.epoch, Members: m.members,
-		Config: &catenapb.StreamConfig{Partitions: 1},
-	}}}, nil
+	n := max(m.partitions, 1)
+	resp := &catenapb.StatusResponse{ReplicaId: m.id}
+	for p := range n {
+		resp.Partitions = append(resp.Partitions, &catenapb.PartitionStatus{
+			Stream: "s", Partition: p, ReplicaId: m.id, Epoch: m.epoch, Members: m.members,
+			Config: &catenapb.StreamConfig{Partitions: n},
+		})
+	}
+	return resp, nil
 }
 
 func (m *chainMember) AppendStream(stream catenapb.Replica_AppendStreamServer) error {
@@ -77,7 +86,7 @@ func (m *chainMember) AppendStream(stream catenapb.Replica_AppendStreamServer) e
 		if err != nil {
 			return err
 		}
-		if m.hung.Load() {
+		if m.hung.Load() || m.hungPartition.Load() == req.GetPartition()+1 {
 			continue // received, never answered
 		}
 		resp, err := m.assign(req)
