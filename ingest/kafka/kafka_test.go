@@ -2,11 +2,11 @@ package kafka
 
 import (
 	"bytes"
-	"context"
 	"compress/gzip"
+	"context"
 	"encoding/binary"
-	"hash/crc32"
 	"fmt"
+	"hash/crc32"
 	"sync"
 	"testing"
 	"time"

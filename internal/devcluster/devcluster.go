@@ -48,13 +48,13 @@ const (
 
 // Spec describes the local cluster.
 type Spec struct {
-	DataDir  string
-	Listen   string // ingestion address; replicas take the ports after it
+	DataDir string
+	Listen  string // ingestion address; replicas take the ports after it
 	// KafkaListen, when set, is the address of a Kafka listener beside
 	// the ingestion endpoint (docs/kafka.md); its topics are the dev
 	// cluster's streams, and CreateTopics creates streams.
 	KafkaListen string
-	Replicas int
+	Replicas    int
 	// Streams to create and master; the first is State.Stream.
 	Streams []StreamSpec
 	// Partitions of each stream that does not give its own count.
@@ -99,7 +99,7 @@ func cpuShare(replicas int) int {
 
 // State is what dev.json holds.
 type State struct {
-	Ingest  string `json:"ingest"`
+	Ingest string `json:"ingest"`
 	// Kafka is the Kafka listener's address (empty: none).
 	Kafka   string `json:"kafka,omitempty"`
 	Metrics string `json:"metrics,omitempty"`
