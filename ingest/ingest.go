@@ -460,6 +460,16 @@ type appenderKey struct {
 	partition uint32
 }
 
+// OneAppend reports whether records, all of one partition, go to its head
+// as one append: stored together or not at all, at consecutive offsets.
+func OneAppend(recs []*catenapb.ProduceRecord) bool {
+	idx := make([]int, len(recs))
+	for i := range idx {
+		idx[i] = i
+	}
+	return len(splitChunks(idx, recs)) == 1
+}
+
 // splitChunks splits a partition's records into appends of bounded size.
 func splitChunks(idx []int, recs []*catenapb.ProduceRecord) [][]int {
 	var out [][]int

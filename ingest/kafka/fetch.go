@@ -21,6 +21,10 @@ const (
 	maxFetchWait = 30 * time.Second
 	// fetchParallel is how many partitions of one Fetch are read at once.
 	fetchParallel = 16
+	// maxFetchBytes and maxPartitionFetchBytes cap what a client may ask
+	// for, whatever its MaxBytes and PartitionMaxBytes say.
+	maxFetchBytes          = 64 << 20
+	maxPartitionFetchBytes = 16 << 20
 )
 
 // fetchPart is one partition of a Fetch being answered.
@@ -48,6 +52,15 @@ func (cn *conn) fetch(ctx context.Context, r *kmsg.FetchRequest) kmsg.Response {
 		rt.Topic = t.Topic
 		rt.Partitions = make([]kmsg.FetchResponseTopicPartition, len(t.Partitions))
 		authErr := cn.authorize(ctx, catenapb.Ingest_Fetch_FullMethodName, &catenapb.FetchRequest{Stream: t.Topic})
+		partitions := -1
+		if authErr == nil {
+			info, err := cn.srv.ing.Stream(ctx, t.Topic)
+			if err != nil {
+				authErr = err // the topic's error, for each partition
+			} else {
+				partitions = info.Partitions
+			}
+		}
 		for i, p := range t.Partitions {
 			out := &rt.Partitions[i]
 			*out = kmsg.NewFetchResponseTopicPartition()
@@ -57,12 +70,12 @@ func (cn *conn) fetch(ctx context.Context, r *kmsg.FetchRequest) kmsg.Response {
 			case authErr != nil:
 				code, _ := kafkaError(authErr, opRead)
 				out.ErrorCode = code.Code
-			case p.Partition < 0:
+			case p.Partition < 0 || int(p.Partition) >= partitions:
 				out.ErrorCode = kerr.UnknownTopicOrPartition.Code
 			case p.FetchOffset < 0:
 				out.ErrorCode = kerr.OffsetOutOfRange.Code
 			default:
-				parts = append(parts, &fetchPart{out: out, stream: t.Topic, partition: uint32(p.Partition), next: uint64(p.FetchOffset), maxBytes: max(int(p.PartitionMaxBytes), 1)})
+				parts = append(parts, &fetchPart{out: out, stream: t.Topic, partition: uint32(p.Partition), next: uint64(p.FetchOffset), maxBytes: min(max(int(p.PartitionMaxBytes), 1), maxPartitionFetchBytes)})
 			}
 		}
 		resp.Topics = append(resp.Topics, rt)
@@ -71,6 +84,7 @@ func (cn *conn) fetch(ctx context.Context, r *kmsg.FetchRequest) kmsg.Response {
 	if r.Version < 3 || maxBytes <= 0 {
 		maxBytes = defaultFetchMaxBytes
 	}
+	maxBytes = min(maxBytes, maxFetchBytes)
 	wait := min(time.Duration(r.MaxWaitMillis)*time.Millisecond, maxFetchWait)
 	deadline := time.Now().Add(wait)
 
@@ -105,6 +119,12 @@ func (cn *conn) fetch(ctx context.Context, r *kmsg.FetchRequest) kmsg.Response {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				select {
+				case sem <- struct{}{}:
+					defer func() { <-sem }()
+				case <-pctx.Done():
+					return
+				}
 				n := cn.readPart(pctx, p, time.Until(deadline))
 				mu.Lock()
 				total += n
@@ -167,7 +187,7 @@ func (cn *conn) readPart(ctx context.Context, p *fetchPart, wait time.Duration) 
 	p.out.LastStableOffset = p.out.HighWatermark
 	p.out.LogStartOffset = int64(resp.GetLogStart())
 	if len(resp.GetRecords()) == 0 {
-		if p.next > resp.GetCommitted() {
+		if p.next > resp.GetCommitted() && cn.pastTheEnd(ctx, p) {
 			// Past the end: the client resets (auto.offset.reset).
 			p.out.ErrorCode, p.failed = kerr.OffsetOutOfRange.Code, true
 		}
@@ -181,6 +201,24 @@ func (cn *conn) readPart(ctx context.Context, p *fetchPart, wait time.Duration) 
 	p.bytes += n
 	p.next = resp.GetNextOffset()
 	return n
+}
+
+// pastTheEnd confirms that p.next is beyond the partition's committed
+// offset. The member that answered a read may know less than was committed
+// (a middle learns of commits a round trip after the tail; a new tail after
+// a failover; another ingestion node's acknowledgements), and a consumer
+// told OFFSET_OUT_OF_RANGE resets: with auto.offset.reset=latest it would
+// skip records. So the answer is checked against LATEST, which a member
+// gives only when its committed offset is exact.
+func (cn *conn) pastTheEnd(ctx context.Context, p *fetchPart) bool {
+	resp, err := cn.srv.ing.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: p.stream, Partition: p.partition, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST})
+	if err != nil {
+		return false // not confirmed: an empty answer, and the client asks again
+	}
+	if latest := int64(resp.GetOffset()); latest > p.out.HighWatermark {
+		p.out.HighWatermark, p.out.LastStableOffset = latest, latest
+	}
+	return p.next > resp.GetOffset()
 }
 
 // appendBatch appends recs (consecutive offsets) as one uncompressed

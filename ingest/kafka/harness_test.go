@@ -116,3 +116,17 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// waitCommitted waits until partition p's committed offset, as ingestion
+// lists it, is want: members learn of a commit as (not before) its
+// producer is answered. It fails on any other value after 10 s.
+func (c *cluster) waitCommitted(p uint32, want uint64) {
+	c.t.Helper()
+	got := c.committed(p)
+	for deadline := time.Now().Add(10 * time.Second); got != want && time.Now().Before(deadline); got = c.committed(p) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got != want {
+		c.t.Fatalf("partition %d holds %d records, want %d", p, got, want)
+	}
+}

@@ -10,6 +10,7 @@ package kafka
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -226,6 +227,9 @@ func (s *Server) serveConn(nc net.Conn) {
 		cn.writeAnswers(cancel)
 	}()
 	err := cn.readRequests()
+	// The client is gone (or broke the protocol): what it asked for can
+	// no longer be answered, so stop waiting for it.
+	cancel()
 	close(cn.answers)
 	<-writerDone
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && ctx.Err() == nil {
@@ -240,8 +244,20 @@ func (cn *conn) writeAnswers(cancel context.CancelFunc) {
 	for a := range cn.answers {
 		select {
 		case <-a.done:
-		case <-cn.ctx.Done():
-			failed = true
+		default:
+			// Not ready: what is buffered must not wait for it.
+			if !failed && w.Buffered() > 0 {
+				if err := w.Flush(); err != nil {
+					failed = true
+					cancel()
+					cn.c.Close()
+				}
+			}
+			select {
+			case <-a.done:
+			case <-cn.ctx.Done():
+				failed = true
+			}
 		}
 		if failed || a.bytes == nil {
 			continue
@@ -285,11 +301,14 @@ func (cn *conn) readRequests() error {
 		if n < 8 || n > cn.srv.maxRequest {
 			return fmt.Errorf("request of %d bytes (the limit is %d)", n, cn.srv.maxRequest)
 		}
-		buf := make([]byte, n)
-		if _, err := io.ReadFull(r, buf); err != nil {
+		// The buffer grows as the bytes arrive: a header that claims
+		// 100 MiB costs nothing until they come.
+		var body bytes.Buffer
+		body.Grow(min(n, 1<<20))
+		if _, err := io.CopyN(&body, r, int64(n)); err != nil {
 			return err
 		}
-		if err := cn.handle(buf); err != nil {
+		if err := cn.handle(body.Bytes()); err != nil {
 			return err
 		}
 	}
@@ -396,7 +415,7 @@ func encode(h header, resp kmsg.Response) []byte {
 }
 
 // randomProducerID draws a producer id for InitProducerId: positive, below
-// 2^62, never 0 (which Catena reads as "not idempotent"). Ids are random
+// 2^47 (catenaProducer puts the epoch beside it), never 0. Ids are random
 // rather than counted so that every ingestion node, and every restart of
 // one, can give them out without coordination.
 func randomProducerID() (int64, error) {
@@ -404,5 +423,5 @@ func randomProducerID() (int64, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return 0, err
 	}
-	return int64(binary.LittleEndian.Uint64(b[:])>>2) | 1, nil
+	return int64(binary.LittleEndian.Uint64(b[:])>>17) | 1, nil
 }

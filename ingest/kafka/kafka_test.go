@@ -130,11 +130,21 @@ func TestFranzGoProducesAndConsumesWithEveryCodec(t *testing.T) {
 // rawProduce is one idempotent batch of n records for partition 0, as a
 // producer with id pid sends it at sequence seq.
 func rawProduce(pid int64, seq int32, n int, mutate func(b []byte)) *kmsg.ProduceRequest {
+	return rawProduceAt(pid, 0, seq, n, mutate)
+}
+
+// rawProduceAt is rawProduce at a producer epoch.
+func rawProduceAt(pid int64, epoch int16, seq int32, n int, mutate func(b []byte)) *kmsg.ProduceRequest {
 	recs := make([][]byte, n)
 	for i := range recs {
 		recs[i] = fmt.Appendf(nil, "rec-%d-%d", seq, i)
 	}
 	batch := encodeTestBatch(pid, seq, recs, nil)
+	if pid >= 0 {
+		batch[51], batch[52] = byte(uint16(epoch)>>8), byte(epoch) // ProducerEpoch
+		crc := crc32Checksum(batch[21:])
+		batch[17], batch[18], batch[19], batch[20] = byte(crc>>24), byte(crc>>16), byte(crc>>8), byte(crc)
+	}
 	if mutate != nil {
 		mutate(batch)
 	}
@@ -227,9 +237,18 @@ func TestIdempotentRetriesAreStoredOnce(t *testing.T) {
 	if p := partitionResult(t, back); p.ErrorCode != kerr.OutOfOrderSequenceNumber.Code {
 		t.Fatalf("a batch behind a stored sequence: error %d, want OUT_OF_ORDER_SEQUENCE_NUMBER", p.ErrorCode)
 	}
-	if got := c.committed(0); got != 9 {
-		t.Fatalf("partition holds %d records, want 9 (5 + 3 + 1, the retry and the late batch not stored)", got)
+	c.waitCommitted(0, 9) // 5 + 3 + 1: the retry and the late batch not stored
+	// The Java client and sarama bump the epoch themselves after a failed
+	// batch and start the sequences again at 0, under the same id: new
+	// records, to be stored, not answered as duplicates of epoch 0's.
+	bumped, err := cl.Request(ctx, rawProduceAt(pid, 1, 0, 4, nil))
+	if err != nil {
+		t.Fatal(err)
 	}
+	if p := partitionResult(t, bumped); p.ErrorCode != 0 || p.BaseOffset != 9 {
+		t.Fatalf("epoch 1's first batch: error %d, base offset %d, want 0 and 9", p.ErrorCode, p.BaseOffset)
+	}
+	c.waitCommitted(0, 13)
 }
 
 // Bad input gets a Kafka error with the reason and stores nothing.
@@ -240,7 +259,8 @@ func TestBadProduceIsRefusedAndStoresNothing(t *testing.T) {
 	if _, err := cl.Request(ctx, rawProduce(-1, -1, 2, nil)); err != nil {
 		t.Fatal(err)
 	}
-	base := c.committed(0)
+	c.waitCommitted(0, 2)
+	base := uint64(2)
 	for _, tc := range []struct {
 		name string
 		req  func() *kmsg.ProduceRequest
@@ -270,6 +290,12 @@ func TestBadProduceIsRefusedAndStoresNothing(t *testing.T) {
 			b[17], b[18], b[19], b[20] = byte(crc>>24), byte(crc>>16), byte(crc>>8), byte(crc)
 			return r
 		}, kerr.InvalidRecord},
+		{"more records than one append takes", func() *kmsg.ProduceRequest {
+			return rawProduce(-1, -1, maxPartitionRecords+1, nil)
+		}, kerr.MessageTooLarge},
+		{"a producer id never given out", func() *kmsg.ProduceRequest {
+			return rawProduce(1<<50, 0, 2, nil)
+		}, kerr.UnknownProducerID},
 		{"truncated batch", func() *kmsg.ProduceRequest {
 			r := rawProduce(-1, -1, 2, nil)
 			r.Topics[0].Partitions[0].Records = r.Topics[0].Partitions[0].Records[:40]
@@ -390,6 +416,21 @@ func TestOffsetsMetadataAndLongPoll(t *testing.T) {
 	}
 	if code := resp.Topics[0].Partitions[0].ErrorCode; code != kerr.OffsetOutOfRange.Code {
 		t.Fatalf("fetch at 50 of 2: error %d, want OFFSET_OUT_OF_RANGE", code)
+	}
+	// A partition past the stream's, and a topic that does not exist.
+	req.Topics[0].Partitions[0].Partition, req.Topics[0].Partitions[0].FetchOffset = 3, 0
+	if resp, err = req.RequestWith(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
+	if code := resp.Topics[0].Partitions[0].ErrorCode; code != kerr.UnknownTopicOrPartition.Code {
+		t.Fatalf("fetch of partition 3 of 3: error %d, want UNKNOWN_TOPIC_OR_PARTITION", code)
+	}
+	req.Topics[0].Topic, req.Topics[0].Partitions[0].Partition = "nope", 0
+	if resp, err = req.RequestWith(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
+	if code := resp.Topics[0].Partitions[0].ErrorCode; code != kerr.UnknownTopicOrPartition.Code {
+		t.Fatalf("fetch of an unknown topic: error %d, want UNKNOWN_TOPIC_OR_PARTITION", code)
 	}
 }
 

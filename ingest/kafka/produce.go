@@ -16,8 +16,12 @@ import (
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
-// defaultProduceTimeout bounds a Produce whose request names no timeout.
-const defaultProduceTimeout = 30 * time.Second
+// defaultProduceTimeout bounds a Produce whose request names no timeout,
+// and maxProduceTimeout any Produce.
+const (
+	defaultProduceTimeout = 30 * time.Second
+	maxProduceTimeout     = 5 * time.Minute
+)
 
 // Record batch attributes (Kafka's RecordBatch v2).
 const (
@@ -41,9 +45,25 @@ func invalid(format string, args ...any) *batchError {
 	return &batchError{kerr.InvalidRecord, fmt.Sprintf(format, args...)}
 }
 
+// maxPartitionRecords bounds the records of one partition in one request,
+// checked before any batch is decompressed (a small compressed batch can
+// claim millions of tiny records).
+const maxPartitionRecords = 1 << 16
+
+// catenaProducer is the Catena producer id of a Kafka producer id and
+// epoch. The epoch is part of it because the Java client and sarama bump
+// the epoch themselves after a failed batch, keeping the id and starting
+// every partition's sequences at 0 again: under the id alone those new
+// records would look like the old ones to the head's de-duplication window
+// and be answered as duplicates without being stored. InitProducerId hands
+// out ids below 2^47, so id and epoch fit in 64 bits, never 0.
+func catenaProducer(id int64, epoch int16) uint64 {
+	return uint64(id)<<16 | uint64(uint16(epoch))
+}
+
 // partitionRecords decodes a partition's record batches (magic 2, any
 // codec) into the records of one Catena produce request. Idempotent
-// batches (a producer id and first sequence) carry their producer id and
+// batches (a producer id and first sequence) carry their producer and
 // sequences over: Catena's head keeps a window of each producer's
 // sequences per partition, so a retried batch is answered with the
 // offsets it was stored at. A Kafka sequence s becomes Catena sequence
@@ -51,6 +71,7 @@ func invalid(format string, args ...any) *batchError {
 func partitionRecords(stream string, partition uint32, batches []byte) (*catenapb.ProduceRequest, error) {
 	req := &catenapb.ProduceRequest{Stream: stream}
 	producerSet := false
+	records := 0
 	for len(batches) > 0 {
 		if len(batches) < 61 {
 			return nil, invalid("record batch is truncated (%d bytes left)", len(batches))
@@ -77,7 +98,14 @@ func partitionRecords(stream string, partition uint32, batches []byte) (*catenap
 		idempotent := b.ProducerID >= 0 && b.FirstSequence >= 0
 		producer := uint64(0)
 		if idempotent {
-			producer = uint64(b.ProducerID)
+			if b.ProducerID >= 1<<47 || b.ProducerEpoch < 0 {
+				return nil, &batchError{kerr.UnknownProducerID, fmt.Sprintf("producer id %d epoch %d was not given out by this cluster (InitProducerId)", b.ProducerID, b.ProducerEpoch)}
+			}
+			producer = catenaProducer(b.ProducerID, b.ProducerEpoch)
+		}
+		records += int(b.NumRecords)
+		if b.NumRecords < 0 || records > maxPartitionRecords {
+			return nil, &batchError{kerr.MessageTooLarge, fmt.Sprintf("more than %d records for one partition in one request", maxPartitionRecords)}
 		}
 		if producerSet && producer != req.ProducerId {
 			return nil, invalid("batches of one partition in one request come from different producers")
@@ -113,6 +141,12 @@ func partitionRecords(stream string, partition uint32, batches []byte) (*catenap
 	if len(req.Records) == 0 {
 		return nil, invalid("no records")
 	}
+	if !ingest.OneAppend(req.Records) {
+		// Split into several appends, its records could be stored in
+		// part and at offsets that are not consecutive; a Kafka client
+		// reads base offset + i.
+		return nil, &batchError{kerr.MessageTooLarge, fmt.Sprintf("a partition's records in one request must fit one append (%d records, at most 4 MiB); send smaller batches", len(req.Records))}
+	}
 	return req, nil
 }
 
@@ -136,8 +170,8 @@ func nextRecord(b []byte, r *kmsg.Record) ([]byte, error) {
 // for acks=0.
 func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 	timeout := time.Duration(r.TimeoutMillis) * time.Millisecond
-	if timeout <= 0 {
-		timeout = defaultProduceTimeout
+	if timeout <= 0 || timeout > maxProduceTimeout {
+		timeout = min(max(timeout, defaultProduceTimeout), maxProduceTimeout)
 	}
 	ctx, cancel := context.WithTimeout(cn.ctx, timeout)
 	resp := r.ResponseKind().(*kmsg.ProduceResponse)
@@ -191,11 +225,6 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 		}
 		resp.Topics = append(resp.Topics, rt)
 	}
-	if r.Acks == 0 {
-		// No answer; the appends go on under their own deadline.
-		cancel()
-		return
-	}
 	cn.later(h, func(context.Context) kmsg.Response {
 		defer cancel()
 		for _, w := range waits {
@@ -206,6 +235,9 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 				continue
 			}
 			results := res.GetResults()
+			if len(results) == 0 {
+				continue
+			}
 			w.out.BaseOffset = int64(results[0].GetOffset())
 			for _, rr := range results {
 				if rr.GetErrorCode() != 0 {
@@ -214,6 +246,12 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 					break
 				}
 			}
+		}
+		if r.Acks == 0 {
+			// No answer is sent, but the request held its place among
+			// the connection's requests in flight until it was done: a
+			// client that never reads answers is still held back.
+			return nil
 		}
 		return resp
 	})
