@@ -202,6 +202,12 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 				fail(kerr.UnknownTopicOrPartition, fmt.Sprintf("stream %q has %d partitions; partition %d does not exist", t.Topic, info.Partitions, p.Partition))
 				continue
 			}
+			// Asked before anything is decompressed: a refused caller
+			// costs no more than its request's bytes.
+			if err := cn.authorize(ctx, catenapb.Ingest_Produce_FullMethodName, &catenapb.ProduceRequest{Stream: t.Topic}); err != nil {
+				fail(kafkaError(err, opProduce))
+				continue
+			}
 			req, err := partitionRecords(t.Topic, uint32(p.Partition), p.Records)
 			if err != nil {
 				var be *batchError
@@ -210,10 +216,6 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 				} else {
 					fail(kerr.InvalidRecord, err.Error())
 				}
-				continue
-			}
-			if err := cn.authorize(ctx, catenapb.Ingest_Produce_FullMethodName, req); err != nil {
-				fail(kafkaError(err, opProduce))
 				continue
 			}
 			pending, err := cn.srv.ing.Enqueue(ctx, req)
