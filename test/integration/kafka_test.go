@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -182,4 +183,91 @@ func TestKafkaClientsAgainstDev(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestSaramaAgainstDev: a second independent client, IBM's sarama (the
+// Java client's habits: it bumps its producer epoch itself), produces
+// idempotently with snappy and reads every acknowledged record back once,
+// at its offset.
+func TestSaramaAgainstDev(t *testing.T) {
+	dir := t.TempDir()
+	kafkaAddr := freeAddr(t)
+	startDev(t, dir, "--stream", "demo:3", "--kafka-listen", kafkaAddr)
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V2_8_0_0
+	cfg.Producer.Idempotent = true
+	cfg.Producer.RequiredAcks = sarama.WaitForAll
+	cfg.Producer.Return.Successes = true
+	cfg.Producer.Compression = sarama.CompressionSnappy
+	cfg.Producer.Retry.Max = 10
+	cfg.Net.MaxOpenRequests = 1
+	cfg.Consumer.Return.Errors = true
+	prod, err := sarama.NewSyncProducer([]string{kafkaAddr}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	type at struct {
+		p int32
+		o int64
+	}
+	acked := map[at]string{}
+	for i := range 300 {
+		msgs := []*sarama.ProducerMessage{}
+		for j := range 3 {
+			msgs = append(msgs, &sarama.ProducerMessage{Topic: "demo", Key: sarama.StringEncoder(fmt.Sprintf("s%d", (i+j)%20)), Value: sarama.StringEncoder(fmt.Sprintf("sarama-%d-%d", i, j))})
+		}
+		if err := prod.SendMessages(msgs); err != nil {
+			t.Fatalf("sarama produce: %v", err)
+		}
+		for _, m := range msgs {
+			k := at{m.Partition, m.Offset}
+			if _, dup := acked[k]; dup {
+				t.Fatalf("two records acknowledged at %d/%d", m.Partition, m.Offset)
+			}
+			v, _ := m.Value.Encode()
+			acked[k] = string(v)
+		}
+	}
+	cons, err := sarama.NewConsumer([]string{kafkaAddr}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	read := map[at]string{}
+	for p := range int32(3) {
+		pc, err := cons.ConsumePartition("demo", p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hw := pc.HighWaterMarkOffset()
+		timeout := time.After(60 * time.Second)
+		for hw > 0 {
+			var m *sarama.ConsumerMessage
+			select {
+			case m = <-pc.Messages():
+			case err := <-pc.Errors():
+				t.Fatalf("sarama consume %d: %v", p, err)
+			case <-timeout:
+				t.Fatalf("partition %d: read up to %d of %d", p, len(read), hw)
+			}
+			k := at{m.Partition, m.Offset}
+			if _, dup := read[k]; dup {
+				t.Fatalf("read %d/%d twice", m.Partition, m.Offset)
+			}
+			read[k] = string(m.Value)
+			if m.Offset+1 >= pc.HighWaterMarkOffset() {
+				break
+			}
+		}
+		pc.Close()
+	}
+	if len(read) != 900 || len(acked) != 900 {
+		t.Fatalf("read %d records, %d acknowledged, 900 produced", len(read), len(acked))
+	}
+	for k, v := range acked {
+		if read[k] != v {
+			t.Errorf("acknowledged %s at %d/%d, read %q", v, k.p, k.o, read[k])
+		}
+	}
 }
