@@ -157,7 +157,19 @@ func TestProducesWithoutProducerIDDoNotWaitForEachOther(t *testing.T) {
 		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("to the hung partition"), Partition: &p}}})
 		stuck <- err
 	}()
-	time.Sleep(200 * time.Millisecond) // the first produce is queued and waits
+	// Wait until the first produce's record is queued at partition 0 (its
+	// appender exists): it now waits for an answer that never comes.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		s.appendersMu.Lock()
+		queued := s.appenders[appenderKey{"s", 0}] != nil
+		s.appendersMu.Unlock()
+		if queued {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the produce to partition 0 was never queued")
+		}
+	}
 	p := uint32(1)
 	pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
 	defer pcancel()

@@ -355,14 +355,8 @@ func TestOffsetsMetadataAndLongPoll(t *testing.T) {
 	// A fetch at the end waits for the next record.
 	fetched := make(chan error, 1)
 	go func() {
-		req := kmsg.NewPtrFetchRequest()
+		req := fetchRequest("s", 0, 0)
 		req.MaxWaitMillis, req.MinBytes, req.MaxBytes = 10000, 1, 1<<20
-		ft := kmsg.NewFetchRequestTopic()
-		ft.Topic = "s"
-		fp := kmsg.NewFetchRequestTopicPartition()
-		fp.Partition, fp.FetchOffset, fp.PartitionMaxBytes = 0, 0, 1<<20
-		ft.Partitions = append(ft.Partitions, fp)
-		req.Topics = append(req.Topics, ft)
 		resp, err := req.RequestWith(ctx, cl)
 		if err == nil {
 			p := resp.Topics[0].Partitions[0]
@@ -372,7 +366,9 @@ func TestOffsetsMetadataAndLongPoll(t *testing.T) {
 		}
 		fetched <- err
 	}()
-	time.Sleep(300 * time.Millisecond) // the fetch is waiting; the produce is what it waits for
+	// Not a wait for a condition: the fetch is given 300 ms in which it
+	// must not answer (nothing was produced), then the produce it waits for.
+	time.Sleep(300 * time.Millisecond)
 	select {
 	case err := <-fetched:
 		t.Fatalf("fetch answered before anything was produced: %v", err)
@@ -403,13 +399,7 @@ func TestOffsetsMetadataAndLongPoll(t *testing.T) {
 	}
 
 	// A fetch past the end is out of range, so the client resets.
-	req := kmsg.NewPtrFetchRequest()
-	ft := kmsg.NewFetchRequestTopic()
-	ft.Topic = "s"
-	fp := kmsg.NewFetchRequestTopicPartition()
-	fp.Partition, fp.FetchOffset, fp.PartitionMaxBytes = 0, 50, 1<<20
-	ft.Partitions = append(ft.Partitions, fp)
-	req.Topics = append(req.Topics, ft)
+	req := fetchRequest("s", 0, 50)
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
 		t.Fatal(err)
@@ -497,14 +487,7 @@ func TestRefusedCallersGetAuthorizationErrors(t *testing.T) {
 	if got := c.committed(0); got != 0 {
 		t.Fatalf("a refused produce stored %d records", got)
 	}
-	req := kmsg.NewPtrFetchRequest()
-	ft := kmsg.NewFetchRequestTopic()
-	ft.Topic = "s"
-	fp := kmsg.NewFetchRequestTopicPartition()
-	fp.PartitionMaxBytes = 1 << 20
-	ft.Partitions = append(ft.Partitions, fp)
-	req.Topics = append(req.Topics, ft)
-	fr, err := req.RequestWith(ctx, cl)
+	fr, err := fetchRequest("s", 0, 0).RequestWith(ctx, cl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,4 +506,16 @@ func TestRefusedCallersGetAuthorizationErrors(t *testing.T) {
 	if !asked[catenapb.Ingest_DescribeStream_FullMethodName] {
 		t.Errorf("metadata was served without asking the policy (asked: %v)", asked)
 	}
+}
+
+// fetchRequest is a Fetch of one partition from offset, 1 MiB at most.
+func fetchRequest(topic string, partition int32, offset int64) *kmsg.FetchRequest {
+	req := kmsg.NewPtrFetchRequest()
+	ft := kmsg.NewFetchRequestTopic()
+	ft.Topic = topic
+	fp := kmsg.NewFetchRequestTopicPartition()
+	fp.Partition, fp.FetchOffset, fp.PartitionMaxBytes = partition, offset, 1<<20
+	ft.Partitions = append(ft.Partitions, fp)
+	req.Topics = append(req.Topics, ft)
+	return req
 }
