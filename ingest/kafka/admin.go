@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/ingest/groups"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -41,6 +42,10 @@ func (cn *conn) metadata(ctx context.Context, r *kmsg.MetadataRequest) kmsg.Resp
 	for _, name := range names {
 		rt := kmsg.NewMetadataResponseTopic()
 		rt.Topic = kmsg.StringPtr(name)
+		// The groups' offsets stream is internal, as Kafka's
+		// __consumer_offsets is: clients leave it out of pattern
+		// subscriptions.
+		rt.IsInternal = name == groups.DefaultOffsetsStream
 		if err := cn.authorize(ctx, catenapb.Ingest_DescribeStream_FullMethodName, &catenapb.DescribeStreamRequest{Stream: name}); err != nil {
 			rt.ErrorCode = kerr.TopicAuthorizationFailed.Code
 			resp.Topics = append(resp.Topics, rt)

@@ -16,7 +16,9 @@ type versions struct{ min, max int16 }
 // without it. The ranges stop before versions that need what Catena does
 // not have: topic ids (Metadata v10+ and Fetch v13+ name topics by a UUID),
 // Produce v10+ (KIP-890's transaction verification), ListOffsets v7+
-// (max-timestamp lookups). docs/kafka.md has the same table.
+// (max-timestamp lookups), OffsetCommit v9+ and OffsetFetch v8+ (the new
+// consumer protocol's member epochs, and several groups in one request).
+// docs/kafka.md has the same table.
 var supported = map[int16]versions{
 	kmsg.Produce.Int16():         {3, 9},
 	kmsg.Fetch.Int16():           {4, 12},
@@ -27,6 +29,17 @@ var supported = map[int16]versions{
 	kmsg.DeleteTopics.Int16():    {1, 5},
 	kmsg.InitProducerID.Int16():  {0, 4},
 	kmsg.DescribeConfigs.Int16(): {1, 4},
+
+	kmsg.FindCoordinator.Int16(): {0, 4},
+	kmsg.JoinGroup.Int16():       {0, 9},
+	kmsg.SyncGroup.Int16():       {0, 5},
+	kmsg.Heartbeat.Int16():       {0, 4},
+	kmsg.LeaveGroup.Int16():      {0, 5},
+	kmsg.OffsetCommit.Int16():    {2, 8},
+	kmsg.OffsetFetch.Int16():     {1, 7},
+	kmsg.ListGroups.Int16():      {0, 4},
+	kmsg.DescribeGroups.Int16():  {0, 5},
+	kmsg.DeleteGroups.Int16():    {0, 2},
 }
 
 // apiKeys is supported as ApiVersions reports it, by key.
@@ -80,6 +93,26 @@ func (cn *conn) dispatch(h header, req kmsg.Request) error {
 		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.initProducerID(ctx, r) })
 	case *kmsg.DescribeConfigsRequest:
 		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.describeConfigs(ctx, r) })
+	case *kmsg.FindCoordinatorRequest:
+		cn.reply(h, cn.findCoordinator(r))
+	case *kmsg.JoinGroupRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.joinGroup(ctx, h, r) })
+	case *kmsg.SyncGroupRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.syncGroup(ctx, r) })
+	case *kmsg.HeartbeatRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.heartbeat(ctx, r) })
+	case *kmsg.LeaveGroupRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.leaveGroup(ctx, r) })
+	case *kmsg.OffsetCommitRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.offsetCommit(ctx, r) })
+	case *kmsg.OffsetFetchRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.offsetFetch(ctx, r) })
+	case *kmsg.ListGroupsRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.listGroups(ctx, r) })
+	case *kmsg.DescribeGroupsRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.describeGroups(ctx, r) })
+	case *kmsg.DeleteGroupsRequest:
+		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.deleteGroups(ctx, r) })
 	}
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/ingest/groups"
 	"github.com/catena-streams/catena/replica/server"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
@@ -50,17 +51,21 @@ func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluste
 		})
 		members = append(members, &catenapb.Member{Id: id, Addr: lis.Addr().String()})
 	}
-	cfg := &catenapb.StreamConfig{Partitions: uint32(partitions), Durability: catenapb.Durability_DURABILITY_FSYNC}
-	for p := range partitions {
-		for i := len(members) - 1; i >= 0; i-- {
-			conn, err := transport.Dial(members[i].GetAddr(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = catenapb.NewReplicaClient(conn).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: uint32(p), Epoch: 1, Members: members, Config: cfg})
-			conn.Close()
-			if err != nil {
-				t.Fatal(err)
+	// "s" is the stream the tests use; groups.DefaultOffsetsStream holds
+	// the groups' committed offsets (no StreamAdmin here to create it).
+	for stream, n := range map[string]int{"s": partitions, groups.DefaultOffsetsStream: 1} {
+		cfg := &catenapb.StreamConfig{Partitions: uint32(n), Durability: catenapb.Durability_DURABILITY_FSYNC}
+		for p := range n {
+			for i := len(members) - 1; i >= 0; i-- {
+				conn, err := transport.Dial(members[i].GetAddr(), nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, err = catenapb.NewReplicaClient(conn).Configure(ctx, &catenapb.ConfigureRequest{Stream: stream, Partition: uint32(p), Epoch: 1, Members: members, Config: cfg})
+				conn.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}

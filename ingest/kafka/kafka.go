@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/ingest/groups"
 )
 
 const (
@@ -41,6 +42,9 @@ const (
 	maxInFlight = 64
 	// brokerID is the node id of the one broker the listener advertises.
 	brokerID = 0
+	// groupTick is how often the group coordinator applies its deadlines
+	// (session expiry, rebalance timeouts).
+	groupTick = 100 * time.Millisecond
 	// ClusterID is what Metadata reports as the cluster's id.
 	ClusterID = "catena"
 )
@@ -66,6 +70,10 @@ type Options struct {
 	// (transport.Policy.Check). A refusal answers the operation with an
 	// authorization error and stores nothing.
 	Authorize func(ctx context.Context, method string, req any) error
+	// Groups coordinates the consumer groups (nil: a coordinator storing
+	// committed offsets in the internal stream groups.DefaultOffsetsStream
+	// through Ingest).
+	Groups *groups.Coordinator
 }
 
 // Server is a Kafka listener.
@@ -82,6 +90,7 @@ type Server struct {
 	mu         sync.Mutex
 	listeners  []net.Listener
 	conns      map[net.Conn]struct{}
+	groups     *groups.Coordinator
 }
 
 // New returns a listener for opts; Serve starts it.
@@ -94,6 +103,15 @@ func New(opts Options) (*Server, error) {
 	if s.maxRequest <= 0 {
 		s.maxRequest = DefaultMaxRequestBytes
 	}
+	s.groups = opts.Groups
+	if s.groups == nil {
+		s.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: opts.Ingest}})
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.groups.Run(ctx, groupTick)
+	}()
 	if opts.Advertise != "" {
 		if err := s.setAdvertised(opts.Advertise); err != nil {
 			return nil, fmt.Errorf("--kafka-advertise %q: %w", opts.Advertise, err)

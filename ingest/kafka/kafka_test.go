@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/ingest/groups"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -348,7 +349,16 @@ func TestOffsetsMetadataAndLongPoll(t *testing.T) {
 	if len(meta.Brokers) != 1 || fmt.Sprintf("%s:%d", meta.Brokers[0].Host, meta.Brokers[0].Port) != c.addr {
 		t.Fatalf("brokers %+v, want the listener %s", meta.Brokers, c.addr)
 	}
-	if len(meta.Topics) != 1 || *meta.Topics[0].Topic != "s" || len(meta.Topics[0].Partitions) != 3 {
+	var topics []kmsg.MetadataResponseTopic
+	for _, tp := range meta.Topics {
+		if tp.IsInternal != (*tp.Topic == groups.DefaultOffsetsStream) {
+			t.Fatalf("topic %s listed with internal %v", *tp.Topic, tp.IsInternal)
+		}
+		if !tp.IsInternal {
+			topics = append(topics, tp)
+		}
+	}
+	if len(topics) != 1 || *topics[0].Topic != "s" || len(topics[0].Partitions) != 3 {
 		t.Fatalf("topics %+v, want s with 3 partitions", meta.Topics)
 	}
 
