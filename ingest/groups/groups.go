@@ -27,6 +27,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/go-logr/logr"
 )
 
 // State is a group's state, named as Kafka's DescribeGroups reports it.
@@ -215,6 +217,9 @@ type Options struct {
 	InitialRebalanceDelay time.Duration
 	// MaxSize bounds a group's members (0: no bound).
 	MaxSize int
+	// Logger is told of each generation and of each member whose
+	// session expired.
+	Logger logr.Logger
 }
 
 // Defaults for Options.
@@ -608,6 +613,7 @@ func (c *Coordinator) completeJoinLocked(g *group, now time.Time) {
 		g.leader = g.order[0]
 	}
 	g.state = CompletingRebalance
+	c.opts.Logger.Info("consumer group has a new generation", "group", g.name, "generation", g.generation, "members", len(g.members), "leader", g.leader, "protocol", g.protocol)
 	for _, m := range g.members {
 		m.assignment = nil
 		m.deadline = now.Add(m.session)
@@ -851,11 +857,17 @@ func (c *Coordinator) Tick() {
 			// A member waiting in JoinGroup is waited for until the
 			// rebalance timeout, not its session.
 			if m.join == nil && !m.deadline.IsZero() && !now.Before(m.deadline) {
+				c.opts.Logger.Info("consumer group member's session expired", "group", g.name, "member", id, "session", m.session)
 				c.removeMemberLocked(g, id)
 				changed = true
 			}
 		}
 		if g.state == PreparingRebalance && !now.Before(g.rebalanceDeadline) {
+			for id, m := range g.members {
+				if m.join == nil {
+					c.opts.Logger.Info("consumer group member did not join within the rebalance timeout", "group", g.name, "member", id)
+				}
+			}
 			c.completeJoinLocked(g, now)
 			continue
 		}

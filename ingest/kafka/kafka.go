@@ -105,7 +105,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.groups = opts.Groups
 	if s.groups == nil {
-		s.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: opts.Ingest}})
+		s.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: opts.Ingest}, Logger: opts.Logger.WithName("groups")})
 	}
 	s.wg.Add(1)
 	go func() {
