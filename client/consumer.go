@@ -103,6 +103,22 @@ func AtTime(t time.Time) Position { return Position{kind: posTime, tsMs: t.UnixM
 // AtTimeMs is AtTime with Unix milliseconds.
 func AtTimeMs(ms int64) Position { return Position{kind: posTime, tsMs: ms} }
 
+// Request is p as a ListOffsets-style request: the spec, with the offset
+// for a position at an offset (spec UNSPECIFIED) and the time for one at
+// a time.
+func (p Position) Request() (spec catenapb.OffsetSpec, offset uint64, tsMs int64) {
+	switch p.kind {
+	case posEarliest:
+		return catenapb.OffsetSpec_OFFSET_SPEC_EARLIEST, 0, 0
+	case posLatest:
+		return catenapb.OffsetSpec_OFFSET_SPEC_LATEST, 0, 0
+	case posOffset:
+		return catenapb.OffsetSpec_OFFSET_SPEC_UNSPECIFIED, p.offset, 0
+	default:
+		return catenapb.OffsetSpec_OFFSET_SPEC_TIMESTAMP, 0, p.tsMs
+	}
+}
+
 func (p Position) String() string {
 	switch p.kind {
 	case posEarliest:

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/ingest/groups"
 	"github.com/catena-streams/catena/ingest/kafka"
 	"github.com/catena-streams/catena/rpc/transport"
 )
@@ -71,8 +72,10 @@ func newIngestCommand() *cobra.Command {
 			clientTLS := transport.OptionalClientCerts(tlsConfig)
 			g := grpc.NewServer(append(transport.ServerOptions(clientTLS), serverOpts...)...)
 			srv.Register(g)
+			coord := newGroupCoordinator(srv, logger)
+			(&groups.Service{Coordinator: coord, Ingest: srv}).Register(g)
 			if kafkaListen != "" {
-				ks, err := serveKafka(kafkaListen, kafkaAdvertise, srv, clientTLS, policy, logger)
+				ks, err := serveKafka(kafkaListen, kafkaAdvertise, srv, coord, clientTLS, policy, logger)
 				if err != nil {
 					return err
 				}
@@ -100,7 +103,7 @@ func newIngestCommand() *cobra.Command {
 
 // serveKafka starts ingestion's Kafka listener: the same TLS as the gRPC
 // listener's, and the same access policy, judged per operation.
-func serveKafka(listen, advertise string, srv *ingest.Server, tlsConfig *tls.Config, policy *transport.Policy, logger logr.Logger) (*kafka.Server, error) {
+func serveKafka(listen, advertise string, srv *ingest.Server, coord *groups.Coordinator, tlsConfig *tls.Config, policy *transport.Policy, logger logr.Logger) (*kafka.Server, error) {
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("failed to listen for Kafka clients on %s: %w", listen, err)
@@ -108,7 +111,7 @@ func serveKafka(listen, advertise string, srv *ingest.Server, tlsConfig *tls.Con
 	if advertise == "" {
 		advertise = lis.Addr().String()
 	}
-	opts := kafka.Options{Ingest: srv, Advertise: advertise, TLS: tlsConfig, Logger: logger.WithValues("listener", "kafka")}
+	opts := kafka.Options{Ingest: srv, Groups: coord, Advertise: advertise, TLS: tlsConfig, Logger: logger.WithValues("listener", "kafka")}
 	if policy != nil {
 		opts.Authorize = policy.Check
 	}
@@ -124,4 +127,12 @@ func serveKafka(listen, advertise string, srv *ingest.Server, tlsConfig *tls.Con
 	}()
 	logger.Info("Kafka listener serving", "addr", lis.Addr().String(), "advertised", ks.Advertised())
 	return ks, nil
+}
+
+// newGroupCoordinator is the consumer-group coordinator an ingestion node
+// serves through its Kafka listener and the Groups gRPC API, with the
+// groups' committed offsets in the internal stream
+// groups.DefaultOffsetsStream.
+func newGroupCoordinator(srv *ingest.Server, logger logr.Logger) *groups.Coordinator {
+	return groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: srv}, Logger: logger.WithName("groups")})
 }

@@ -109,6 +109,7 @@ func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 		newDescribeCommand(a),
 		newStreamCommand(a),
 		newConsumersCommand(a),
+		newGroupCommand(a),
 		newAggCommand(a),
 		newBenchCommand(a),
 		newCheckCommand(a),

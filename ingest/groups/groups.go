@@ -884,6 +884,7 @@ type GroupSummary struct {
 	Name         string
 	State        State
 	ProtocolType string
+	Members      int
 }
 
 // MemberDescription is one member as DescribeGroups reports it.
@@ -916,7 +917,7 @@ func (c *Coordinator) List(ctx context.Context) ([]GroupSummary, error) {
 		if g.state == Dead {
 			continue
 		}
-		out = append(out, GroupSummary{Name: g.name, State: g.state, ProtocolType: g.protocolType})
+		out = append(out, GroupSummary{Name: g.name, State: g.state, ProtocolType: g.protocolType, Members: len(g.members)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/ingest/groups"
 	"github.com/catena-streams/catena/ingest/kafka"
 	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/chainplan"
@@ -231,6 +232,11 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	defer ing.Close()
 	g := grpc.NewServer(transport.ServerOptions(nil)...)
 	ing.Register(g)
+	// The consumer groups of the Kafka listener, also served over gRPC
+	// (catenactl group); their offsets go to groups.DefaultOffsetsStream,
+	// which the first commit creates.
+	coord := groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: ing}, Logger: log.WithValues("role", "groups")})
+	(&groups.Service{Coordinator: coord, Ingest: ing}).Register(g)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(ingestLis) }()
 	defer g.Stop()
@@ -241,7 +247,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		if err != nil {
 			return fmt.Errorf("failed to listen for Kafka clients on %s: %w", spec.KafkaListen, err)
 		}
-		ks, err := kafka.New(kafka.Options{Ingest: ing, Logger: log.WithValues("role", "kafka")})
+		ks, err := kafka.New(kafka.Options{Ingest: ing, Groups: coord, Logger: log.WithValues("role", "kafka")})
 		if err != nil {
 			klis.Close()
 			return err

@@ -519,6 +519,810 @@ func (x *ForcedTrim) GetTimeMs() int64 {
 	return 0
 }
 
+type ListGroupsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGroupsRequest) Reset() {
+	*x = ListGroupsRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGroupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGroupsRequest) ProtoMessage() {}
+
+func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
+func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{4}
+}
+
+type ListGroupsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Groups        []*GroupSummary        `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListGroupsResponse) Reset() {
+	*x = ListGroupsResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListGroupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListGroupsResponse) ProtoMessage() {}
+
+func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
+func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+type GroupSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// Empty, PreparingRebalance, CompletingRebalance or Stable.
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// "consumer" for consumers; empty for a group without members.
+	ProtocolType  string `protobuf:"bytes,3,opt,name=protocol_type,json=protocolType,proto3" json:"protocol_type,omitempty"`
+	Members       uint32 `protobuf:"varint,4,opt,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupSummary) Reset() {
+	*x = GroupSummary{}
+	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupSummary) ProtoMessage() {}
+
+func (x *GroupSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
+func (*GroupSummary) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GroupSummary) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupSummary) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *GroupSummary) GetProtocolType() string {
+	if x != nil {
+		return x.ProtocolType
+	}
+	return ""
+}
+
+func (x *GroupSummary) GetMembers() uint32 {
+	if x != nil {
+		return x.Members
+	}
+	return 0
+}
+
+type DescribeGroupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// Only the committed offsets on this stream (empty: every stream).
+	Stream        string `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DescribeGroupRequest) Reset() {
+	*x = DescribeGroupRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DescribeGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DescribeGroupRequest) ProtoMessage() {}
+
+func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
+func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DescribeGroupRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *DescribeGroupRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+type GroupDescription struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Group        string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	State        string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Generation   int32                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	ProtocolType string                 `protobuf:"bytes,4,opt,name=protocol_type,json=protocolType,proto3" json:"protocol_type,omitempty"`
+	// The assignor the members chose (range, cooperative-sticky, ...).
+	Protocol      string         `protobuf:"bytes,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Leader        string         `protobuf:"bytes,6,opt,name=leader,proto3" json:"leader,omitempty"`
+	Members       []*GroupMember `protobuf:"bytes,7,rep,name=members,proto3" json:"members,omitempty"`
+	Offsets       []*GroupOffset `protobuf:"bytes,8,rep,name=offsets,proto3" json:"offsets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupDescription) Reset() {
+	*x = GroupDescription{}
+	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupDescription) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupDescription) ProtoMessage() {}
+
+func (x *GroupDescription) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupDescription.ProtoReflect.Descriptor instead.
+func (*GroupDescription) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *GroupDescription) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *GroupDescription) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *GroupDescription) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *GroupDescription) GetProtocolType() string {
+	if x != nil {
+		return x.ProtocolType
+	}
+	return ""
+}
+
+func (x *GroupDescription) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *GroupDescription) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *GroupDescription) GetMembers() []*GroupMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *GroupDescription) GetOffsets() []*GroupOffset {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+type GroupMember struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ClientId   string                 `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	ClientHost string                 `protobuf:"bytes,3,opt,name=client_host,json=clientHost,proto3" json:"client_host,omitempty"`
+	// The member's partitions, decoded for protocol type "consumer" (empty
+	// for other protocol types, whose assignments only their clients read).
+	Assignment    []*GroupAssignment `protobuf:"bytes,4,rep,name=assignment,proto3" json:"assignment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupMember) Reset() {
+	*x = GroupMember{}
+	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupMember) ProtoMessage() {}
+
+func (x *GroupMember) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
+func (*GroupMember) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GroupMember) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *GroupMember) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *GroupMember) GetClientHost() string {
+	if x != nil {
+		return x.ClientHost
+	}
+	return ""
+}
+
+func (x *GroupMember) GetAssignment() []*GroupAssignment {
+	if x != nil {
+		return x.Assignment
+	}
+	return nil
+}
+
+type GroupAssignment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partitions    []uint32               `protobuf:"varint,2,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupAssignment) Reset() {
+	*x = GroupAssignment{}
+	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupAssignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupAssignment) ProtoMessage() {}
+
+func (x *GroupAssignment) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupAssignment.ProtoReflect.Descriptor instead.
+func (*GroupAssignment) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GroupAssignment) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *GroupAssignment) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+type GroupOffset struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The offset of the next record the group will read.
+	Offset        uint64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Metadata      string `protobuf:"bytes,4,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	CommittedAtMs int64  `protobuf:"varint,5,opt,name=committed_at_ms,json=committedAtMs,proto3" json:"committed_at_ms,omitempty"`
+	// The partition's committed end now; end - offset is the group's lag.
+	// Zero when the partition could not be asked.
+	End           uint64 `protobuf:"varint,6,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupOffset) Reset() {
+	*x = GroupOffset{}
+	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupOffset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupOffset) ProtoMessage() {}
+
+func (x *GroupOffset) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupOffset.ProtoReflect.Descriptor instead.
+func (*GroupOffset) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GroupOffset) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *GroupOffset) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *GroupOffset) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *GroupOffset) GetMetadata() string {
+	if x != nil {
+		return x.Metadata
+	}
+	return ""
+}
+
+func (x *GroupOffset) GetCommittedAtMs() int64 {
+	if x != nil {
+		return x.CommittedAtMs
+	}
+	return 0
+}
+
+func (x *GroupOffset) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+type ResetGroupOffsetsRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Group  string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Stream string                 `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	// The partitions to reset (empty: every partition of the stream).
+	Partitions []uint32 `protobuf:"varint,3,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// Where to: EARLIEST, LATEST or TIMESTAMP (with timestamp_ms); or, left
+	// UNSPECIFIED, to offset.
+	Spec        OffsetSpec `protobuf:"varint,4,opt,name=spec,proto3,enum=catena.v1.OffsetSpec" json:"spec,omitempty"`
+	Offset      uint64     `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
+	TimestampMs int64      `protobuf:"varint,6,opt,name=timestamp_ms,json=timestampMs,proto3" json:"timestamp_ms,omitempty"`
+	// Compute the new offsets without storing them.
+	DryRun        bool `protobuf:"varint,7,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetGroupOffsetsRequest) Reset() {
+	*x = ResetGroupOffsetsRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetGroupOffsetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetGroupOffsetsRequest) ProtoMessage() {}
+
+func (x *ResetGroupOffsetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetGroupOffsetsRequest.ProtoReflect.Descriptor instead.
+func (*ResetGroupOffsetsRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ResetGroupOffsetsRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *ResetGroupOffsetsRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *ResetGroupOffsetsRequest) GetPartitions() []uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *ResetGroupOffsetsRequest) GetSpec() OffsetSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return OffsetSpec_OFFSET_SPEC_UNSPECIFIED
+}
+
+func (x *ResetGroupOffsetsRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ResetGroupOffsetsRequest) GetTimestampMs() int64 {
+	if x != nil {
+		return x.TimestampMs
+	}
+	return 0
+}
+
+func (x *ResetGroupOffsetsRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type ResetGroupOffsetsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Changes       []*GroupOffsetChange   `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetGroupOffsetsResponse) Reset() {
+	*x = ResetGroupOffsetsResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetGroupOffsetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetGroupOffsetsResponse) ProtoMessage() {}
+
+func (x *ResetGroupOffsetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetGroupOffsetsResponse.ProtoReflect.Descriptor instead.
+func (*ResetGroupOffsetsResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ResetGroupOffsetsResponse) GetChanges() []*GroupOffsetChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+type GroupOffsetChange struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The committed offset before (-1: none).
+	Previous int64  `protobuf:"varint,2,opt,name=previous,proto3" json:"previous,omitempty"`
+	Offset   uint64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Set when the offset asked for was outside the partition's records and
+	// was moved to its start or end, as Kafka's tool does.
+	Clamped       bool `protobuf:"varint,4,opt,name=clamped,proto3" json:"clamped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupOffsetChange) Reset() {
+	*x = GroupOffsetChange{}
+	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupOffsetChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupOffsetChange) ProtoMessage() {}
+
+func (x *GroupOffsetChange) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupOffsetChange.ProtoReflect.Descriptor instead.
+func (*GroupOffsetChange) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GroupOffsetChange) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *GroupOffsetChange) GetPrevious() int64 {
+	if x != nil {
+		return x.Previous
+	}
+	return 0
+}
+
+func (x *GroupOffsetChange) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *GroupOffsetChange) GetClamped() bool {
+	if x != nil {
+		return x.Clamped
+	}
+	return false
+}
+
+type DeleteGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteGroupRequest) Reset() {
+	*x = DeleteGroupRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteGroupRequest) ProtoMessage() {}
+
+func (x *DeleteGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteGroupRequest.ProtoReflect.Descriptor instead.
+func (*DeleteGroupRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DeleteGroupRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+type DeleteGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteGroupResponse) Reset() {
+	*x = DeleteGroupResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteGroupResponse) ProtoMessage() {}
+
+func (x *DeleteGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteGroupResponse.ProtoReflect.Descriptor instead.
+func (*DeleteGroupResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+}
+
 type CommitConsumerOffsetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -531,7 +1335,7 @@ type CommitConsumerOffsetRequest struct {
 
 func (x *CommitConsumerOffsetRequest) Reset() {
 	*x = CommitConsumerOffsetRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -543,7 +1347,7 @@ func (x *CommitConsumerOffsetRequest) String() string {
 func (*CommitConsumerOffsetRequest) ProtoMessage() {}
 
 func (x *CommitConsumerOffsetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -556,7 +1360,7 @@ func (x *CommitConsumerOffsetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitConsumerOffsetRequest.ProtoReflect.Descriptor instead.
 func (*CommitConsumerOffsetRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{4}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CommitConsumerOffsetRequest) GetStream() string {
@@ -598,7 +1402,7 @@ type CommitConsumerOffsetResponse struct {
 
 func (x *CommitConsumerOffsetResponse) Reset() {
 	*x = CommitConsumerOffsetResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +1414,7 @@ func (x *CommitConsumerOffsetResponse) String() string {
 func (*CommitConsumerOffsetResponse) ProtoMessage() {}
 
 func (x *CommitConsumerOffsetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +1427,7 @@ func (x *CommitConsumerOffsetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitConsumerOffsetResponse.ProtoReflect.Descriptor instead.
 func (*CommitConsumerOffsetResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{5}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CommitConsumerOffsetResponse) GetEpoch() uint64 {
@@ -649,7 +1453,7 @@ type ListConsumersRequest struct {
 
 func (x *ListConsumersRequest) Reset() {
 	*x = ListConsumersRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -661,7 +1465,7 @@ func (x *ListConsumersRequest) String() string {
 func (*ListConsumersRequest) ProtoMessage() {}
 
 func (x *ListConsumersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -674,7 +1478,7 @@ func (x *ListConsumersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumersRequest.ProtoReflect.Descriptor instead.
 func (*ListConsumersRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{6}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListConsumersRequest) GetStream() string {
@@ -694,7 +1498,7 @@ type ListConsumersResponse struct {
 
 func (x *ListConsumersResponse) Reset() {
 	*x = ListConsumersResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +1510,7 @@ func (x *ListConsumersResponse) String() string {
 func (*ListConsumersResponse) ProtoMessage() {}
 
 func (x *ListConsumersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +1523,7 @@ func (x *ListConsumersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumersResponse.ProtoReflect.Descriptor instead.
 func (*ListConsumersResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{7}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListConsumersResponse) GetStream() string {
@@ -757,7 +1561,7 @@ type PartitionConsumers struct {
 
 func (x *PartitionConsumers) Reset() {
 	*x = PartitionConsumers{}
-	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +1573,7 @@ func (x *PartitionConsumers) String() string {
 func (*PartitionConsumers) ProtoMessage() {}
 
 func (x *PartitionConsumers) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +1586,7 @@ func (x *PartitionConsumers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionConsumers.ProtoReflect.Descriptor instead.
 func (*PartitionConsumers) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{8}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PartitionConsumers) GetPartition() uint32 {
@@ -837,7 +1641,7 @@ type DeleteConsumerRequest struct {
 
 func (x *DeleteConsumerRequest) Reset() {
 	*x = DeleteConsumerRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +1653,7 @@ func (x *DeleteConsumerRequest) String() string {
 func (*DeleteConsumerRequest) ProtoMessage() {}
 
 func (x *DeleteConsumerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +1666,7 @@ func (x *DeleteConsumerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteConsumerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteConsumerRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{9}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteConsumerRequest) GetStream() string {
@@ -889,7 +1693,7 @@ type DeleteConsumerResponse struct {
 
 func (x *DeleteConsumerResponse) Reset() {
 	*x = DeleteConsumerResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +1705,7 @@ func (x *DeleteConsumerResponse) String() string {
 func (*DeleteConsumerResponse) ProtoMessage() {}
 
 func (x *DeleteConsumerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +1718,7 @@ func (x *DeleteConsumerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteConsumerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteConsumerResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{10}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DeleteConsumerResponse) GetPartitions() []uint32 {
@@ -942,7 +1746,7 @@ type ProduceRecord struct {
 
 func (x *ProduceRecord) Reset() {
 	*x = ProduceRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1758,7 @@ func (x *ProduceRecord) String() string {
 func (*ProduceRecord) ProtoMessage() {}
 
 func (x *ProduceRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1771,7 @@ func (x *ProduceRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRecord.ProtoReflect.Descriptor instead.
 func (*ProduceRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{11}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ProduceRecord) GetKey() []byte {
@@ -1035,7 +1839,7 @@ type ProduceRequest struct {
 
 func (x *ProduceRequest) Reset() {
 	*x = ProduceRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1851,7 @@ func (x *ProduceRequest) String() string {
 func (*ProduceRequest) ProtoMessage() {}
 
 func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1864,7 @@ func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRequest.ProtoReflect.Descriptor instead.
 func (*ProduceRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{12}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ProduceRequest) GetStream() string {
@@ -1120,7 +1924,7 @@ type ProduceResult struct {
 
 func (x *ProduceResult) Reset() {
 	*x = ProduceResult{}
-	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1936,7 @@ func (x *ProduceResult) String() string {
 func (*ProduceResult) ProtoMessage() {}
 
 func (x *ProduceResult) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1949,7 @@ func (x *ProduceResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResult.ProtoReflect.Descriptor instead.
 func (*ProduceResult) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{13}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProduceResult) GetPartition() uint32 {
@@ -1198,7 +2002,7 @@ type ProduceResponse struct {
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1210,7 +2014,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1223,7 +2027,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{14}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProduceResponse) GetResults() []*ProduceResult {
@@ -1254,7 +2058,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +2070,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +2083,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{15}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *FetchRequest) GetStream() string {
@@ -1331,7 +2135,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +2147,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +2160,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FetchResponse) GetRecords() []*Record {
@@ -1399,7 +2203,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +2215,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +2228,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SubscribeRequest) GetStream() string {
@@ -1467,7 +2271,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1479,7 +2283,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +2296,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListOffsetsRequest) GetStream() string {
@@ -1532,7 +2336,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +2348,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +2361,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListOffsetsResponse) GetOffset() uint64 {
@@ -1576,7 +2380,7 @@ type DescribeStreamRequest struct {
 
 func (x *DescribeStreamRequest) Reset() {
 	*x = DescribeStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1588,7 +2392,7 @@ func (x *DescribeStreamRequest) String() string {
 func (*DescribeStreamRequest) ProtoMessage() {}
 
 func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1601,7 +2405,7 @@ func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeStreamRequest.ProtoReflect.Descriptor instead.
 func (*DescribeStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DescribeStreamRequest) GetStream() string {
@@ -1622,7 +2426,7 @@ type StreamDescription struct {
 
 func (x *StreamDescription) Reset() {
 	*x = StreamDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1634,7 +2438,7 @@ func (x *StreamDescription) String() string {
 func (*StreamDescription) ProtoMessage() {}
 
 func (x *StreamDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1647,7 +2451,7 @@ func (x *StreamDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamDescription.ProtoReflect.Descriptor instead.
 func (*StreamDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StreamDescription) GetStream() string {
@@ -1684,7 +2488,7 @@ type PartitionDescription struct {
 
 func (x *PartitionDescription) Reset() {
 	*x = PartitionDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +2500,7 @@ func (x *PartitionDescription) String() string {
 func (*PartitionDescription) ProtoMessage() {}
 
 func (x *PartitionDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +2513,7 @@ func (x *PartitionDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionDescription.ProtoReflect.Descriptor instead.
 func (*PartitionDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PartitionDescription) GetPartition() uint32 {
@@ -1748,7 +2552,7 @@ type ListStreamsRequest struct {
 
 func (x *ListStreamsRequest) Reset() {
 	*x = ListStreamsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +2564,7 @@ func (x *ListStreamsRequest) String() string {
 func (*ListStreamsRequest) ProtoMessage() {}
 
 func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +2577,7 @@ func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsRequest.ProtoReflect.Descriptor instead.
 func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
 }
 
 type CreateStreamRequest struct {
@@ -1786,7 +2590,7 @@ type CreateStreamRequest struct {
 
 func (x *CreateStreamRequest) Reset() {
 	*x = CreateStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1798,7 +2602,7 @@ func (x *CreateStreamRequest) String() string {
 func (*CreateStreamRequest) ProtoMessage() {}
 
 func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1811,7 +2615,7 @@ func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateStreamRequest.ProtoReflect.Descriptor instead.
 func (*CreateStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CreateStreamRequest) GetStream() string {
@@ -1837,7 +2641,7 @@ type DeleteStreamRequest struct {
 
 func (x *DeleteStreamRequest) Reset() {
 	*x = DeleteStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +2653,7 @@ func (x *DeleteStreamRequest) String() string {
 func (*DeleteStreamRequest) ProtoMessage() {}
 
 func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +2666,7 @@ func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteStreamRequest) GetStream() string {
@@ -1880,7 +2684,7 @@ type DeleteStreamResponse struct {
 
 func (x *DeleteStreamResponse) Reset() {
 	*x = DeleteStreamResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2696,7 @@ func (x *DeleteStreamResponse) String() string {
 func (*DeleteStreamResponse) ProtoMessage() {}
 
 func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2709,7 @@ func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
 }
 
 type ListStreamsResponse struct {
@@ -1917,7 +2721,7 @@ type ListStreamsResponse struct {
 
 func (x *ListStreamsResponse) Reset() {
 	*x = ListStreamsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2733,7 @@ func (x *ListStreamsResponse) String() string {
 func (*ListStreamsResponse) ProtoMessage() {}
 
 func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2746,7 @@ func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsResponse.ProtoReflect.Descriptor instead.
 func (*ListStreamsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListStreamsResponse) GetStreams() []string {
@@ -1969,7 +2773,7 @@ type ReportHeadUnreachableRequest struct {
 
 func (x *ReportHeadUnreachableRequest) Reset() {
 	*x = ReportHeadUnreachableRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2785,7 @@ func (x *ReportHeadUnreachableRequest) String() string {
 func (*ReportHeadUnreachableRequest) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2798,7 @@ func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableRequest.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReportHeadUnreachableRequest) GetStream() string {
@@ -2047,7 +2851,7 @@ type ReportHeadUnreachableResponse struct {
 
 func (x *ReportHeadUnreachableResponse) Reset() {
 	*x = ReportHeadUnreachableResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2863,7 @@ func (x *ReportHeadUnreachableResponse) String() string {
 func (*ReportHeadUnreachableResponse) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2876,7 @@ func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableResponse.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
 }
 
 type HoldRetentionRequest struct {
@@ -2088,7 +2892,7 @@ type HoldRetentionRequest struct {
 
 func (x *HoldRetentionRequest) Reset() {
 	*x = HoldRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2904,7 @@ func (x *HoldRetentionRequest) String() string {
 func (*HoldRetentionRequest) ProtoMessage() {}
 
 func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2917,7 @@ func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRetentionRequest.ProtoReflect.Descriptor instead.
 func (*HoldRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *HoldRetentionRequest) GetStream() string {
@@ -2156,7 +2960,7 @@ type ReleaseRetentionRequest struct {
 
 func (x *ReleaseRetentionRequest) Reset() {
 	*x = ReleaseRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2168,7 +2972,7 @@ func (x *ReleaseRetentionRequest) String() string {
 func (*ReleaseRetentionRequest) ProtoMessage() {}
 
 func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2181,7 +2985,7 @@ func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReleaseRetentionRequest) GetStream() string {
@@ -2215,7 +3019,7 @@ type ReleaseRetentionResponse struct {
 
 func (x *ReleaseRetentionResponse) Reset() {
 	*x = ReleaseRetentionResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +3031,7 @@ func (x *ReleaseRetentionResponse) String() string {
 func (*ReleaseRetentionResponse) ProtoMessage() {}
 
 func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +3044,7 @@ func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReleaseRetentionResponse) GetReleased() []uint32 {
@@ -2263,7 +3067,7 @@ type CatchUpRequest struct {
 
 func (x *CatchUpRequest) Reset() {
 	*x = CatchUpRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2275,7 +3079,7 @@ func (x *CatchUpRequest) String() string {
 func (*CatchUpRequest) ProtoMessage() {}
 
 func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2288,7 +3092,7 @@ func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
 func (*CatchUpRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CatchUpRequest) GetChain() *ConfigureRequest {
@@ -2326,7 +3130,7 @@ type ReadFramesRequest struct {
 
 func (x *ReadFramesRequest) Reset() {
 	*x = ReadFramesRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +3142,7 @@ func (x *ReadFramesRequest) String() string {
 func (*ReadFramesRequest) ProtoMessage() {}
 
 func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +3155,7 @@ func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReadFramesRequest) GetStream() string {
@@ -2405,7 +3209,7 @@ type ReadFramesResponse struct {
 
 func (x *ReadFramesResponse) Reset() {
 	*x = ReadFramesResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +3221,7 @@ func (x *ReadFramesResponse) String() string {
 func (*ReadFramesResponse) ProtoMessage() {}
 
 func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +3234,7 @@ func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReadFramesResponse) GetFrames() [][]byte {
@@ -2475,7 +3279,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2487,7 +3291,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2500,7 +3304,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -2541,7 +3345,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +3357,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +3370,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -2587,7 +3391,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2599,7 +3403,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2612,7 +3416,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -2654,7 +3458,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2666,7 +3470,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2679,7 +3483,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -2722,7 +3526,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2734,7 +3538,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2747,7 +3551,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -2781,7 +3585,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2793,7 +3597,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2806,7 +3610,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *Member) GetId() string {
@@ -2842,7 +3646,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2854,7 +3658,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2867,7 +3671,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -2977,7 +3781,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3793,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3806,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -3184,7 +3988,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3196,7 +4000,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3209,7 +4013,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -3236,7 +4040,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3248,7 +4052,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3261,7 +4065,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -3307,7 +4111,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3319,7 +4123,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3332,7 +4136,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -3399,7 +4203,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3411,7 +4215,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3424,7 +4228,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -3488,7 +4292,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3500,7 +4304,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3513,7 +4317,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -3592,7 +4396,7 @@ type CompletionsRequest struct {
 
 func (x *CompletionsRequest) Reset() {
 	*x = CompletionsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3604,7 +4408,7 @@ func (x *CompletionsRequest) String() string {
 func (*CompletionsRequest) ProtoMessage() {}
 
 func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3617,7 +4421,7 @@ func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionsRequest.ProtoReflect.Descriptor instead.
 func (*CompletionsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CompletionsRequest) GetStream() string {
@@ -3652,7 +4456,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3664,7 +4468,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3677,7 +4481,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *Completion) GetEpoch() uint64 {
@@ -3713,7 +4517,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[51]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3725,7 +4529,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[51]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3738,7 +4542,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -3836,7 +4640,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[52]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3848,7 +4652,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[52]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3861,7 +4665,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
 }
 
 type BatchData struct {
@@ -3880,7 +4684,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[53]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3892,7 +4696,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[53]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3905,7 +4709,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -3940,7 +4744,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[54]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3952,7 +4756,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[54]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3965,7 +4769,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{54}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -4001,7 +4805,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[55]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4013,7 +4817,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[55]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4026,7 +4830,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{55}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -4122,7 +4926,69 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\vhold_offset\x18\x02 \x01(\x04R\n" +
 	"holdOffset\x12\x1b\n" +
 	"\tlog_start\x18\x03 \x01(\x04R\blogStart\x12\x17\n" +
-	"\atime_ms\x18\x04 \x01(\x03R\x06timeMs\"\x87\x01\n" +
+	"\atime_ms\x18\x04 \x01(\x03R\x06timeMs\"\x13\n" +
+	"\x11ListGroupsRequest\"E\n" +
+	"\x12ListGroupsResponse\x12/\n" +
+	"\x06groups\x18\x01 \x03(\v2\x17.catena.v1.GroupSummaryR\x06groups\"y\n" +
+	"\fGroupSummary\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12#\n" +
+	"\rprotocol_type\x18\x03 \x01(\tR\fprotocolType\x12\x18\n" +
+	"\amembers\x18\x04 \x01(\rR\amembers\"D\n" +
+	"\x14DescribeGroupRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\"\x9b\x02\n" +
+	"\x10GroupDescription\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12#\n" +
+	"\rprotocol_type\x18\x04 \x01(\tR\fprotocolType\x12\x1a\n" +
+	"\bprotocol\x18\x05 \x01(\tR\bprotocol\x12\x16\n" +
+	"\x06leader\x18\x06 \x01(\tR\x06leader\x120\n" +
+	"\amembers\x18\a \x03(\v2\x16.catena.v1.GroupMemberR\amembers\x120\n" +
+	"\aoffsets\x18\b \x03(\v2\x16.catena.v1.GroupOffsetR\aoffsets\"\x97\x01\n" +
+	"\vGroupMember\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x1f\n" +
+	"\vclient_host\x18\x03 \x01(\tR\n" +
+	"clientHost\x12:\n" +
+	"\n" +
+	"assignment\x18\x04 \x03(\v2\x1a.catena.v1.GroupAssignmentR\n" +
+	"assignment\"I\n" +
+	"\x0fGroupAssignment\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x02 \x03(\rR\n" +
+	"partitions\"\xb1\x01\n" +
+	"\vGroupOffset\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x1a\n" +
+	"\bmetadata\x18\x04 \x01(\tR\bmetadata\x12&\n" +
+	"\x0fcommitted_at_ms\x18\x05 \x01(\x03R\rcommittedAtMs\x12\x10\n" +
+	"\x03end\x18\x06 \x01(\x04R\x03end\"\xe7\x01\n" +
+	"\x18ResetGroupOffsetsRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x03(\rR\n" +
+	"partitions\x12)\n" +
+	"\x04spec\x18\x04 \x01(\x0e2\x15.catena.v1.OffsetSpecR\x04spec\x12\x16\n" +
+	"\x06offset\x18\x05 \x01(\x04R\x06offset\x12!\n" +
+	"\ftimestamp_ms\x18\x06 \x01(\x03R\vtimestampMs\x12\x17\n" +
+	"\adry_run\x18\a \x01(\bR\x06dryRun\"S\n" +
+	"\x19ResetGroupOffsetsResponse\x126\n" +
+	"\achanges\x18\x01 \x03(\v2\x1c.catena.v1.GroupOffsetChangeR\achanges\"\x7f\n" +
+	"\x11GroupOffsetChange\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x1a\n" +
+	"\bprevious\x18\x02 \x01(\x03R\bprevious\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x18\n" +
+	"\aclamped\x18\x04 \x01(\bR\aclamped\"*\n" +
+	"\x12DeleteGroupRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\"\x15\n" +
+	"\x13DeleteGroupResponse\"\x87\x01\n" +
 	"\x1bCommitConsumerOffsetRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1a\n" +
@@ -4422,7 +5288,13 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\rListConsumers\x12\x1f.catena.v1.ListConsumersRequest\x1a .catena.v1.ListConsumersResponse\x12U\n" +
 	"\x0eDeleteConsumer\x12 .catena.v1.DeleteConsumerRequest\x1a!.catena.v1.DeleteConsumerResponse\x12L\n" +
 	"\fCreateStream\x12\x1e.catena.v1.CreateStreamRequest\x1a\x1c.catena.v1.StreamDescription\x12O\n" +
-	"\fDeleteStream\x12\x1e.catena.v1.DeleteStreamRequest\x1a\x1f.catena.v1.DeleteStreamResponse2\x91\t\n" +
+	"\fDeleteStream\x12\x1e.catena.v1.DeleteStreamRequest\x1a\x1f.catena.v1.DeleteStreamResponse2\xd0\x02\n" +
+	"\x06Groups\x12I\n" +
+	"\n" +
+	"ListGroups\x12\x1c.catena.v1.ListGroupsRequest\x1a\x1d.catena.v1.ListGroupsResponse\x12M\n" +
+	"\rDescribeGroup\x12\x1f.catena.v1.DescribeGroupRequest\x1a\x1b.catena.v1.GroupDescription\x12^\n" +
+	"\x11ResetGroupOffsets\x12#.catena.v1.ResetGroupOffsetsRequest\x1a$.catena.v1.ResetGroupOffsetsResponse\x12L\n" +
+	"\vDeleteGroup\x12\x1d.catena.v1.DeleteGroupRequest\x1a\x1e.catena.v1.DeleteGroupResponse2\x91\t\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -4455,7 +5327,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 56)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),                       // 0: catena.v1.Durability
 	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
@@ -4464,145 +5336,172 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*StreamConfig)(nil),                  // 4: catena.v1.StreamConfig
 	(*ConsumerHold)(nil),                  // 5: catena.v1.ConsumerHold
 	(*ForcedTrim)(nil),                    // 6: catena.v1.ForcedTrim
-	(*CommitConsumerOffsetRequest)(nil),   // 7: catena.v1.CommitConsumerOffsetRequest
-	(*CommitConsumerOffsetResponse)(nil),  // 8: catena.v1.CommitConsumerOffsetResponse
-	(*ListConsumersRequest)(nil),          // 9: catena.v1.ListConsumersRequest
-	(*ListConsumersResponse)(nil),         // 10: catena.v1.ListConsumersResponse
-	(*PartitionConsumers)(nil),            // 11: catena.v1.PartitionConsumers
-	(*DeleteConsumerRequest)(nil),         // 12: catena.v1.DeleteConsumerRequest
-	(*DeleteConsumerResponse)(nil),        // 13: catena.v1.DeleteConsumerResponse
-	(*ProduceRecord)(nil),                 // 14: catena.v1.ProduceRecord
-	(*ProduceRequest)(nil),                // 15: catena.v1.ProduceRequest
-	(*ProduceResult)(nil),                 // 16: catena.v1.ProduceResult
-	(*ProduceResponse)(nil),               // 17: catena.v1.ProduceResponse
-	(*FetchRequest)(nil),                  // 18: catena.v1.FetchRequest
-	(*FetchResponse)(nil),                 // 19: catena.v1.FetchResponse
-	(*SubscribeRequest)(nil),              // 20: catena.v1.SubscribeRequest
-	(*ListOffsetsRequest)(nil),            // 21: catena.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),           // 22: catena.v1.ListOffsetsResponse
-	(*DescribeStreamRequest)(nil),         // 23: catena.v1.DescribeStreamRequest
-	(*StreamDescription)(nil),             // 24: catena.v1.StreamDescription
-	(*PartitionDescription)(nil),          // 25: catena.v1.PartitionDescription
-	(*ListStreamsRequest)(nil),            // 26: catena.v1.ListStreamsRequest
-	(*CreateStreamRequest)(nil),           // 27: catena.v1.CreateStreamRequest
-	(*DeleteStreamRequest)(nil),           // 28: catena.v1.DeleteStreamRequest
-	(*DeleteStreamResponse)(nil),          // 29: catena.v1.DeleteStreamResponse
-	(*ListStreamsResponse)(nil),           // 30: catena.v1.ListStreamsResponse
-	(*ReportHeadUnreachableRequest)(nil),  // 31: catena.v1.ReportHeadUnreachableRequest
-	(*ReportHeadUnreachableResponse)(nil), // 32: catena.v1.ReportHeadUnreachableResponse
-	(*HoldRetentionRequest)(nil),          // 33: catena.v1.HoldRetentionRequest
-	(*ReleaseRetentionRequest)(nil),       // 34: catena.v1.ReleaseRetentionRequest
-	(*ReleaseRetentionResponse)(nil),      // 35: catena.v1.ReleaseRetentionResponse
-	(*CatchUpRequest)(nil),                // 36: catena.v1.CatchUpRequest
-	(*ReadFramesRequest)(nil),             // 37: catena.v1.ReadFramesRequest
-	(*ReadFramesResponse)(nil),            // 38: catena.v1.ReadFramesResponse
-	(*DropRequest)(nil),                   // 39: catena.v1.DropRequest
-	(*DropResponse)(nil),                  // 40: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),               // 41: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),              // 42: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),               // 43: catena.v1.TruncateRequest
-	(*Member)(nil),                        // 44: catena.v1.Member
-	(*ConfigureRequest)(nil),              // 45: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),               // 46: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),                 // 47: catena.v1.StatusRequest
-	(*StatusResponse)(nil),                // 48: catena.v1.StatusResponse
-	(*AppendRequest)(nil),                 // 49: catena.v1.AppendRequest
-	(*AppendRecord)(nil),                  // 50: catena.v1.AppendRecord
-	(*AppendResponse)(nil),                // 51: catena.v1.AppendResponse
-	(*CompletionsRequest)(nil),            // 52: catena.v1.CompletionsRequest
-	(*Completion)(nil),                    // 53: catena.v1.Completion
-	(*ReplicateFrame)(nil),                // 54: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                     // 55: catena.v1.LinkHello
-	(*BatchData)(nil),                     // 56: catena.v1.BatchData
-	(*CommitNotice)(nil),                  // 57: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                  // 58: catena.v1.ReplicateAck
+	(*ListGroupsRequest)(nil),             // 7: catena.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),            // 8: catena.v1.ListGroupsResponse
+	(*GroupSummary)(nil),                  // 9: catena.v1.GroupSummary
+	(*DescribeGroupRequest)(nil),          // 10: catena.v1.DescribeGroupRequest
+	(*GroupDescription)(nil),              // 11: catena.v1.GroupDescription
+	(*GroupMember)(nil),                   // 12: catena.v1.GroupMember
+	(*GroupAssignment)(nil),               // 13: catena.v1.GroupAssignment
+	(*GroupOffset)(nil),                   // 14: catena.v1.GroupOffset
+	(*ResetGroupOffsetsRequest)(nil),      // 15: catena.v1.ResetGroupOffsetsRequest
+	(*ResetGroupOffsetsResponse)(nil),     // 16: catena.v1.ResetGroupOffsetsResponse
+	(*GroupOffsetChange)(nil),             // 17: catena.v1.GroupOffsetChange
+	(*DeleteGroupRequest)(nil),            // 18: catena.v1.DeleteGroupRequest
+	(*DeleteGroupResponse)(nil),           // 19: catena.v1.DeleteGroupResponse
+	(*CommitConsumerOffsetRequest)(nil),   // 20: catena.v1.CommitConsumerOffsetRequest
+	(*CommitConsumerOffsetResponse)(nil),  // 21: catena.v1.CommitConsumerOffsetResponse
+	(*ListConsumersRequest)(nil),          // 22: catena.v1.ListConsumersRequest
+	(*ListConsumersResponse)(nil),         // 23: catena.v1.ListConsumersResponse
+	(*PartitionConsumers)(nil),            // 24: catena.v1.PartitionConsumers
+	(*DeleteConsumerRequest)(nil),         // 25: catena.v1.DeleteConsumerRequest
+	(*DeleteConsumerResponse)(nil),        // 26: catena.v1.DeleteConsumerResponse
+	(*ProduceRecord)(nil),                 // 27: catena.v1.ProduceRecord
+	(*ProduceRequest)(nil),                // 28: catena.v1.ProduceRequest
+	(*ProduceResult)(nil),                 // 29: catena.v1.ProduceResult
+	(*ProduceResponse)(nil),               // 30: catena.v1.ProduceResponse
+	(*FetchRequest)(nil),                  // 31: catena.v1.FetchRequest
+	(*FetchResponse)(nil),                 // 32: catena.v1.FetchResponse
+	(*SubscribeRequest)(nil),              // 33: catena.v1.SubscribeRequest
+	(*ListOffsetsRequest)(nil),            // 34: catena.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),           // 35: catena.v1.ListOffsetsResponse
+	(*DescribeStreamRequest)(nil),         // 36: catena.v1.DescribeStreamRequest
+	(*StreamDescription)(nil),             // 37: catena.v1.StreamDescription
+	(*PartitionDescription)(nil),          // 38: catena.v1.PartitionDescription
+	(*ListStreamsRequest)(nil),            // 39: catena.v1.ListStreamsRequest
+	(*CreateStreamRequest)(nil),           // 40: catena.v1.CreateStreamRequest
+	(*DeleteStreamRequest)(nil),           // 41: catena.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),          // 42: catena.v1.DeleteStreamResponse
+	(*ListStreamsResponse)(nil),           // 43: catena.v1.ListStreamsResponse
+	(*ReportHeadUnreachableRequest)(nil),  // 44: catena.v1.ReportHeadUnreachableRequest
+	(*ReportHeadUnreachableResponse)(nil), // 45: catena.v1.ReportHeadUnreachableResponse
+	(*HoldRetentionRequest)(nil),          // 46: catena.v1.HoldRetentionRequest
+	(*ReleaseRetentionRequest)(nil),       // 47: catena.v1.ReleaseRetentionRequest
+	(*ReleaseRetentionResponse)(nil),      // 48: catena.v1.ReleaseRetentionResponse
+	(*CatchUpRequest)(nil),                // 49: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),             // 50: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),            // 51: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),                   // 52: catena.v1.DropRequest
+	(*DropResponse)(nil),                  // 53: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),               // 54: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),              // 55: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),               // 56: catena.v1.TruncateRequest
+	(*Member)(nil),                        // 57: catena.v1.Member
+	(*ConfigureRequest)(nil),              // 58: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),               // 59: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),                 // 60: catena.v1.StatusRequest
+	(*StatusResponse)(nil),                // 61: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                 // 62: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                  // 63: catena.v1.AppendRecord
+	(*AppendResponse)(nil),                // 64: catena.v1.AppendResponse
+	(*CompletionsRequest)(nil),            // 65: catena.v1.CompletionsRequest
+	(*Completion)(nil),                    // 66: catena.v1.Completion
+	(*ReplicateFrame)(nil),                // 67: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 68: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 69: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 70: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 71: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
-	11, // 1: catena.v1.ListConsumersResponse.partitions:type_name -> catena.v1.PartitionConsumers
-	5,  // 2: catena.v1.PartitionConsumers.holds:type_name -> catena.v1.ConsumerHold
-	6,  // 3: catena.v1.PartitionConsumers.forced_trims:type_name -> catena.v1.ForcedTrim
-	14, // 4: catena.v1.ProduceRequest.records:type_name -> catena.v1.ProduceRecord
-	16, // 5: catena.v1.ProduceResponse.results:type_name -> catena.v1.ProduceResult
-	3,  // 6: catena.v1.FetchResponse.records:type_name -> catena.v1.Record
-	1,  // 7: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
-	4,  // 8: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
-	25, // 9: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	44, // 10: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	46, // 11: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	45, // 12: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
-	5,  // 13: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
-	44, // 14: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
-	4,  // 15: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	44, // 16: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
-	2,  // 17: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
-	4,  // 18: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
-	5,  // 19: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
-	6,  // 20: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
-	46, // 21: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	50, // 22: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	55, // 23: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	56, // 24: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	57, // 25: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
-	15, // 26: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
-	18, // 27: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
-	20, // 28: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
-	21, // 29: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	23, // 30: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
-	26, // 31: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	7,  // 32: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
-	9,  // 33: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
-	12, // 34: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
-	27, // 35: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
-	28, // 36: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
-	45, // 37: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	47, // 38: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	49, // 39: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	49, // 40: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	52, // 41: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
-	54, // 42: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	18, // 43: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	21, // 44: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	41, // 45: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	43, // 46: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	39, // 47: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	36, // 48: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	37, // 49: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	33, // 50: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	34, // 51: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	31, // 52: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	17, // 53: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	19, // 54: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	19, // 55: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	22, // 56: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	24, // 57: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	30, // 58: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	8,  // 59: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	10, // 60: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	13, // 61: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	24, // 62: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
-	29, // 63: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
-	46, // 64: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	48, // 65: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	51, // 66: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	51, // 67: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	53, // 68: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
-	58, // 69: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	19, // 70: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	22, // 71: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	42, // 72: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	46, // 73: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	40, // 74: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	46, // 75: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	38, // 76: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	46, // 77: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	35, // 78: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	32, // 79: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	53, // [53:80] is the sub-list for method output_type
-	26, // [26:53] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	9,  // 1: catena.v1.ListGroupsResponse.groups:type_name -> catena.v1.GroupSummary
+	12, // 2: catena.v1.GroupDescription.members:type_name -> catena.v1.GroupMember
+	14, // 3: catena.v1.GroupDescription.offsets:type_name -> catena.v1.GroupOffset
+	13, // 4: catena.v1.GroupMember.assignment:type_name -> catena.v1.GroupAssignment
+	1,  // 5: catena.v1.ResetGroupOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
+	17, // 6: catena.v1.ResetGroupOffsetsResponse.changes:type_name -> catena.v1.GroupOffsetChange
+	24, // 7: catena.v1.ListConsumersResponse.partitions:type_name -> catena.v1.PartitionConsumers
+	5,  // 8: catena.v1.PartitionConsumers.holds:type_name -> catena.v1.ConsumerHold
+	6,  // 9: catena.v1.PartitionConsumers.forced_trims:type_name -> catena.v1.ForcedTrim
+	27, // 10: catena.v1.ProduceRequest.records:type_name -> catena.v1.ProduceRecord
+	29, // 11: catena.v1.ProduceResponse.results:type_name -> catena.v1.ProduceResult
+	3,  // 12: catena.v1.FetchResponse.records:type_name -> catena.v1.Record
+	1,  // 13: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
+	4,  // 14: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
+	38, // 15: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
+	57, // 16: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	59, // 17: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	58, // 18: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	5,  // 19: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
+	57, // 20: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	4,  // 21: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
+	57, // 22: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	2,  // 23: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
+	4,  // 24: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
+	5,  // 25: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
+	6,  // 26: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
+	59, // 27: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	63, // 28: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	68, // 29: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	69, // 30: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	70, // 31: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	28, // 32: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
+	31, // 33: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
+	33, // 34: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
+	34, // 35: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	36, // 36: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
+	39, // 37: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
+	20, // 38: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
+	22, // 39: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
+	25, // 40: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
+	40, // 41: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
+	41, // 42: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
+	7,  // 43: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
+	10, // 44: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
+	15, // 45: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
+	18, // 46: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
+	58, // 47: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	60, // 48: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	62, // 49: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	62, // 50: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	65, // 51: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
+	67, // 52: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	31, // 53: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	34, // 54: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	54, // 55: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	56, // 56: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	52, // 57: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	49, // 58: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	50, // 59: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	46, // 60: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	47, // 61: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	44, // 62: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	30, // 63: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	32, // 64: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	32, // 65: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	35, // 66: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	37, // 67: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	43, // 68: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	21, // 69: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	23, // 70: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	26, // 71: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	37, // 72: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	42, // 73: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	8,  // 74: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
+	11, // 75: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
+	16, // 76: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
+	19, // 77: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
+	59, // 78: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	61, // 79: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	64, // 80: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	64, // 81: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	66, // 82: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
+	71, // 83: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	32, // 84: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	35, // 85: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	55, // 86: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	59, // 87: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	53, // 88: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	59, // 89: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	51, // 90: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	59, // 91: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	48, // 92: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	45, // 93: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	63, // [63:94] is the sub-list for method output_type
+	32, // [32:63] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_catena_v1_catena_proto_init() }
@@ -4610,15 +5509,15 @@ func file_catena_v1_catena_proto_init() {
 	if File_catena_v1_catena_proto != nil {
 		return
 	}
-	file_catena_v1_catena_proto_msgTypes[11].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[31].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[24].OneofWrappers = []any{}
 	file_catena_v1_catena_proto_msgTypes[44].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[51].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[57].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[64].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[55].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[68].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -4628,9 +5527,9 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   56,
+			NumMessages:   69,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_catena_v1_catena_proto_goTypes,
 		DependencyIndexes: file_catena_v1_catena_proto_depIdxs,

@@ -561,6 +561,258 @@ var Ingest_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
+	Groups_ListGroups_FullMethodName        = "/catena.v1.Groups/ListGroups"
+	Groups_DescribeGroup_FullMethodName     = "/catena.v1.Groups/DescribeGroup"
+	Groups_ResetGroupOffsets_FullMethodName = "/catena.v1.Groups/ResetGroupOffsets"
+	Groups_DeleteGroup_FullMethodName       = "/catena.v1.Groups/DeleteGroup"
+)
+
+// GroupsClient is the client API for Groups service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Groups lists, describes, resets and deletes the consumer groups that
+// Kafka clients join on an ingestion node's Kafka listener (docs/kafka.md).
+// It is served beside Ingest, by the same coordinator.
+type GroupsClient interface {
+	// ListGroups lists every group the coordinator knows: those with members
+	// and those with only committed offsets.
+	ListGroups(ctx context.Context, in *ListGroupsRequest, opts ...grpc.CallOption) (*ListGroupsResponse, error)
+	// DescribeGroup reports a group's members, their assignments, and its
+	// committed offsets with each partition's end (the group's lag).
+	// NOT_FOUND for a group the coordinator does not know.
+	DescribeGroup(ctx context.Context, in *DescribeGroupRequest, opts ...grpc.CallOption) (*GroupDescription, error)
+	// ResetGroupOffsets sets a group's committed offsets on partitions of one
+	// stream, as Kafka's kafka-consumer-groups --reset-offsets does; the
+	// group must have no members (FAILED_PRECONDITION otherwise: stop its
+	// consumers first). The offsets are stored durably and held from
+	// retention before the answer. INVALID_ARGUMENT for a bad request,
+	// NOT_FOUND for an unknown stream or partition: nothing is changed.
+	ResetGroupOffsets(ctx context.Context, in *ResetGroupOffsetsRequest, opts ...grpc.CallOption) (*ResetGroupOffsetsResponse, error)
+	// DeleteGroup forgets a group with no members: its committed offsets and
+	// its retention holds. NOT_FOUND for an unknown group,
+	// FAILED_PRECONDITION for one with members.
+	DeleteGroup(ctx context.Context, in *DeleteGroupRequest, opts ...grpc.CallOption) (*DeleteGroupResponse, error)
+}
+
+type groupsClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewGroupsClient(cc grpc.ClientConnInterface) GroupsClient {
+	return &groupsClient{cc}
+}
+
+func (c *groupsClient) ListGroups(ctx context.Context, in *ListGroupsRequest, opts ...grpc.CallOption) (*ListGroupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListGroupsResponse)
+	err := c.cc.Invoke(ctx, Groups_ListGroups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *groupsClient) DescribeGroup(ctx context.Context, in *DescribeGroupRequest, opts ...grpc.CallOption) (*GroupDescription, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GroupDescription)
+	err := c.cc.Invoke(ctx, Groups_DescribeGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *groupsClient) ResetGroupOffsets(ctx context.Context, in *ResetGroupOffsetsRequest, opts ...grpc.CallOption) (*ResetGroupOffsetsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResetGroupOffsetsResponse)
+	err := c.cc.Invoke(ctx, Groups_ResetGroupOffsets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *groupsClient) DeleteGroup(ctx context.Context, in *DeleteGroupRequest, opts ...grpc.CallOption) (*DeleteGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteGroupResponse)
+	err := c.cc.Invoke(ctx, Groups_DeleteGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// GroupsServer is the server API for Groups service.
+// All implementations must embed UnimplementedGroupsServer
+// for forward compatibility.
+//
+// Groups lists, describes, resets and deletes the consumer groups that
+// Kafka clients join on an ingestion node's Kafka listener (docs/kafka.md).
+// It is served beside Ingest, by the same coordinator.
+type GroupsServer interface {
+	// ListGroups lists every group the coordinator knows: those with members
+	// and those with only committed offsets.
+	ListGroups(context.Context, *ListGroupsRequest) (*ListGroupsResponse, error)
+	// DescribeGroup reports a group's members, their assignments, and its
+	// committed offsets with each partition's end (the group's lag).
+	// NOT_FOUND for a group the coordinator does not know.
+	DescribeGroup(context.Context, *DescribeGroupRequest) (*GroupDescription, error)
+	// ResetGroupOffsets sets a group's committed offsets on partitions of one
+	// stream, as Kafka's kafka-consumer-groups --reset-offsets does; the
+	// group must have no members (FAILED_PRECONDITION otherwise: stop its
+	// consumers first). The offsets are stored durably and held from
+	// retention before the answer. INVALID_ARGUMENT for a bad request,
+	// NOT_FOUND for an unknown stream or partition: nothing is changed.
+	ResetGroupOffsets(context.Context, *ResetGroupOffsetsRequest) (*ResetGroupOffsetsResponse, error)
+	// DeleteGroup forgets a group with no members: its committed offsets and
+	// its retention holds. NOT_FOUND for an unknown group,
+	// FAILED_PRECONDITION for one with members.
+	DeleteGroup(context.Context, *DeleteGroupRequest) (*DeleteGroupResponse, error)
+	mustEmbedUnimplementedGroupsServer()
+}
+
+// UnimplementedGroupsServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedGroupsServer struct{}
+
+func (UnimplementedGroupsServer) ListGroups(context.Context, *ListGroupsRequest) (*ListGroupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListGroups not implemented")
+}
+func (UnimplementedGroupsServer) DescribeGroup(context.Context, *DescribeGroupRequest) (*GroupDescription, error) {
+	return nil, status.Error(codes.Unimplemented, "method DescribeGroup not implemented")
+}
+func (UnimplementedGroupsServer) ResetGroupOffsets(context.Context, *ResetGroupOffsetsRequest) (*ResetGroupOffsetsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResetGroupOffsets not implemented")
+}
+func (UnimplementedGroupsServer) DeleteGroup(context.Context, *DeleteGroupRequest) (*DeleteGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteGroup not implemented")
+}
+func (UnimplementedGroupsServer) mustEmbedUnimplementedGroupsServer() {}
+func (UnimplementedGroupsServer) testEmbeddedByValue()                {}
+
+// UnsafeGroupsServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to GroupsServer will
+// result in compilation errors.
+type UnsafeGroupsServer interface {
+	mustEmbedUnimplementedGroupsServer()
+}
+
+func RegisterGroupsServer(s grpc.ServiceRegistrar, srv GroupsServer) {
+	// If the following call panics, it indicates UnimplementedGroupsServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Groups_ServiceDesc, srv)
+}
+
+func _Groups_ListGroups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListGroupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).ListGroups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_ListGroups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).ListGroups(ctx, req.(*ListGroupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Groups_DescribeGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DescribeGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).DescribeGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_DescribeGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).DescribeGroup(ctx, req.(*DescribeGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Groups_ResetGroupOffsets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResetGroupOffsetsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).ResetGroupOffsets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_ResetGroupOffsets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).ResetGroupOffsets(ctx, req.(*ResetGroupOffsetsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Groups_DeleteGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).DeleteGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_DeleteGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).DeleteGroup(ctx, req.(*DeleteGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Groups_ServiceDesc is the grpc.ServiceDesc for Groups service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Groups_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "catena.v1.Groups",
+	HandlerType: (*GroupsServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListGroups",
+			Handler:    _Groups_ListGroups_Handler,
+		},
+		{
+			MethodName: "DescribeGroup",
+			Handler:    _Groups_DescribeGroup_Handler,
+		},
+		{
+			MethodName: "ResetGroupOffsets",
+			Handler:    _Groups_ResetGroupOffsets_Handler,
+		},
+		{
+			MethodName: "DeleteGroup",
+			Handler:    _Groups_DeleteGroup_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "catena/v1/catena.proto",
+}
+
+const (
 	Replica_Configure_FullMethodName             = "/catena.v1.Replica/Configure"
 	Replica_Status_FullMethodName                = "/catena.v1.Replica/Status"
 	Replica_Append_FullMethodName                = "/catena.v1.Replica/Append"

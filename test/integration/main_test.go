@@ -14,6 +14,9 @@ import (
 // would (replica/partlog/lazyfs).
 var catenaBin, catenaPowerLossBin string
 
+// catenactlBin is the client CLI, built once by TestMain.
+var catenactlBin string
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -34,6 +37,13 @@ func run(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "integration: building %s failed: %v\n", bin, err)
 			return 1
 		}
+	}
+	catenactlBin = filepath.Join(dir, "catenactl")
+	cmd := exec.Command("go", "build", "-o", catenactlBin, "github.com/catena-streams/catena/cmd/catenactl")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: building %s failed: %v\n", catenactlBin, err)
+		return 1
 	}
 	return m.Run()
 }
