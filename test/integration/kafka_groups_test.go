@@ -164,6 +164,31 @@ func TestCatenactlGroupAgainstDev(t *testing.T) {
 	if offs, err := kadm.NewClient(adm).FetchOffsets(ctx, "readers"); err != nil || len(offs) != 0 {
 		t.Fatalf("a deleted group's offsets: %v %v", offs, err)
 	}
+
+	// kcat's balanced consumer (librdkafka) in a group: it reads all 20
+	// records and commits on exit; run again, it reads only what came
+	// after.
+	kcat, err := exec.LookPath("kcat")
+	if err != nil {
+		t.Fatal("kcat is not installed (apt-get install kcat; .ci/run installs it)")
+	}
+	kcatGroup := func() []string {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, kcat, "-b", kafkaAddr, "-G", "kcat-readers", "demo", "-X", "auto.offset.reset=earliest", "-e", "-q", "-f", "%p/%o\n").Output()
+		if err != nil {
+			t.Fatalf("kcat -G: %v\n%s", err, out)
+		}
+		return strings.Fields(string(out))
+	}
+	if got := kcatGroup(); len(got) != 20 {
+		t.Fatalf("kcat's group read %d records, want 20: %v", len(got), got)
+	}
+	if err := prod.ProduceSync(ctx, &kgo.Record{Topic: "demo", Partition: 1, Value: []byte("late")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if got := kcatGroup(); strings.Join(got, " ") != "1/10" {
+		t.Fatalf("kcat's group read %v after its commit, want only 1/10", got)
+	}
 }
 
 // regexpLine reports whether some line of out matches pattern.
