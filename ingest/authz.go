@@ -35,10 +35,15 @@ func MethodClasses() map[string]string {
 		catenapb.Ingest_ListStreams_FullMethodName:    ClassMetadata,
 
 		// Consumer groups (catena.v1.Groups, served beside Ingest).
-		catenapb.Groups_ListGroups_FullMethodName:        ClassMetadata,
-		catenapb.Groups_DescribeGroup_FullMethodName:     ClassConsume,
-		catenapb.Groups_ResetGroupOffsets_FullMethodName: ClassConsume,
-		catenapb.Groups_DeleteGroup_FullMethodName:       ClassConsume,
+		catenapb.Groups_ListGroups_FullMethodName:         ClassMetadata,
+		catenapb.Groups_DescribeGroup_FullMethodName:      ClassConsume,
+		catenapb.Groups_ResetGroupOffsets_FullMethodName:  ClassConsume,
+		catenapb.Groups_DeleteGroup_FullMethodName:        ClassConsume,
+		catenapb.Groups_JoinGroup_FullMethodName:          ClassConsume,
+		catenapb.Groups_SyncGroup_FullMethodName:          ClassConsume,
+		catenapb.Groups_Heartbeat_FullMethodName:          ClassConsume,
+		catenapb.Groups_LeaveGroup_FullMethodName:         ClassConsume,
+		catenapb.Groups_CommitGroupOffsets_FullMethodName: ClassConsume,
 
 		catenapb.Ingest_CreateStream_FullMethodName: ClassAdmin,
 		catenapb.Ingest_DeleteStream_FullMethodName: ClassAdmin,

@@ -222,6 +222,10 @@ type Options struct {
 	Logger logr.Logger
 }
 
+// MaxOffsetMetadata bounds a committed offset's metadata (Kafka's
+// offset.metadata.max.bytes default).
+const MaxOffsetMetadata = 4096
+
 // Defaults for Options.
 const (
 	DefaultMinSessionTimeout     = 6 * time.Second

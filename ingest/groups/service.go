@@ -2,15 +2,20 @@ package groups
 
 import (
 	"context"
+	"net"
 	"sort"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/ingest"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 // Service serves the Groups gRPC API (list, describe, reset, delete) from
@@ -26,7 +31,8 @@ type Service struct {
 // Register registers the service on g.
 func (s *Service) Register(g *grpc.Server) { catenapb.RegisterGroupsServer(g, s) }
 
-// grpcError is a coordinator's refusal as a gRPC status.
+// grpcError is a coordinator's refusal as a gRPC status, with Kafka's
+// name for it as the ErrorInfo reason where a member acts on it.
 func grpcError(err error) error {
 	if err == nil {
 		return nil
@@ -34,16 +40,34 @@ func grpcError(err error) error {
 	if _, ok := status.FromError(err); ok && CodeOf(err) == CoordinatorNotAvailable {
 		return err
 	}
-	c := codes.Unavailable
+	c, reason := codes.Unavailable, ""
 	switch CodeOf(err) {
 	case GroupIDNotFound, UnknownTopicOrPartition:
 		c = codes.NotFound
-	case NonEmptyGroup, UnknownMemberID, IllegalGeneration, RebalanceInProgress:
+	case NonEmptyGroup:
 		c = codes.FailedPrecondition
-	case InvalidGroupID:
+	case UnknownMemberID:
+		c, reason = codes.FailedPrecondition, contract.GroupUnknownMember
+	case IllegalGeneration:
+		c, reason = codes.FailedPrecondition, contract.GroupIllegalGeneration
+	case RebalanceInProgress:
+		c, reason = codes.FailedPrecondition, contract.GroupRebalanceInProgress
+	case MemberIDRequired:
+		c, reason = codes.FailedPrecondition, contract.GroupMemberIDRequired
+	case CoordinatorLoadInProgress:
+		c, reason = codes.Unavailable, contract.GroupCoordinatorLoading
+	case InvalidGroupID, InvalidSessionTimeout, InconsistentGroupProtocol:
 		c = codes.InvalidArgument
+	case GroupMaxSizeReached:
+		c = codes.ResourceExhausted
 	}
-	return status.Error(c, err.Error())
+	st := status.New(c, err.Error())
+	if reason != "" {
+		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: "catena.io"}); derr == nil {
+			st = d
+		}
+	}
+	return st.Err()
 }
 
 func (s *Service) ListGroups(ctx context.Context, _ *catenapb.ListGroupsRequest) (*catenapb.ListGroupsResponse, error) {
@@ -212,4 +236,122 @@ func (s *Service) DeleteGroup(ctx context.Context, req *catenapb.DeleteGroupRequ
 		return nil, grpcError(err)
 	}
 	return &catenapb.DeleteGroupResponse{}, nil
+}
+
+// memberStream checks a membership request's group and stream.
+func (s *Service) memberStream(ctx context.Context, group, stream string) error {
+	if group == "" || stream == "" {
+		return status.Error(codes.InvalidArgument, "a group and the stream the member consumes are required")
+	}
+	_, err := s.Ingest.Stream(ctx, stream)
+	return err
+}
+
+func (s *Service) JoinGroup(ctx context.Context, req *catenapb.JoinGroupRequest) (*catenapb.JoinGroupResponse, error) {
+	if err := s.memberStream(ctx, req.GetGroup(), req.GetStream()); err != nil {
+		return nil, err
+	}
+	jr := JoinRequest{Group: req.GetGroup(), MemberID: req.GetMemberId(), ClientID: req.GetClientId(), ProtocolType: req.GetProtocolType(),
+		SessionTimeout:     time.Duration(req.GetSessionTimeoutMs()) * time.Millisecond,
+		RebalanceTimeout:   time.Duration(req.GetRebalanceTimeoutMs()) * time.Millisecond,
+		RequireKnownMember: true}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		jr.ClientHost = "/" + p.Addr.String()
+		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+			jr.ClientHost = "/" + host
+		}
+	}
+	for _, p := range req.GetProtocols() {
+		jr.Protocols = append(jr.Protocols, Protocol{Name: p.GetName(), Metadata: p.GetMetadata()})
+	}
+	var r JoinResult
+	select {
+	case r = <-s.Coordinator.Join(ctx, jr):
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if r.Err != nil {
+		err := grpcError(r.Err)
+		if r.Err.Code == MemberIDRequired {
+			st := status.New(codes.FailedPrecondition, r.Err.Error())
+			if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: contract.GroupMemberIDRequired, Domain: "catena.io", Metadata: map[string]string{"member_id": r.MemberID}}); derr == nil {
+				st = d
+			}
+			err = st.Err()
+		}
+		return nil, err
+	}
+	resp := &catenapb.JoinGroupResponse{Generation: r.Generation, Protocol: r.Protocol, Leader: r.Leader, MemberId: r.MemberID}
+	for _, m := range r.Members {
+		resp.Members = append(resp.Members, &catenapb.JoinGroupMember{MemberId: m.ID, Metadata: m.Metadata})
+	}
+	return resp, nil
+}
+
+func (s *Service) SyncGroup(ctx context.Context, req *catenapb.SyncGroupRequest) (*catenapb.SyncGroupResponse, error) {
+	if err := s.memberStream(ctx, req.GetGroup(), req.GetStream()); err != nil {
+		return nil, err
+	}
+	sr := SyncRequest{Group: req.GetGroup(), Generation: req.GetGeneration(), MemberID: req.GetMemberId(), Assignments: map[string][]byte{}}
+	for _, a := range req.GetAssignments() {
+		sr.Assignments[a.GetMemberId()] = a.GetAssignment()
+	}
+	var r SyncResult
+	select {
+	case r = <-s.Coordinator.Sync(ctx, sr):
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if r.Err != nil {
+		return nil, grpcError(r.Err)
+	}
+	return &catenapb.SyncGroupResponse{Assignment: r.Assignment}, nil
+}
+
+func (s *Service) Heartbeat(ctx context.Context, req *catenapb.HeartbeatRequest) (*catenapb.HeartbeatResponse, error) {
+	if req.GetGroup() == "" || req.GetStream() == "" {
+		return nil, status.Error(codes.InvalidArgument, "a group and the stream the member consumes are required")
+	}
+	if err := s.Coordinator.Heartbeat(ctx, req.GetGroup(), req.GetMemberId(), req.GetGeneration()); err != nil {
+		return nil, grpcError(err)
+	}
+	return &catenapb.HeartbeatResponse{}, nil
+}
+
+func (s *Service) LeaveGroup(ctx context.Context, req *catenapb.LeaveGroupRequest) (*catenapb.LeaveGroupResponse, error) {
+	if req.GetGroup() == "" || req.GetStream() == "" {
+		return nil, status.Error(codes.InvalidArgument, "a group and the stream the member consumes are required")
+	}
+	errs, err := s.Coordinator.Leave(ctx, req.GetGroup(), []string{req.GetMemberId()})
+	if err == nil {
+		err = errs[0]
+	}
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return &catenapb.LeaveGroupResponse{}, nil
+}
+
+func (s *Service) CommitGroupOffsets(ctx context.Context, req *catenapb.CommitGroupOffsetsRequest) (*catenapb.CommitGroupOffsetsResponse, error) {
+	if err := s.memberStream(ctx, req.GetGroup(), req.GetStream()); err != nil {
+		return nil, err
+	}
+	var commits []Commit
+	for _, o := range req.GetOffsets() {
+		if len(o.GetMetadata()) > MaxOffsetMetadata {
+			return nil, status.Errorf(codes.InvalidArgument, "partition %d's metadata is %d bytes, above %d; nothing was committed", o.GetPartition(), len(o.GetMetadata()), MaxOffsetMetadata)
+		}
+		commits = append(commits, Commit{TopicPartition: TopicPartition{Topic: req.GetStream(), Partition: int32(o.GetPartition())},
+			Committed: Committed{Offset: int64(o.GetOffset()), LeaderEpoch: -1, Metadata: o.GetMetadata()}})
+	}
+	errs, err := s.Coordinator.CommitOffsets(ctx, req.GetGroup(), req.GetMemberId(), req.GetGeneration(), commits)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	for i, e := range errs {
+		if e != nil {
+			return nil, status.Errorf(status.Code(grpcError(e)), "commit %s/%d: %v", req.GetStream(), commits[i].Partition, e)
+		}
+	}
+	return &catenapb.CommitGroupOffsetsResponse{}, nil
 }

@@ -235,7 +235,7 @@ func (cn *conn) offsetCommit(ctx context.Context, r *kmsg.OffsetCommitRequest) k
 				if p.Metadata != nil {
 					c.Metadata = *p.Metadata
 				}
-				if len(c.Metadata) > maxOffsetMetadata {
+				if len(c.Metadata) > groups.MaxOffsetMetadata {
 					rp.ErrorCode = kerr.OffsetMetadataTooLarge.Code
 				} else {
 					commits = append(commits, c)
@@ -262,10 +262,6 @@ func (cn *conn) offsetCommit(ctx context.Context, r *kmsg.OffsetCommitRequest) k
 	}
 	return resp
 }
-
-// maxOffsetMetadata bounds a committed offset's metadata (Kafka's
-// offset.metadata.max.bytes default).
-const maxOffsetMetadata = 4096
 
 func (cn *conn) offsetFetch(ctx context.Context, r *kmsg.OffsetFetchRequest) kmsg.Response {
 	resp := kmsg.NewPtrOffsetFetchResponse()

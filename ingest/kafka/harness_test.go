@@ -27,6 +27,10 @@ type cluster struct {
 	ing      *ingest.Server
 	kafka    *Server
 	addr     string
+	// grpcAddr serves Ingest and Groups; groups is the coordinator of both
+	// listeners.
+	grpcAddr string
+	groups   *groups.Coordinator
 }
 
 func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluster {
@@ -78,7 +82,20 @@ func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluste
 		t.Fatal(err)
 	}
 	t.Cleanup(c.ing.Close)
-	opts := Options{Ingest: c.ing, Logger: testr.New(t)}
+	// One coordinator for the Kafka listener and the Groups gRPC service,
+	// as catena ingest has.
+	c.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: c.ing}, Logger: testr.New(t).WithName("groups")})
+	gs := grpc.NewServer(transport.ServerOptions(nil)...)
+	c.ing.Register(gs)
+	(&groups.Service{Coordinator: c.groups, Ingest: c.ing}).Register(gs)
+	glis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(glis) }()
+	t.Cleanup(gs.Stop)
+	c.grpcAddr = glis.Addr().String()
+	opts := Options{Ingest: c.ing, Logger: testr.New(t), Groups: c.groups}
 	for _, f := range tweak {
 		f(&opts)
 	}

@@ -519,6 +519,835 @@ func (x *ForcedTrim) GetTimeMs() int64 {
 	return 0
 }
 
+type GroupProtocol struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Metadata      []byte                 `protobuf:"bytes,2,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupProtocol) Reset() {
+	*x = GroupProtocol{}
+	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupProtocol) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupProtocol) ProtoMessage() {}
+
+func (x *GroupProtocol) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupProtocol.ProtoReflect.Descriptor instead.
+func (*GroupProtocol) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GroupProtocol) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GroupProtocol) GetMetadata() []byte {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+type JoinGroupRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Group  string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Stream string                 `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	// Empty on the first join: the answer is MEMBER_ID_REQUIRED with the id
+	// to join with.
+	MemberId           string           `protobuf:"bytes,3,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	ClientId           string           `protobuf:"bytes,4,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	ProtocolType       string           `protobuf:"bytes,5,opt,name=protocol_type,json=protocolType,proto3" json:"protocol_type,omitempty"`
+	Protocols          []*GroupProtocol `protobuf:"bytes,6,rep,name=protocols,proto3" json:"protocols,omitempty"`
+	SessionTimeoutMs   uint32           `protobuf:"varint,7,opt,name=session_timeout_ms,json=sessionTimeoutMs,proto3" json:"session_timeout_ms,omitempty"`
+	RebalanceTimeoutMs uint32           `protobuf:"varint,8,opt,name=rebalance_timeout_ms,json=rebalanceTimeoutMs,proto3" json:"rebalance_timeout_ms,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *JoinGroupRequest) Reset() {
+	*x = JoinGroupRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinGroupRequest) ProtoMessage() {}
+
+func (x *JoinGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinGroupRequest.ProtoReflect.Descriptor instead.
+func (*JoinGroupRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *JoinGroupRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *JoinGroupRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *JoinGroupRequest) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *JoinGroupRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *JoinGroupRequest) GetProtocolType() string {
+	if x != nil {
+		return x.ProtocolType
+	}
+	return ""
+}
+
+func (x *JoinGroupRequest) GetProtocols() []*GroupProtocol {
+	if x != nil {
+		return x.Protocols
+	}
+	return nil
+}
+
+func (x *JoinGroupRequest) GetSessionTimeoutMs() uint32 {
+	if x != nil {
+		return x.SessionTimeoutMs
+	}
+	return 0
+}
+
+func (x *JoinGroupRequest) GetRebalanceTimeoutMs() uint32 {
+	if x != nil {
+		return x.RebalanceTimeoutMs
+	}
+	return 0
+}
+
+type JoinGroupResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Generation int32                  `protobuf:"varint,1,opt,name=generation,proto3" json:"generation,omitempty"`
+	Protocol   string                 `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Leader     string                 `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	MemberId   string                 `protobuf:"bytes,4,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// Set for the leader: every member with its metadata for protocol.
+	Members       []*JoinGroupMember `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinGroupResponse) Reset() {
+	*x = JoinGroupResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinGroupResponse) ProtoMessage() {}
+
+func (x *JoinGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinGroupResponse.ProtoReflect.Descriptor instead.
+func (*JoinGroupResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *JoinGroupResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *JoinGroupResponse) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *JoinGroupResponse) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *JoinGroupResponse) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *JoinGroupResponse) GetMembers() []*JoinGroupMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+type JoinGroupMember struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MemberId      string                 `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	Metadata      []byte                 `protobuf:"bytes,2,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinGroupMember) Reset() {
+	*x = JoinGroupMember{}
+	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinGroupMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinGroupMember) ProtoMessage() {}
+
+func (x *JoinGroupMember) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinGroupMember.ProtoReflect.Descriptor instead.
+func (*JoinGroupMember) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *JoinGroupMember) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *JoinGroupMember) GetMetadata() []byte {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+type SyncGroupRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Group      string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Stream     string                 `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	Generation int32                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	MemberId   string                 `protobuf:"bytes,4,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// The leader's: every member's assignment.
+	Assignments   []*MemberAssignment `protobuf:"bytes,5,rep,name=assignments,proto3" json:"assignments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncGroupRequest) Reset() {
+	*x = SyncGroupRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncGroupRequest) ProtoMessage() {}
+
+func (x *SyncGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncGroupRequest.ProtoReflect.Descriptor instead.
+func (*SyncGroupRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SyncGroupRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *SyncGroupRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *SyncGroupRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *SyncGroupRequest) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *SyncGroupRequest) GetAssignments() []*MemberAssignment {
+	if x != nil {
+		return x.Assignments
+	}
+	return nil
+}
+
+type MemberAssignment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MemberId      string                 `protobuf:"bytes,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	Assignment    []byte                 `protobuf:"bytes,2,opt,name=assignment,proto3" json:"assignment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberAssignment) Reset() {
+	*x = MemberAssignment{}
+	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberAssignment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberAssignment) ProtoMessage() {}
+
+func (x *MemberAssignment) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberAssignment.ProtoReflect.Descriptor instead.
+func (*MemberAssignment) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *MemberAssignment) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *MemberAssignment) GetAssignment() []byte {
+	if x != nil {
+		return x.Assignment
+	}
+	return nil
+}
+
+type SyncGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Assignment    []byte                 `protobuf:"bytes,1,opt,name=assignment,proto3" json:"assignment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncGroupResponse) Reset() {
+	*x = SyncGroupResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncGroupResponse) ProtoMessage() {}
+
+func (x *SyncGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncGroupResponse.ProtoReflect.Descriptor instead.
+func (*SyncGroupResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SyncGroupResponse) GetAssignment() []byte {
+	if x != nil {
+		return x.Assignment
+	}
+	return nil
+}
+
+type HeartbeatRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Stream        string                 `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	Generation    int32                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	MemberId      string                 `protobuf:"bytes,4,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatRequest) Reset() {
+	*x = HeartbeatRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatRequest) ProtoMessage() {}
+
+func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *HeartbeatRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *HeartbeatRequest) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+type HeartbeatResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatResponse) Reset() {
+	*x = HeartbeatResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatResponse) ProtoMessage() {}
+
+func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{12}
+}
+
+type LeaveGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Stream        string                 `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	MemberId      string                 `protobuf:"bytes,3,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveGroupRequest) Reset() {
+	*x = LeaveGroupRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveGroupRequest) ProtoMessage() {}
+
+func (x *LeaveGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveGroupRequest.ProtoReflect.Descriptor instead.
+func (*LeaveGroupRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *LeaveGroupRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *LeaveGroupRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *LeaveGroupRequest) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+type LeaveGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveGroupResponse) Reset() {
+	*x = LeaveGroupResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveGroupResponse) ProtoMessage() {}
+
+func (x *LeaveGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveGroupResponse.ProtoReflect.Descriptor instead.
+func (*LeaveGroupResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{14}
+}
+
+type CommitGroupOffsetsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Stream        string                 `protobuf:"bytes,2,opt,name=stream,proto3" json:"stream,omitempty"`
+	Generation    int32                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	MemberId      string                 `protobuf:"bytes,4,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	Offsets       []*PartitionOffset     `protobuf:"bytes,5,rep,name=offsets,proto3" json:"offsets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitGroupOffsetsRequest) Reset() {
+	*x = CommitGroupOffsetsRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitGroupOffsetsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitGroupOffsetsRequest) ProtoMessage() {}
+
+func (x *CommitGroupOffsetsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitGroupOffsetsRequest.ProtoReflect.Descriptor instead.
+func (*CommitGroupOffsetsRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CommitGroupOffsetsRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *CommitGroupOffsetsRequest) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *CommitGroupOffsetsRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *CommitGroupOffsetsRequest) GetMemberId() string {
+	if x != nil {
+		return x.MemberId
+	}
+	return ""
+}
+
+func (x *CommitGroupOffsetsRequest) GetOffsets() []*PartitionOffset {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+type PartitionOffset struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Partition uint32                 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The offset of the next record to read.
+	Offset        uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Metadata      string `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionOffset) Reset() {
+	*x = PartitionOffset{}
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionOffset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionOffset) ProtoMessage() {}
+
+func (x *PartitionOffset) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionOffset.ProtoReflect.Descriptor instead.
+func (*PartitionOffset) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PartitionOffset) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionOffset) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *PartitionOffset) GetMetadata() string {
+	if x != nil {
+		return x.Metadata
+	}
+	return ""
+}
+
+type CommitGroupOffsetsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitGroupOffsetsResponse) Reset() {
+	*x = CommitGroupOffsetsResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitGroupOffsetsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitGroupOffsetsResponse) ProtoMessage() {}
+
+func (x *CommitGroupOffsetsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitGroupOffsetsResponse.ProtoReflect.Descriptor instead.
+func (*CommitGroupOffsetsResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+}
+
 type ListGroupsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -527,7 +1356,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +1368,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +1381,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{4}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
 }
 
 type ListGroupsResponse struct {
@@ -564,7 +1393,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -576,7 +1405,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -589,7 +1418,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{5}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
@@ -613,7 +1442,7 @@ type GroupSummary struct {
 
 func (x *GroupSummary) Reset() {
 	*x = GroupSummary{}
-	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +1454,7 @@ func (x *GroupSummary) String() string {
 func (*GroupSummary) ProtoMessage() {}
 
 func (x *GroupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +1467,7 @@ func (x *GroupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
 func (*GroupSummary) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{6}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GroupSummary) GetGroup() string {
@@ -680,7 +1509,7 @@ type DescribeGroupRequest struct {
 
 func (x *DescribeGroupRequest) Reset() {
 	*x = DescribeGroupRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +1521,7 @@ func (x *DescribeGroupRequest) String() string {
 func (*DescribeGroupRequest) ProtoMessage() {}
 
 func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +1534,7 @@ func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
 func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{7}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DescribeGroupRequest) GetGroup() string {
@@ -739,7 +1568,7 @@ type GroupDescription struct {
 
 func (x *GroupDescription) Reset() {
 	*x = GroupDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +1580,7 @@ func (x *GroupDescription) String() string {
 func (*GroupDescription) ProtoMessage() {}
 
 func (x *GroupDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +1593,7 @@ func (x *GroupDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupDescription.ProtoReflect.Descriptor instead.
 func (*GroupDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{8}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GroupDescription) GetGroup() string {
@@ -837,7 +1666,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +1678,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +1691,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{9}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GroupMember) GetId() string {
@@ -903,7 +1732,7 @@ type GroupAssignment struct {
 
 func (x *GroupAssignment) Reset() {
 	*x = GroupAssignment{}
-	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1744,7 @@ func (x *GroupAssignment) String() string {
 func (*GroupAssignment) ProtoMessage() {}
 
 func (x *GroupAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1757,7 @@ func (x *GroupAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupAssignment.ProtoReflect.Descriptor instead.
 func (*GroupAssignment) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{10}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GroupAssignment) GetStream() string {
@@ -962,7 +1791,7 @@ type GroupOffset struct {
 
 func (x *GroupOffset) Reset() {
 	*x = GroupOffset{}
-	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1803,7 @@ func (x *GroupOffset) String() string {
 func (*GroupOffset) ProtoMessage() {}
 
 func (x *GroupOffset) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1816,7 @@ func (x *GroupOffset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupOffset.ProtoReflect.Descriptor instead.
 func (*GroupOffset) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{11}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GroupOffset) GetStream() string {
@@ -1051,7 +1880,7 @@ type ResetGroupOffsetsRequest struct {
 
 func (x *ResetGroupOffsetsRequest) Reset() {
 	*x = ResetGroupOffsetsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1892,7 @@ func (x *ResetGroupOffsetsRequest) String() string {
 func (*ResetGroupOffsetsRequest) ProtoMessage() {}
 
 func (x *ResetGroupOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1905,7 @@ func (x *ResetGroupOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ResetGroupOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{12}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResetGroupOffsetsRequest) GetGroup() string {
@@ -1137,7 +1966,7 @@ type ResetGroupOffsetsResponse struct {
 
 func (x *ResetGroupOffsetsResponse) Reset() {
 	*x = ResetGroupOffsetsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1978,7 @@ func (x *ResetGroupOffsetsResponse) String() string {
 func (*ResetGroupOffsetsResponse) ProtoMessage() {}
 
 func (x *ResetGroupOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1991,7 @@ func (x *ResetGroupOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ResetGroupOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{13}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResetGroupOffsetsResponse) GetChanges() []*GroupOffsetChange {
@@ -1187,7 +2016,7 @@ type GroupOffsetChange struct {
 
 func (x *GroupOffsetChange) Reset() {
 	*x = GroupOffsetChange{}
-	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +2028,7 @@ func (x *GroupOffsetChange) String() string {
 func (*GroupOffsetChange) ProtoMessage() {}
 
 func (x *GroupOffsetChange) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +2041,7 @@ func (x *GroupOffsetChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupOffsetChange.ProtoReflect.Descriptor instead.
 func (*GroupOffsetChange) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{14}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GroupOffsetChange) GetPartition() uint32 {
@@ -1252,7 +2081,7 @@ type DeleteGroupRequest struct {
 
 func (x *DeleteGroupRequest) Reset() {
 	*x = DeleteGroupRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +2093,7 @@ func (x *DeleteGroupRequest) String() string {
 func (*DeleteGroupRequest) ProtoMessage() {}
 
 func (x *DeleteGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +2106,7 @@ func (x *DeleteGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteGroupRequest.ProtoReflect.Descriptor instead.
 func (*DeleteGroupRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{15}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteGroupRequest) GetGroup() string {
@@ -1295,7 +2124,7 @@ type DeleteGroupResponse struct {
 
 func (x *DeleteGroupResponse) Reset() {
 	*x = DeleteGroupResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1307,7 +2136,7 @@ func (x *DeleteGroupResponse) String() string {
 func (*DeleteGroupResponse) ProtoMessage() {}
 
 func (x *DeleteGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1320,7 +2149,7 @@ func (x *DeleteGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteGroupResponse.ProtoReflect.Descriptor instead.
 func (*DeleteGroupResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 type CommitConsumerOffsetRequest struct {
@@ -1335,7 +2164,7 @@ type CommitConsumerOffsetRequest struct {
 
 func (x *CommitConsumerOffsetRequest) Reset() {
 	*x = CommitConsumerOffsetRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +2176,7 @@ func (x *CommitConsumerOffsetRequest) String() string {
 func (*CommitConsumerOffsetRequest) ProtoMessage() {}
 
 func (x *CommitConsumerOffsetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +2189,7 @@ func (x *CommitConsumerOffsetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitConsumerOffsetRequest.ProtoReflect.Descriptor instead.
 func (*CommitConsumerOffsetRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CommitConsumerOffsetRequest) GetStream() string {
@@ -1402,7 +2231,7 @@ type CommitConsumerOffsetResponse struct {
 
 func (x *CommitConsumerOffsetResponse) Reset() {
 	*x = CommitConsumerOffsetResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +2243,7 @@ func (x *CommitConsumerOffsetResponse) String() string {
 func (*CommitConsumerOffsetResponse) ProtoMessage() {}
 
 func (x *CommitConsumerOffsetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +2256,7 @@ func (x *CommitConsumerOffsetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitConsumerOffsetResponse.ProtoReflect.Descriptor instead.
 func (*CommitConsumerOffsetResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CommitConsumerOffsetResponse) GetEpoch() uint64 {
@@ -1453,7 +2282,7 @@ type ListConsumersRequest struct {
 
 func (x *ListConsumersRequest) Reset() {
 	*x = ListConsumersRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +2294,7 @@ func (x *ListConsumersRequest) String() string {
 func (*ListConsumersRequest) ProtoMessage() {}
 
 func (x *ListConsumersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +2307,7 @@ func (x *ListConsumersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumersRequest.ProtoReflect.Descriptor instead.
 func (*ListConsumersRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListConsumersRequest) GetStream() string {
@@ -1498,7 +2327,7 @@ type ListConsumersResponse struct {
 
 func (x *ListConsumersResponse) Reset() {
 	*x = ListConsumersResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +2339,7 @@ func (x *ListConsumersResponse) String() string {
 func (*ListConsumersResponse) ProtoMessage() {}
 
 func (x *ListConsumersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +2352,7 @@ func (x *ListConsumersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumersResponse.ProtoReflect.Descriptor instead.
 func (*ListConsumersResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListConsumersResponse) GetStream() string {
@@ -1561,7 +2390,7 @@ type PartitionConsumers struct {
 
 func (x *PartitionConsumers) Reset() {
 	*x = PartitionConsumers{}
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1573,7 +2402,7 @@ func (x *PartitionConsumers) String() string {
 func (*PartitionConsumers) ProtoMessage() {}
 
 func (x *PartitionConsumers) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1586,7 +2415,7 @@ func (x *PartitionConsumers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionConsumers.ProtoReflect.Descriptor instead.
 func (*PartitionConsumers) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PartitionConsumers) GetPartition() uint32 {
@@ -1641,7 +2470,7 @@ type DeleteConsumerRequest struct {
 
 func (x *DeleteConsumerRequest) Reset() {
 	*x = DeleteConsumerRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +2482,7 @@ func (x *DeleteConsumerRequest) String() string {
 func (*DeleteConsumerRequest) ProtoMessage() {}
 
 func (x *DeleteConsumerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +2495,7 @@ func (x *DeleteConsumerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteConsumerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteConsumerRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteConsumerRequest) GetStream() string {
@@ -1693,7 +2522,7 @@ type DeleteConsumerResponse struct {
 
 func (x *DeleteConsumerResponse) Reset() {
 	*x = DeleteConsumerResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1705,7 +2534,7 @@ func (x *DeleteConsumerResponse) String() string {
 func (*DeleteConsumerResponse) ProtoMessage() {}
 
 func (x *DeleteConsumerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1718,7 +2547,7 @@ func (x *DeleteConsumerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteConsumerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteConsumerResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteConsumerResponse) GetPartitions() []uint32 {
@@ -1746,7 +2575,7 @@ type ProduceRecord struct {
 
 func (x *ProduceRecord) Reset() {
 	*x = ProduceRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1758,7 +2587,7 @@ func (x *ProduceRecord) String() string {
 func (*ProduceRecord) ProtoMessage() {}
 
 func (x *ProduceRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1771,7 +2600,7 @@ func (x *ProduceRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRecord.ProtoReflect.Descriptor instead.
 func (*ProduceRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ProduceRecord) GetKey() []byte {
@@ -1839,7 +2668,7 @@ type ProduceRequest struct {
 
 func (x *ProduceRequest) Reset() {
 	*x = ProduceRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1851,7 +2680,7 @@ func (x *ProduceRequest) String() string {
 func (*ProduceRequest) ProtoMessage() {}
 
 func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1864,7 +2693,7 @@ func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRequest.ProtoReflect.Descriptor instead.
 func (*ProduceRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ProduceRequest) GetStream() string {
@@ -1924,7 +2753,7 @@ type ProduceResult struct {
 
 func (x *ProduceResult) Reset() {
 	*x = ProduceResult{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +2765,7 @@ func (x *ProduceResult) String() string {
 func (*ProduceResult) ProtoMessage() {}
 
 func (x *ProduceResult) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2778,7 @@ func (x *ProduceResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResult.ProtoReflect.Descriptor instead.
 func (*ProduceResult) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ProduceResult) GetPartition() uint32 {
@@ -2002,7 +2831,7 @@ type ProduceResponse struct {
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2843,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2856,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ProduceResponse) GetResults() []*ProduceResult {
@@ -2058,7 +2887,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2070,7 +2899,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2083,7 +2912,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *FetchRequest) GetStream() string {
@@ -2135,7 +2964,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2147,7 +2976,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2160,7 +2989,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FetchResponse) GetRecords() []*Record {
@@ -2203,7 +3032,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +3044,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +3057,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SubscribeRequest) GetStream() string {
@@ -2271,7 +3100,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2283,7 +3112,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2296,7 +3125,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ListOffsetsRequest) GetStream() string {
@@ -2336,7 +3165,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2348,7 +3177,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2361,7 +3190,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListOffsetsResponse) GetOffset() uint64 {
@@ -2380,7 +3209,7 @@ type DescribeStreamRequest struct {
 
 func (x *DescribeStreamRequest) Reset() {
 	*x = DescribeStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2392,7 +3221,7 @@ func (x *DescribeStreamRequest) String() string {
 func (*DescribeStreamRequest) ProtoMessage() {}
 
 func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2405,7 +3234,7 @@ func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeStreamRequest.ProtoReflect.Descriptor instead.
 func (*DescribeStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DescribeStreamRequest) GetStream() string {
@@ -2426,7 +3255,7 @@ type StreamDescription struct {
 
 func (x *StreamDescription) Reset() {
 	*x = StreamDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2438,7 +3267,7 @@ func (x *StreamDescription) String() string {
 func (*StreamDescription) ProtoMessage() {}
 
 func (x *StreamDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2451,7 +3280,7 @@ func (x *StreamDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamDescription.ProtoReflect.Descriptor instead.
 func (*StreamDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StreamDescription) GetStream() string {
@@ -2488,7 +3317,7 @@ type PartitionDescription struct {
 
 func (x *PartitionDescription) Reset() {
 	*x = PartitionDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +3329,7 @@ func (x *PartitionDescription) String() string {
 func (*PartitionDescription) ProtoMessage() {}
 
 func (x *PartitionDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +3342,7 @@ func (x *PartitionDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionDescription.ProtoReflect.Descriptor instead.
 func (*PartitionDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *PartitionDescription) GetPartition() uint32 {
@@ -2552,7 +3381,7 @@ type ListStreamsRequest struct {
 
 func (x *ListStreamsRequest) Reset() {
 	*x = ListStreamsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +3393,7 @@ func (x *ListStreamsRequest) String() string {
 func (*ListStreamsRequest) ProtoMessage() {}
 
 func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +3406,7 @@ func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsRequest.ProtoReflect.Descriptor instead.
 func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
 }
 
 type CreateStreamRequest struct {
@@ -2590,7 +3419,7 @@ type CreateStreamRequest struct {
 
 func (x *CreateStreamRequest) Reset() {
 	*x = CreateStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +3431,7 @@ func (x *CreateStreamRequest) String() string {
 func (*CreateStreamRequest) ProtoMessage() {}
 
 func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +3444,7 @@ func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateStreamRequest.ProtoReflect.Descriptor instead.
 func (*CreateStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CreateStreamRequest) GetStream() string {
@@ -2641,7 +3470,7 @@ type DeleteStreamRequest struct {
 
 func (x *DeleteStreamRequest) Reset() {
 	*x = DeleteStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2653,7 +3482,7 @@ func (x *DeleteStreamRequest) String() string {
 func (*DeleteStreamRequest) ProtoMessage() {}
 
 func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2666,7 +3495,7 @@ func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeleteStreamRequest) GetStream() string {
@@ -2684,7 +3513,7 @@ type DeleteStreamResponse struct {
 
 func (x *DeleteStreamResponse) Reset() {
 	*x = DeleteStreamResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2696,7 +3525,7 @@ func (x *DeleteStreamResponse) String() string {
 func (*DeleteStreamResponse) ProtoMessage() {}
 
 func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2709,7 +3538,7 @@ func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
 }
 
 type ListStreamsResponse struct {
@@ -2721,7 +3550,7 @@ type ListStreamsResponse struct {
 
 func (x *ListStreamsResponse) Reset() {
 	*x = ListStreamsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2733,7 +3562,7 @@ func (x *ListStreamsResponse) String() string {
 func (*ListStreamsResponse) ProtoMessage() {}
 
 func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2746,7 +3575,7 @@ func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsResponse.ProtoReflect.Descriptor instead.
 func (*ListStreamsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListStreamsResponse) GetStreams() []string {
@@ -2773,7 +3602,7 @@ type ReportHeadUnreachableRequest struct {
 
 func (x *ReportHeadUnreachableRequest) Reset() {
 	*x = ReportHeadUnreachableRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2785,7 +3614,7 @@ func (x *ReportHeadUnreachableRequest) String() string {
 func (*ReportHeadUnreachableRequest) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2798,7 +3627,7 @@ func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableRequest.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ReportHeadUnreachableRequest) GetStream() string {
@@ -2851,7 +3680,7 @@ type ReportHeadUnreachableResponse struct {
 
 func (x *ReportHeadUnreachableResponse) Reset() {
 	*x = ReportHeadUnreachableResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +3692,7 @@ func (x *ReportHeadUnreachableResponse) String() string {
 func (*ReportHeadUnreachableResponse) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3705,7 @@ func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableResponse.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{56}
 }
 
 type HoldRetentionRequest struct {
@@ -2892,7 +3721,7 @@ type HoldRetentionRequest struct {
 
 func (x *HoldRetentionRequest) Reset() {
 	*x = HoldRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2904,7 +3733,7 @@ func (x *HoldRetentionRequest) String() string {
 func (*HoldRetentionRequest) ProtoMessage() {}
 
 func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2917,7 +3746,7 @@ func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRetentionRequest.ProtoReflect.Descriptor instead.
 func (*HoldRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *HoldRetentionRequest) GetStream() string {
@@ -2960,7 +3789,7 @@ type ReleaseRetentionRequest struct {
 
 func (x *ReleaseRetentionRequest) Reset() {
 	*x = ReleaseRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3801,7 @@ func (x *ReleaseRetentionRequest) String() string {
 func (*ReleaseRetentionRequest) ProtoMessage() {}
 
 func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3814,7 @@ func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ReleaseRetentionRequest) GetStream() string {
@@ -3019,7 +3848,7 @@ type ReleaseRetentionResponse struct {
 
 func (x *ReleaseRetentionResponse) Reset() {
 	*x = ReleaseRetentionResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3031,7 +3860,7 @@ func (x *ReleaseRetentionResponse) String() string {
 func (*ReleaseRetentionResponse) ProtoMessage() {}
 
 func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3044,7 +3873,7 @@ func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ReleaseRetentionResponse) GetReleased() []uint32 {
@@ -3067,7 +3896,7 @@ type CatchUpRequest struct {
 
 func (x *CatchUpRequest) Reset() {
 	*x = CatchUpRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3079,7 +3908,7 @@ func (x *CatchUpRequest) String() string {
 func (*CatchUpRequest) ProtoMessage() {}
 
 func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3092,7 +3921,7 @@ func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
 func (*CatchUpRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CatchUpRequest) GetChain() *ConfigureRequest {
@@ -3130,7 +3959,7 @@ type ReadFramesRequest struct {
 
 func (x *ReadFramesRequest) Reset() {
 	*x = ReadFramesRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3142,7 +3971,7 @@ func (x *ReadFramesRequest) String() string {
 func (*ReadFramesRequest) ProtoMessage() {}
 
 func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3155,7 +3984,7 @@ func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReadFramesRequest) GetStream() string {
@@ -3209,7 +4038,7 @@ type ReadFramesResponse struct {
 
 func (x *ReadFramesResponse) Reset() {
 	*x = ReadFramesResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3221,7 +4050,7 @@ func (x *ReadFramesResponse) String() string {
 func (*ReadFramesResponse) ProtoMessage() {}
 
 func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3234,7 +4063,7 @@ func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReadFramesResponse) GetFrames() [][]byte {
@@ -3279,7 +4108,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3291,7 +4120,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3304,7 +4133,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -3345,7 +4174,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3357,7 +4186,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3370,7 +4199,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -3391,7 +4220,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[51]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +4232,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[51]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +4245,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -3458,7 +4287,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[52]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3470,7 +4299,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[52]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3483,7 +4312,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -3526,7 +4355,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[53]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3538,7 +4367,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[53]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3551,7 +4380,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -3585,7 +4414,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[54]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3597,7 +4426,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[54]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3610,7 +4439,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{54}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Member) GetId() string {
@@ -3646,7 +4475,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[55]
+	mi := &file_catena_v1_catena_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3658,7 +4487,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[55]
+	mi := &file_catena_v1_catena_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3671,7 +4500,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{55}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -3781,7 +4610,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[56]
+	mi := &file_catena_v1_catena_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3793,7 +4622,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[56]
+	mi := &file_catena_v1_catena_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3806,7 +4635,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{56}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -3988,7 +4817,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	mi := &file_catena_v1_catena_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4000,7 +4829,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	mi := &file_catena_v1_catena_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4013,7 +4842,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -4040,7 +4869,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[58]
+	mi := &file_catena_v1_catena_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4052,7 +4881,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[58]
+	mi := &file_catena_v1_catena_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4065,7 +4894,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -4111,7 +4940,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[59]
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4123,7 +4952,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[59]
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4136,7 +4965,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -4203,7 +5032,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[60]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4215,7 +5044,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[60]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4228,7 +5057,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -4292,7 +5121,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[61]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4304,7 +5133,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[61]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4317,7 +5146,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -4396,7 +5225,7 @@ type CompletionsRequest struct {
 
 func (x *CompletionsRequest) Reset() {
 	*x = CompletionsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[62]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4408,7 +5237,7 @@ func (x *CompletionsRequest) String() string {
 func (*CompletionsRequest) ProtoMessage() {}
 
 func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[62]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4421,7 +5250,7 @@ func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionsRequest.ProtoReflect.Descriptor instead.
 func (*CompletionsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *CompletionsRequest) GetStream() string {
@@ -4456,7 +5285,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_catena_v1_catena_proto_msgTypes[63]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4468,7 +5297,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[63]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4481,7 +5310,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *Completion) GetEpoch() uint64 {
@@ -4517,7 +5346,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[64]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +5358,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[64]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +5371,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -4640,7 +5469,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[65]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4652,7 +5481,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[65]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4665,7 +5494,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
 }
 
 type BatchData struct {
@@ -4684,7 +5513,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[66]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4696,7 +5525,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[66]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4709,7 +5538,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -4744,7 +5573,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[67]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4756,7 +5585,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[67]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4769,7 +5598,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -4805,7 +5634,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[68]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4817,7 +5646,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[68]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4830,7 +5659,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -4926,7 +5755,73 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\vhold_offset\x18\x02 \x01(\x04R\n" +
 	"holdOffset\x12\x1b\n" +
 	"\tlog_start\x18\x03 \x01(\x04R\blogStart\x12\x17\n" +
-	"\atime_ms\x18\x04 \x01(\x03R\x06timeMs\"\x13\n" +
+	"\atime_ms\x18\x04 \x01(\x03R\x06timeMs\"?\n" +
+	"\rGroupProtocol\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bmetadata\x18\x02 \x01(\fR\bmetadata\"\xb7\x02\n" +
+	"\x10JoinGroupRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1b\n" +
+	"\tmember_id\x18\x03 \x01(\tR\bmemberId\x12\x1b\n" +
+	"\tclient_id\x18\x04 \x01(\tR\bclientId\x12#\n" +
+	"\rprotocol_type\x18\x05 \x01(\tR\fprotocolType\x126\n" +
+	"\tprotocols\x18\x06 \x03(\v2\x18.catena.v1.GroupProtocolR\tprotocols\x12,\n" +
+	"\x12session_timeout_ms\x18\a \x01(\rR\x10sessionTimeoutMs\x120\n" +
+	"\x14rebalance_timeout_ms\x18\b \x01(\rR\x12rebalanceTimeoutMs\"\xba\x01\n" +
+	"\x11JoinGroupResponse\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x01 \x01(\x05R\n" +
+	"generation\x12\x1a\n" +
+	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x16\n" +
+	"\x06leader\x18\x03 \x01(\tR\x06leader\x12\x1b\n" +
+	"\tmember_id\x18\x04 \x01(\tR\bmemberId\x124\n" +
+	"\amembers\x18\x05 \x03(\v2\x1a.catena.v1.JoinGroupMemberR\amembers\"J\n" +
+	"\x0fJoinGroupMember\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x1a\n" +
+	"\bmetadata\x18\x02 \x01(\fR\bmetadata\"\xbc\x01\n" +
+	"\x10SyncGroupRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x1b\n" +
+	"\tmember_id\x18\x04 \x01(\tR\bmemberId\x12=\n" +
+	"\vassignments\x18\x05 \x03(\v2\x1b.catena.v1.MemberAssignmentR\vassignments\"O\n" +
+	"\x10MemberAssignment\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x1e\n" +
+	"\n" +
+	"assignment\x18\x02 \x01(\fR\n" +
+	"assignment\"3\n" +
+	"\x11SyncGroupResponse\x12\x1e\n" +
+	"\n" +
+	"assignment\x18\x01 \x01(\fR\n" +
+	"assignment\"}\n" +
+	"\x10HeartbeatRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x1b\n" +
+	"\tmember_id\x18\x04 \x01(\tR\bmemberId\"\x13\n" +
+	"\x11HeartbeatResponse\"^\n" +
+	"\x11LeaveGroupRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1b\n" +
+	"\tmember_id\x18\x03 \x01(\tR\bmemberId\"\x14\n" +
+	"\x12LeaveGroupResponse\"\xbc\x01\n" +
+	"\x19CommitGroupOffsetsRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
+	"\x06stream\x18\x02 \x01(\tR\x06stream\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x1b\n" +
+	"\tmember_id\x18\x04 \x01(\tR\bmemberId\x124\n" +
+	"\aoffsets\x18\x05 \x03(\v2\x1a.catena.v1.PartitionOffsetR\aoffsets\"c\n" +
+	"\x0fPartitionOffset\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1a\n" +
+	"\bmetadata\x18\x03 \x01(\tR\bmetadata\"\x1c\n" +
+	"\x1aCommitGroupOffsetsResponse\"\x13\n" +
 	"\x11ListGroupsRequest\"E\n" +
 	"\x12ListGroupsResponse\x12/\n" +
 	"\x06groups\x18\x01 \x03(\v2\x17.catena.v1.GroupSummaryR\x06groups\"y\n" +
@@ -5288,13 +6183,19 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\rListConsumers\x12\x1f.catena.v1.ListConsumersRequest\x1a .catena.v1.ListConsumersResponse\x12U\n" +
 	"\x0eDeleteConsumer\x12 .catena.v1.DeleteConsumerRequest\x1a!.catena.v1.DeleteConsumerResponse\x12L\n" +
 	"\fCreateStream\x12\x1e.catena.v1.CreateStreamRequest\x1a\x1c.catena.v1.StreamDescription\x12O\n" +
-	"\fDeleteStream\x12\x1e.catena.v1.DeleteStreamRequest\x1a\x1f.catena.v1.DeleteStreamResponse2\xd0\x02\n" +
+	"\fDeleteStream\x12\x1e.catena.v1.DeleteStreamRequest\x1a\x1f.catena.v1.DeleteStreamResponse2\xd6\x05\n" +
 	"\x06Groups\x12I\n" +
 	"\n" +
 	"ListGroups\x12\x1c.catena.v1.ListGroupsRequest\x1a\x1d.catena.v1.ListGroupsResponse\x12M\n" +
 	"\rDescribeGroup\x12\x1f.catena.v1.DescribeGroupRequest\x1a\x1b.catena.v1.GroupDescription\x12^\n" +
 	"\x11ResetGroupOffsets\x12#.catena.v1.ResetGroupOffsetsRequest\x1a$.catena.v1.ResetGroupOffsetsResponse\x12L\n" +
-	"\vDeleteGroup\x12\x1d.catena.v1.DeleteGroupRequest\x1a\x1e.catena.v1.DeleteGroupResponse2\x91\t\n" +
+	"\vDeleteGroup\x12\x1d.catena.v1.DeleteGroupRequest\x1a\x1e.catena.v1.DeleteGroupResponse\x12F\n" +
+	"\tJoinGroup\x12\x1b.catena.v1.JoinGroupRequest\x1a\x1c.catena.v1.JoinGroupResponse\x12F\n" +
+	"\tSyncGroup\x12\x1b.catena.v1.SyncGroupRequest\x1a\x1c.catena.v1.SyncGroupResponse\x12F\n" +
+	"\tHeartbeat\x12\x1b.catena.v1.HeartbeatRequest\x1a\x1c.catena.v1.HeartbeatResponse\x12I\n" +
+	"\n" +
+	"LeaveGroup\x12\x1c.catena.v1.LeaveGroupRequest\x1a\x1d.catena.v1.LeaveGroupResponse\x12a\n" +
+	"\x12CommitGroupOffsets\x12$.catena.v1.CommitGroupOffsetsRequest\x1a%.catena.v1.CommitGroupOffsetsResponse2\x91\t\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -5327,7 +6228,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),                       // 0: catena.v1.Durability
 	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
@@ -5336,172 +6237,200 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*StreamConfig)(nil),                  // 4: catena.v1.StreamConfig
 	(*ConsumerHold)(nil),                  // 5: catena.v1.ConsumerHold
 	(*ForcedTrim)(nil),                    // 6: catena.v1.ForcedTrim
-	(*ListGroupsRequest)(nil),             // 7: catena.v1.ListGroupsRequest
-	(*ListGroupsResponse)(nil),            // 8: catena.v1.ListGroupsResponse
-	(*GroupSummary)(nil),                  // 9: catena.v1.GroupSummary
-	(*DescribeGroupRequest)(nil),          // 10: catena.v1.DescribeGroupRequest
-	(*GroupDescription)(nil),              // 11: catena.v1.GroupDescription
-	(*GroupMember)(nil),                   // 12: catena.v1.GroupMember
-	(*GroupAssignment)(nil),               // 13: catena.v1.GroupAssignment
-	(*GroupOffset)(nil),                   // 14: catena.v1.GroupOffset
-	(*ResetGroupOffsetsRequest)(nil),      // 15: catena.v1.ResetGroupOffsetsRequest
-	(*ResetGroupOffsetsResponse)(nil),     // 16: catena.v1.ResetGroupOffsetsResponse
-	(*GroupOffsetChange)(nil),             // 17: catena.v1.GroupOffsetChange
-	(*DeleteGroupRequest)(nil),            // 18: catena.v1.DeleteGroupRequest
-	(*DeleteGroupResponse)(nil),           // 19: catena.v1.DeleteGroupResponse
-	(*CommitConsumerOffsetRequest)(nil),   // 20: catena.v1.CommitConsumerOffsetRequest
-	(*CommitConsumerOffsetResponse)(nil),  // 21: catena.v1.CommitConsumerOffsetResponse
-	(*ListConsumersRequest)(nil),          // 22: catena.v1.ListConsumersRequest
-	(*ListConsumersResponse)(nil),         // 23: catena.v1.ListConsumersResponse
-	(*PartitionConsumers)(nil),            // 24: catena.v1.PartitionConsumers
-	(*DeleteConsumerRequest)(nil),         // 25: catena.v1.DeleteConsumerRequest
-	(*DeleteConsumerResponse)(nil),        // 26: catena.v1.DeleteConsumerResponse
-	(*ProduceRecord)(nil),                 // 27: catena.v1.ProduceRecord
-	(*ProduceRequest)(nil),                // 28: catena.v1.ProduceRequest
-	(*ProduceResult)(nil),                 // 29: catena.v1.ProduceResult
-	(*ProduceResponse)(nil),               // 30: catena.v1.ProduceResponse
-	(*FetchRequest)(nil),                  // 31: catena.v1.FetchRequest
-	(*FetchResponse)(nil),                 // 32: catena.v1.FetchResponse
-	(*SubscribeRequest)(nil),              // 33: catena.v1.SubscribeRequest
-	(*ListOffsetsRequest)(nil),            // 34: catena.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),           // 35: catena.v1.ListOffsetsResponse
-	(*DescribeStreamRequest)(nil),         // 36: catena.v1.DescribeStreamRequest
-	(*StreamDescription)(nil),             // 37: catena.v1.StreamDescription
-	(*PartitionDescription)(nil),          // 38: catena.v1.PartitionDescription
-	(*ListStreamsRequest)(nil),            // 39: catena.v1.ListStreamsRequest
-	(*CreateStreamRequest)(nil),           // 40: catena.v1.CreateStreamRequest
-	(*DeleteStreamRequest)(nil),           // 41: catena.v1.DeleteStreamRequest
-	(*DeleteStreamResponse)(nil),          // 42: catena.v1.DeleteStreamResponse
-	(*ListStreamsResponse)(nil),           // 43: catena.v1.ListStreamsResponse
-	(*ReportHeadUnreachableRequest)(nil),  // 44: catena.v1.ReportHeadUnreachableRequest
-	(*ReportHeadUnreachableResponse)(nil), // 45: catena.v1.ReportHeadUnreachableResponse
-	(*HoldRetentionRequest)(nil),          // 46: catena.v1.HoldRetentionRequest
-	(*ReleaseRetentionRequest)(nil),       // 47: catena.v1.ReleaseRetentionRequest
-	(*ReleaseRetentionResponse)(nil),      // 48: catena.v1.ReleaseRetentionResponse
-	(*CatchUpRequest)(nil),                // 49: catena.v1.CatchUpRequest
-	(*ReadFramesRequest)(nil),             // 50: catena.v1.ReadFramesRequest
-	(*ReadFramesResponse)(nil),            // 51: catena.v1.ReadFramesResponse
-	(*DropRequest)(nil),                   // 52: catena.v1.DropRequest
-	(*DropResponse)(nil),                  // 53: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),               // 54: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),              // 55: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),               // 56: catena.v1.TruncateRequest
-	(*Member)(nil),                        // 57: catena.v1.Member
-	(*ConfigureRequest)(nil),              // 58: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),               // 59: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),                 // 60: catena.v1.StatusRequest
-	(*StatusResponse)(nil),                // 61: catena.v1.StatusResponse
-	(*AppendRequest)(nil),                 // 62: catena.v1.AppendRequest
-	(*AppendRecord)(nil),                  // 63: catena.v1.AppendRecord
-	(*AppendResponse)(nil),                // 64: catena.v1.AppendResponse
-	(*CompletionsRequest)(nil),            // 65: catena.v1.CompletionsRequest
-	(*Completion)(nil),                    // 66: catena.v1.Completion
-	(*ReplicateFrame)(nil),                // 67: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                     // 68: catena.v1.LinkHello
-	(*BatchData)(nil),                     // 69: catena.v1.BatchData
-	(*CommitNotice)(nil),                  // 70: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                  // 71: catena.v1.ReplicateAck
+	(*GroupProtocol)(nil),                 // 7: catena.v1.GroupProtocol
+	(*JoinGroupRequest)(nil),              // 8: catena.v1.JoinGroupRequest
+	(*JoinGroupResponse)(nil),             // 9: catena.v1.JoinGroupResponse
+	(*JoinGroupMember)(nil),               // 10: catena.v1.JoinGroupMember
+	(*SyncGroupRequest)(nil),              // 11: catena.v1.SyncGroupRequest
+	(*MemberAssignment)(nil),              // 12: catena.v1.MemberAssignment
+	(*SyncGroupResponse)(nil),             // 13: catena.v1.SyncGroupResponse
+	(*HeartbeatRequest)(nil),              // 14: catena.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),             // 15: catena.v1.HeartbeatResponse
+	(*LeaveGroupRequest)(nil),             // 16: catena.v1.LeaveGroupRequest
+	(*LeaveGroupResponse)(nil),            // 17: catena.v1.LeaveGroupResponse
+	(*CommitGroupOffsetsRequest)(nil),     // 18: catena.v1.CommitGroupOffsetsRequest
+	(*PartitionOffset)(nil),               // 19: catena.v1.PartitionOffset
+	(*CommitGroupOffsetsResponse)(nil),    // 20: catena.v1.CommitGroupOffsetsResponse
+	(*ListGroupsRequest)(nil),             // 21: catena.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),            // 22: catena.v1.ListGroupsResponse
+	(*GroupSummary)(nil),                  // 23: catena.v1.GroupSummary
+	(*DescribeGroupRequest)(nil),          // 24: catena.v1.DescribeGroupRequest
+	(*GroupDescription)(nil),              // 25: catena.v1.GroupDescription
+	(*GroupMember)(nil),                   // 26: catena.v1.GroupMember
+	(*GroupAssignment)(nil),               // 27: catena.v1.GroupAssignment
+	(*GroupOffset)(nil),                   // 28: catena.v1.GroupOffset
+	(*ResetGroupOffsetsRequest)(nil),      // 29: catena.v1.ResetGroupOffsetsRequest
+	(*ResetGroupOffsetsResponse)(nil),     // 30: catena.v1.ResetGroupOffsetsResponse
+	(*GroupOffsetChange)(nil),             // 31: catena.v1.GroupOffsetChange
+	(*DeleteGroupRequest)(nil),            // 32: catena.v1.DeleteGroupRequest
+	(*DeleteGroupResponse)(nil),           // 33: catena.v1.DeleteGroupResponse
+	(*CommitConsumerOffsetRequest)(nil),   // 34: catena.v1.CommitConsumerOffsetRequest
+	(*CommitConsumerOffsetResponse)(nil),  // 35: catena.v1.CommitConsumerOffsetResponse
+	(*ListConsumersRequest)(nil),          // 36: catena.v1.ListConsumersRequest
+	(*ListConsumersResponse)(nil),         // 37: catena.v1.ListConsumersResponse
+	(*PartitionConsumers)(nil),            // 38: catena.v1.PartitionConsumers
+	(*DeleteConsumerRequest)(nil),         // 39: catena.v1.DeleteConsumerRequest
+	(*DeleteConsumerResponse)(nil),        // 40: catena.v1.DeleteConsumerResponse
+	(*ProduceRecord)(nil),                 // 41: catena.v1.ProduceRecord
+	(*ProduceRequest)(nil),                // 42: catena.v1.ProduceRequest
+	(*ProduceResult)(nil),                 // 43: catena.v1.ProduceResult
+	(*ProduceResponse)(nil),               // 44: catena.v1.ProduceResponse
+	(*FetchRequest)(nil),                  // 45: catena.v1.FetchRequest
+	(*FetchResponse)(nil),                 // 46: catena.v1.FetchResponse
+	(*SubscribeRequest)(nil),              // 47: catena.v1.SubscribeRequest
+	(*ListOffsetsRequest)(nil),            // 48: catena.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),           // 49: catena.v1.ListOffsetsResponse
+	(*DescribeStreamRequest)(nil),         // 50: catena.v1.DescribeStreamRequest
+	(*StreamDescription)(nil),             // 51: catena.v1.StreamDescription
+	(*PartitionDescription)(nil),          // 52: catena.v1.PartitionDescription
+	(*ListStreamsRequest)(nil),            // 53: catena.v1.ListStreamsRequest
+	(*CreateStreamRequest)(nil),           // 54: catena.v1.CreateStreamRequest
+	(*DeleteStreamRequest)(nil),           // 55: catena.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),          // 56: catena.v1.DeleteStreamResponse
+	(*ListStreamsResponse)(nil),           // 57: catena.v1.ListStreamsResponse
+	(*ReportHeadUnreachableRequest)(nil),  // 58: catena.v1.ReportHeadUnreachableRequest
+	(*ReportHeadUnreachableResponse)(nil), // 59: catena.v1.ReportHeadUnreachableResponse
+	(*HoldRetentionRequest)(nil),          // 60: catena.v1.HoldRetentionRequest
+	(*ReleaseRetentionRequest)(nil),       // 61: catena.v1.ReleaseRetentionRequest
+	(*ReleaseRetentionResponse)(nil),      // 62: catena.v1.ReleaseRetentionResponse
+	(*CatchUpRequest)(nil),                // 63: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),             // 64: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),            // 65: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),                   // 66: catena.v1.DropRequest
+	(*DropResponse)(nil),                  // 67: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),               // 68: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),              // 69: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),               // 70: catena.v1.TruncateRequest
+	(*Member)(nil),                        // 71: catena.v1.Member
+	(*ConfigureRequest)(nil),              // 72: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),               // 73: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),                 // 74: catena.v1.StatusRequest
+	(*StatusResponse)(nil),                // 75: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                 // 76: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                  // 77: catena.v1.AppendRecord
+	(*AppendResponse)(nil),                // 78: catena.v1.AppendResponse
+	(*CompletionsRequest)(nil),            // 79: catena.v1.CompletionsRequest
+	(*Completion)(nil),                    // 80: catena.v1.Completion
+	(*ReplicateFrame)(nil),                // 81: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 82: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 83: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 84: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 85: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
-	9,  // 1: catena.v1.ListGroupsResponse.groups:type_name -> catena.v1.GroupSummary
-	12, // 2: catena.v1.GroupDescription.members:type_name -> catena.v1.GroupMember
-	14, // 3: catena.v1.GroupDescription.offsets:type_name -> catena.v1.GroupOffset
-	13, // 4: catena.v1.GroupMember.assignment:type_name -> catena.v1.GroupAssignment
-	1,  // 5: catena.v1.ResetGroupOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
-	17, // 6: catena.v1.ResetGroupOffsetsResponse.changes:type_name -> catena.v1.GroupOffsetChange
-	24, // 7: catena.v1.ListConsumersResponse.partitions:type_name -> catena.v1.PartitionConsumers
-	5,  // 8: catena.v1.PartitionConsumers.holds:type_name -> catena.v1.ConsumerHold
-	6,  // 9: catena.v1.PartitionConsumers.forced_trims:type_name -> catena.v1.ForcedTrim
-	27, // 10: catena.v1.ProduceRequest.records:type_name -> catena.v1.ProduceRecord
-	29, // 11: catena.v1.ProduceResponse.results:type_name -> catena.v1.ProduceResult
-	3,  // 12: catena.v1.FetchResponse.records:type_name -> catena.v1.Record
-	1,  // 13: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
-	4,  // 14: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
-	38, // 15: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	57, // 16: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	59, // 17: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	58, // 18: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
-	5,  // 19: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
-	57, // 20: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
-	4,  // 21: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	57, // 22: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
-	2,  // 23: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
-	4,  // 24: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
-	5,  // 25: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
-	6,  // 26: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
-	59, // 27: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	63, // 28: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	68, // 29: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	69, // 30: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	70, // 31: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
-	28, // 32: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
-	31, // 33: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
-	33, // 34: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
-	34, // 35: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	36, // 36: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
-	39, // 37: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	20, // 38: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
-	22, // 39: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
-	25, // 40: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
-	40, // 41: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
-	41, // 42: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
-	7,  // 43: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
-	10, // 44: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
-	15, // 45: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
-	18, // 46: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
-	58, // 47: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	60, // 48: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	62, // 49: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	62, // 50: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	65, // 51: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
-	67, // 52: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	31, // 53: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	34, // 54: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	54, // 55: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	56, // 56: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	52, // 57: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	49, // 58: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	50, // 59: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	46, // 60: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	47, // 61: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	44, // 62: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	30, // 63: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	32, // 64: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	32, // 65: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	35, // 66: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	37, // 67: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	43, // 68: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	21, // 69: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	23, // 70: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	26, // 71: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	37, // 72: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
-	42, // 73: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
-	8,  // 74: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
-	11, // 75: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
-	16, // 76: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
-	19, // 77: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
-	59, // 78: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	61, // 79: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	64, // 80: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	64, // 81: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	66, // 82: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
-	71, // 83: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	32, // 84: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	35, // 85: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	55, // 86: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	59, // 87: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	53, // 88: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	59, // 89: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	51, // 90: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	59, // 91: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	48, // 92: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	45, // 93: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	63, // [63:94] is the sub-list for method output_type
-	32, // [32:63] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	7,  // 1: catena.v1.JoinGroupRequest.protocols:type_name -> catena.v1.GroupProtocol
+	10, // 2: catena.v1.JoinGroupResponse.members:type_name -> catena.v1.JoinGroupMember
+	12, // 3: catena.v1.SyncGroupRequest.assignments:type_name -> catena.v1.MemberAssignment
+	19, // 4: catena.v1.CommitGroupOffsetsRequest.offsets:type_name -> catena.v1.PartitionOffset
+	23, // 5: catena.v1.ListGroupsResponse.groups:type_name -> catena.v1.GroupSummary
+	26, // 6: catena.v1.GroupDescription.members:type_name -> catena.v1.GroupMember
+	28, // 7: catena.v1.GroupDescription.offsets:type_name -> catena.v1.GroupOffset
+	27, // 8: catena.v1.GroupMember.assignment:type_name -> catena.v1.GroupAssignment
+	1,  // 9: catena.v1.ResetGroupOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
+	31, // 10: catena.v1.ResetGroupOffsetsResponse.changes:type_name -> catena.v1.GroupOffsetChange
+	38, // 11: catena.v1.ListConsumersResponse.partitions:type_name -> catena.v1.PartitionConsumers
+	5,  // 12: catena.v1.PartitionConsumers.holds:type_name -> catena.v1.ConsumerHold
+	6,  // 13: catena.v1.PartitionConsumers.forced_trims:type_name -> catena.v1.ForcedTrim
+	41, // 14: catena.v1.ProduceRequest.records:type_name -> catena.v1.ProduceRecord
+	43, // 15: catena.v1.ProduceResponse.results:type_name -> catena.v1.ProduceResult
+	3,  // 16: catena.v1.FetchResponse.records:type_name -> catena.v1.Record
+	1,  // 17: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
+	4,  // 18: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
+	52, // 19: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
+	71, // 20: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	73, // 21: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	72, // 22: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	5,  // 23: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
+	71, // 24: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	4,  // 25: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
+	71, // 26: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	2,  // 27: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
+	4,  // 28: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
+	5,  // 29: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
+	6,  // 30: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
+	73, // 31: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	77, // 32: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	82, // 33: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	83, // 34: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	84, // 35: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	42, // 36: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
+	45, // 37: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
+	47, // 38: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
+	48, // 39: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	50, // 40: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
+	53, // 41: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
+	34, // 42: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
+	36, // 43: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
+	39, // 44: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
+	54, // 45: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
+	55, // 46: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
+	21, // 47: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
+	24, // 48: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
+	29, // 49: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
+	32, // 50: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
+	8,  // 51: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
+	11, // 52: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
+	14, // 53: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
+	16, // 54: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
+	18, // 55: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
+	72, // 56: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	74, // 57: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	76, // 58: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	76, // 59: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	79, // 60: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
+	81, // 61: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	45, // 62: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	48, // 63: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	68, // 64: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	70, // 65: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	66, // 66: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	63, // 67: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	64, // 68: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	60, // 69: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	61, // 70: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	58, // 71: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	44, // 72: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	46, // 73: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	46, // 74: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	49, // 75: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	51, // 76: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	57, // 77: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	35, // 78: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	37, // 79: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	40, // 80: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	51, // 81: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	56, // 82: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	22, // 83: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
+	25, // 84: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
+	30, // 85: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
+	33, // 86: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
+	9,  // 87: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
+	13, // 88: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
+	15, // 89: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
+	17, // 90: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
+	20, // 91: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
+	73, // 92: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	75, // 93: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	78, // 94: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	78, // 95: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	80, // 96: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
+	85, // 97: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	46, // 98: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	49, // 99: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	69, // 100: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	73, // 101: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	67, // 102: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	73, // 103: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	65, // 104: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	73, // 105: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	62, // 106: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	59, // 107: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	72, // [72:108] is the sub-list for method output_type
+	36, // [36:72] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_catena_v1_catena_proto_init() }
@@ -5509,15 +6438,15 @@ func file_catena_v1_catena_proto_init() {
 	if File_catena_v1_catena_proto != nil {
 		return
 	}
-	file_catena_v1_catena_proto_msgTypes[24].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[44].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[57].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[64].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[38].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[58].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[71].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[78].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[68].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[82].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -5527,7 +6456,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   69,
+			NumMessages:   83,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -561,10 +561,15 @@ var Ingest_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Groups_ListGroups_FullMethodName        = "/catena.v1.Groups/ListGroups"
-	Groups_DescribeGroup_FullMethodName     = "/catena.v1.Groups/DescribeGroup"
-	Groups_ResetGroupOffsets_FullMethodName = "/catena.v1.Groups/ResetGroupOffsets"
-	Groups_DeleteGroup_FullMethodName       = "/catena.v1.Groups/DeleteGroup"
+	Groups_ListGroups_FullMethodName         = "/catena.v1.Groups/ListGroups"
+	Groups_DescribeGroup_FullMethodName      = "/catena.v1.Groups/DescribeGroup"
+	Groups_ResetGroupOffsets_FullMethodName  = "/catena.v1.Groups/ResetGroupOffsets"
+	Groups_DeleteGroup_FullMethodName        = "/catena.v1.Groups/DeleteGroup"
+	Groups_JoinGroup_FullMethodName          = "/catena.v1.Groups/JoinGroup"
+	Groups_SyncGroup_FullMethodName          = "/catena.v1.Groups/SyncGroup"
+	Groups_Heartbeat_FullMethodName          = "/catena.v1.Groups/Heartbeat"
+	Groups_LeaveGroup_FullMethodName         = "/catena.v1.Groups/LeaveGroup"
+	Groups_CommitGroupOffsets_FullMethodName = "/catena.v1.Groups/CommitGroupOffsets"
 )
 
 // GroupsClient is the client API for Groups service.
@@ -593,6 +598,25 @@ type GroupsClient interface {
 	// its retention holds. NOT_FOUND for an unknown group,
 	// FAILED_PRECONDITION for one with members.
 	DeleteGroup(ctx context.Context, in *DeleteGroupRequest, opts ...grpc.CallOption) (*DeleteGroupResponse, error)
+	// Membership, for Catena's Go client (client.GroupConsumer): Kafka's
+	// classic group protocol over gRPC, so that Go clients and Kafka clients
+	// can be members of one group. A refusal the member acts on carries an
+	// ErrorInfo whose reason is Kafka's name for it (contract.Group*:
+	// MEMBER_ID_REQUIRED, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
+	// REBALANCE_IN_PROGRESS, ...). Each request names the stream the member
+	// consumes, which access is judged by.
+	//
+	// JoinGroup answers once the group's next generation starts (up to the
+	// longest rebalance timeout of its members).
+	JoinGroup(ctx context.Context, in *JoinGroupRequest, opts ...grpc.CallOption) (*JoinGroupResponse, error)
+	// SyncGroup answers with the member's assignment once the leader's
+	// SyncGroup brought every member's.
+	SyncGroup(ctx context.Context, in *SyncGroupRequest, opts ...grpc.CallOption) (*SyncGroupResponse, error)
+	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	LeaveGroup(ctx context.Context, in *LeaveGroupRequest, opts ...grpc.CallOption) (*LeaveGroupResponse, error)
+	// CommitGroupOffsets stores a member's consumed offsets, durably and
+	// held from retention, before it answers.
+	CommitGroupOffsets(ctx context.Context, in *CommitGroupOffsetsRequest, opts ...grpc.CallOption) (*CommitGroupOffsetsResponse, error)
 }
 
 type groupsClient struct {
@@ -643,6 +667,56 @@ func (c *groupsClient) DeleteGroup(ctx context.Context, in *DeleteGroupRequest, 
 	return out, nil
 }
 
+func (c *groupsClient) JoinGroup(ctx context.Context, in *JoinGroupRequest, opts ...grpc.CallOption) (*JoinGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinGroupResponse)
+	err := c.cc.Invoke(ctx, Groups_JoinGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *groupsClient) SyncGroup(ctx context.Context, in *SyncGroupRequest, opts ...grpc.CallOption) (*SyncGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SyncGroupResponse)
+	err := c.cc.Invoke(ctx, Groups_SyncGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *groupsClient) Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HeartbeatResponse)
+	err := c.cc.Invoke(ctx, Groups_Heartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *groupsClient) LeaveGroup(ctx context.Context, in *LeaveGroupRequest, opts ...grpc.CallOption) (*LeaveGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaveGroupResponse)
+	err := c.cc.Invoke(ctx, Groups_LeaveGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *groupsClient) CommitGroupOffsets(ctx context.Context, in *CommitGroupOffsetsRequest, opts ...grpc.CallOption) (*CommitGroupOffsetsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommitGroupOffsetsResponse)
+	err := c.cc.Invoke(ctx, Groups_CommitGroupOffsets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // GroupsServer is the server API for Groups service.
 // All implementations must embed UnimplementedGroupsServer
 // for forward compatibility.
@@ -669,6 +743,25 @@ type GroupsServer interface {
 	// its retention holds. NOT_FOUND for an unknown group,
 	// FAILED_PRECONDITION for one with members.
 	DeleteGroup(context.Context, *DeleteGroupRequest) (*DeleteGroupResponse, error)
+	// Membership, for Catena's Go client (client.GroupConsumer): Kafka's
+	// classic group protocol over gRPC, so that Go clients and Kafka clients
+	// can be members of one group. A refusal the member acts on carries an
+	// ErrorInfo whose reason is Kafka's name for it (contract.Group*:
+	// MEMBER_ID_REQUIRED, UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION,
+	// REBALANCE_IN_PROGRESS, ...). Each request names the stream the member
+	// consumes, which access is judged by.
+	//
+	// JoinGroup answers once the group's next generation starts (up to the
+	// longest rebalance timeout of its members).
+	JoinGroup(context.Context, *JoinGroupRequest) (*JoinGroupResponse, error)
+	// SyncGroup answers with the member's assignment once the leader's
+	// SyncGroup brought every member's.
+	SyncGroup(context.Context, *SyncGroupRequest) (*SyncGroupResponse, error)
+	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	LeaveGroup(context.Context, *LeaveGroupRequest) (*LeaveGroupResponse, error)
+	// CommitGroupOffsets stores a member's consumed offsets, durably and
+	// held from retention, before it answers.
+	CommitGroupOffsets(context.Context, *CommitGroupOffsetsRequest) (*CommitGroupOffsetsResponse, error)
 	mustEmbedUnimplementedGroupsServer()
 }
 
@@ -690,6 +783,21 @@ func (UnimplementedGroupsServer) ResetGroupOffsets(context.Context, *ResetGroupO
 }
 func (UnimplementedGroupsServer) DeleteGroup(context.Context, *DeleteGroupRequest) (*DeleteGroupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteGroup not implemented")
+}
+func (UnimplementedGroupsServer) JoinGroup(context.Context, *JoinGroupRequest) (*JoinGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinGroup not implemented")
+}
+func (UnimplementedGroupsServer) SyncGroup(context.Context, *SyncGroupRequest) (*SyncGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SyncGroup not implemented")
+}
+func (UnimplementedGroupsServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedGroupsServer) LeaveGroup(context.Context, *LeaveGroupRequest) (*LeaveGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LeaveGroup not implemented")
+}
+func (UnimplementedGroupsServer) CommitGroupOffsets(context.Context, *CommitGroupOffsetsRequest) (*CommitGroupOffsetsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CommitGroupOffsets not implemented")
 }
 func (UnimplementedGroupsServer) mustEmbedUnimplementedGroupsServer() {}
 func (UnimplementedGroupsServer) testEmbeddedByValue()                {}
@@ -784,6 +892,96 @@ func _Groups_DeleteGroup_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Groups_JoinGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).JoinGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_JoinGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).JoinGroup(ctx, req.(*JoinGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Groups_SyncGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).SyncGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_SyncGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).SyncGroup(ctx, req.(*SyncGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Groups_Heartbeat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HeartbeatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).Heartbeat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_Heartbeat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).Heartbeat(ctx, req.(*HeartbeatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Groups_LeaveGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaveGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).LeaveGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_LeaveGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).LeaveGroup(ctx, req.(*LeaveGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Groups_CommitGroupOffsets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommitGroupOffsetsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GroupsServer).CommitGroupOffsets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Groups_CommitGroupOffsets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GroupsServer).CommitGroupOffsets(ctx, req.(*CommitGroupOffsetsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Groups_ServiceDesc is the grpc.ServiceDesc for Groups service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -806,6 +1004,26 @@ var Groups_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteGroup",
 			Handler:    _Groups_DeleteGroup_Handler,
+		},
+		{
+			MethodName: "JoinGroup",
+			Handler:    _Groups_JoinGroup_Handler,
+		},
+		{
+			MethodName: "SyncGroup",
+			Handler:    _Groups_SyncGroup_Handler,
+		},
+		{
+			MethodName: "Heartbeat",
+			Handler:    _Groups_Heartbeat_Handler,
+		},
+		{
+			MethodName: "LeaveGroup",
+			Handler:    _Groups_LeaveGroup_Handler,
+		},
+		{
+			MethodName: "CommitGroupOffsets",
+			Handler:    _Groups_CommitGroupOffsets_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

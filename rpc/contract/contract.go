@@ -59,3 +59,20 @@ func PartitionFor(key []byte, partitions uint32) uint32 {
 	}
 	return h % partitions
 }
+
+// Reasons (gRPC ErrorInfo) of the Groups service's refusals that a
+// group member acts on; they are Kafka's names for the same refusals.
+const (
+	// GroupMemberIDRequired: join again with the member id the refusal's
+	// metadata carries under "member_id".
+	GroupMemberIDRequired = "MEMBER_ID_REQUIRED"
+	// GroupUnknownMember: the member was removed; join with no id.
+	GroupUnknownMember = "UNKNOWN_MEMBER_ID"
+	// GroupIllegalGeneration: a newer generation started; join again.
+	GroupIllegalGeneration = "ILLEGAL_GENERATION"
+	// GroupRebalanceInProgress: the group is rebalancing; join again.
+	GroupRebalanceInProgress = "REBALANCE_IN_PROGRESS"
+	// GroupCoordinatorLoading: the coordinator is loading the committed
+	// offsets; retry.
+	GroupCoordinatorLoading = "COORDINATOR_LOAD_IN_PROGRESS"
+)
