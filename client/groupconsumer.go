@@ -564,6 +564,34 @@ func (g *GroupConsumer) Commit(ctx context.Context) error {
 	return err
 }
 
+// CommitMessages commits, for each partition of the current generation
+// among msgs, the offset after the last of its msgs: for a consumer that
+// processed only part of what Poll delivered. It fails as Commit does.
+func (g *GroupConsumer) CommitMessages(ctx context.Context, msgs ...Message) error {
+	next := map[uint32]uint64{}
+	for _, m := range msgs {
+		if m.Stream == g.opts.Stream && m.Offset+1 > next[m.Partition] {
+			next[m.Partition] = m.Offset + 1
+		}
+	}
+	g.mu.Lock()
+	req := &catenapb.CommitGroupOffsetsRequest{Group: g.opts.Group, Stream: g.opts.Stream, Generation: g.generation, MemberId: g.memberID}
+	for _, p := range g.assigned {
+		if o, ok := next[p]; ok {
+			req.Offsets = append(req.Offsets, &catenapb.PartitionOffset{Partition: p, Offset: o})
+		}
+	}
+	g.mu.Unlock()
+	if len(req.Offsets) == 0 {
+		if len(next) == 0 {
+			return nil
+		}
+		return status.Error(codes.FailedPrecondition, "catena: the messages' partitions are no longer this member's")
+	}
+	_, err := g.c.Groups().CommitGroupOffsets(ctx, req)
+	return err
+}
+
 // Close leaves the group, so that the others are given its partitions at
 // once rather than after its session timeout. It does not commit.
 func (g *GroupConsumer) Close(ctx context.Context) error {

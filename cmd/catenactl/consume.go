@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -18,6 +19,7 @@ type consumeFlags struct {
 	count     int
 	noFollow  bool
 	maxBytes  uint32
+	group     string
 }
 
 type messageLine struct {
@@ -34,13 +36,17 @@ type messageLine struct {
 func newConsumeCommand(a *app) *cobra.Command {
 	var f consumeFlags
 	cmd := &cobra.Command{
-		Use:   "consume --stream S [--partition P] [--from earliest|latest|OFFSET|@TIMESTAMP_MS] [--count N] [--no-follow]",
+		Use:   "consume --stream S [--partition P | --group G] [--from earliest|latest|OFFSET|@TIMESTAMP_MS] [--count N] [--no-follow]",
 		Short: "Print committed records as JSON lines",
 		Long: "Print committed records, one JSON line each. Without --partition every\n" +
 			"partition is read (per-partition order is preserved; partitions interleave).\n" +
 			"--from OFFSET applies to each partition read. With --no-follow the command\n" +
 			"exits once each partition reached the committed offset seen at start;\n" +
-			"otherwise it follows until interrupted (SIGINT/SIGTERM) or --count records.",
+			"otherwise it follows until interrupted (SIGINT/SIGTERM) or --count records.\n" +
+			"With --group the command is a member of that consumer group (the same\n" +
+			"groups as Kafka clients'): it reads the partitions the group gives it, from\n" +
+			"the group's committed offsets (--from for partitions never committed), and\n" +
+			"commits each record once printed; it leaves the group on exit.",
 		Args: cobra.NoArgs,
 		RunE: runE(func(cmd *cobra.Command, _ []string) error {
 			return a.consume(cmd, &f)
@@ -53,6 +59,7 @@ func newConsumeCommand(a *app) *cobra.Command {
 	fl.IntVar(&f.count, "count", 0, "stop after N records (0 = no limit)")
 	fl.BoolVar(&f.noFollow, "no-follow", false, "exit once caught up with the committed offset at start")
 	fl.Uint32Var(&f.maxBytes, "max-bytes", 0, "max bytes per streamed response (0 = server default)")
+	fl.StringVar(&f.group, "group", "", "consume as a member of this consumer group, committing what is printed")
 	return cmd
 }
 
@@ -67,12 +74,18 @@ func (a *app) consume(cmd *cobra.Command, f *consumeFlags) error {
 	if f.count < 0 {
 		return usageErrorf("--count must be >= 0")
 	}
+	if f.group != "" && (cmd.Flags().Changed("partition") || f.noFollow) {
+		return usageErrorf("--group reads the partitions the group assigns and follows them: it takes neither --partition nor --no-follow")
+	}
 	parent := cmd.Context()
 	c, err := a.dial(parent)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	if f.group != "" {
+		return a.consumeGroup(parent, c, f, pos)
+	}
 
 	var parts []uint32
 	if cmd.Flags().Changed("partition") {
@@ -200,4 +213,49 @@ func (a *app) consumePartition(ctx context.Context, c *client.Client, f *consume
 			return nil
 		}
 	}
+}
+
+// consumeGroup prints records as a member of f.group and commits each
+// batch's printed records.
+func (a *app) consumeGroup(ctx context.Context, c *client.Client, f *consumeFlags, pos client.Position) error {
+	g, err := c.JoinGroup(ctx, client.GroupOptions{Group: f.group, Stream: f.stream, ClientID: "catenactl", Start: pos, MaxBytes: f.maxBytes})
+	if err != nil {
+		return usageError(err)
+	}
+	defer func() {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = g.Close(lctx)
+	}()
+	w := newJSONWriter(a.stdout)
+	printed := 0
+	for f.count == 0 || printed < f.count {
+		msgs, err := g.Poll(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // interrupted
+			}
+			return failure(err)
+		}
+		if f.count > 0 && len(msgs) > f.count-printed {
+			msgs = msgs[:f.count-printed]
+		}
+		for _, m := range msgs {
+			k, kb := textField(m.Key)
+			v, vb := textField(m.Value)
+			if err := w.write(messageLine{Stream: m.Stream, Partition: m.Partition, Offset: m.Offset, Key: k, KeyB64: kb, Value: v, ValueB64: vb, TimestampMs: m.TimestampMs}); err != nil {
+				return err
+			}
+		}
+		if err := w.flush(); err != nil {
+			return err
+		}
+		printed += len(msgs)
+		// A commit refused by a rebalance leaves the records to their next
+		// reader: at least once.
+		if err := g.CommitMessages(ctx, msgs...); err != nil && ctx.Err() == nil {
+			fmt.Fprintf(a.stderr, "catenactl: commit: %s\n", grpcMessage(err))
+		}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -188,6 +189,42 @@ func TestCatenactlGroupAgainstDev(t *testing.T) {
 	}
 	if got := kcatGroup(); strings.Join(got, " ") != "1/10" {
 		t.Fatalf("kcat's group read %v after its commit, want only 1/10", got)
+	}
+
+	// catenactl consume --group: a member of a group through the Go
+	// client; two runs read the 21 records once between them.
+	consumeGroup := func(count int) []string {
+		t.Helper()
+		out, code := ctl(t, addr, "consume", "--stream", "demo", "--group", "ctl-readers", "--count", fmt.Sprint(count))
+		if code != 0 {
+			t.Fatalf("consume --group: exit %d\n%s", code, out)
+		}
+		var got []string
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var m struct {
+				Partition int
+				Offset    int
+			}
+			if err := json.Unmarshal([]byte(l), &m); err != nil {
+				t.Fatalf("consume printed %q", l)
+			}
+			got = append(got, fmt.Sprintf("%d/%d", m.Partition, m.Offset))
+		}
+		return got
+	}
+	first, second := consumeGroup(15), consumeGroup(6)
+	seen := map[string]bool{}
+	for _, k := range append(first, second...) {
+		if seen[k] {
+			t.Fatalf("record %s read twice by the group: %v then %v", k, first, second)
+		}
+		seen[k] = true
+	}
+	if len(seen) != 21 {
+		t.Fatalf("the group read %d records, want 21", len(seen))
+	}
+	if out, code := ctl(t, addr, "consume", "--stream", "demo", "--group", "g", "--partition", "0"); code != 2 || !strings.Contains(out, "--group") {
+		t.Fatalf("consume --group --partition: exit %d\n%s", code, out)
 	}
 }
 
