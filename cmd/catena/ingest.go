@@ -134,5 +134,5 @@ func serveKafka(listen, advertise string, srv *ingest.Server, coord *groups.Coor
 // groups' committed offsets in the internal stream
 // groups.DefaultOffsetsStream.
 func newGroupCoordinator(srv *ingest.Server, logger logr.Logger) *groups.Coordinator {
-	return groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: srv}, Logger: logger.WithName("groups")})
+	return groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: srv, Logger: logger.WithName("groups")}, Logger: logger.WithName("groups")})
 }

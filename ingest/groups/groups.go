@@ -197,7 +197,9 @@ type Offsets interface {
 	// retention). It returns one error per commit (nil: stored); an error
 	// for all of them instead when nothing was stored.
 	Commit(ctx context.Context, group string, commits []Commit) ([]error, error)
-	// Delete forgets a group's offsets and releases its holds.
+	// Delete forgets a group's offsets and releases its holds. An error
+	// wrapping ErrHoldsRemain means the deletion is stored but holds
+	// remain; any other, that nothing changed.
 	Delete(ctx context.Context, group string, topics []string) error
 }
 
@@ -803,8 +805,9 @@ func (c *Coordinator) Leave(ctx context.Context, groupID string, memberIDs []str
 			left = true
 		default:
 			if _, ok := g.pending[id]; ok {
+				// Never a member: a rebalance waiting for it goes on.
 				delete(g.pending, id)
-				left = true
+				c.maybeCompleteJoinLocked(g, now)
 				continue
 			}
 			out[i] = refuse(UnknownMemberID, "group %q has no member %q", groupID, id)
@@ -852,15 +855,18 @@ func (c *Coordinator) Tick() {
 	for _, g := range c.groups {
 		changed := false
 		for id, deadline := range g.pending {
+			// An id handed out and never joined with is forgotten; that
+			// changes no generation (a rebalance waiting for it goes on).
 			if !now.Before(deadline) {
 				delete(g.pending, id)
-				changed = true
 			}
 		}
 		for id, m := range g.members {
 			// A member waiting in JoinGroup is waited for until the
-			// rebalance timeout, not its session.
-			if m.join == nil && !m.deadline.IsZero() && !now.Before(m.deadline) {
+			// rebalance timeout, and one waiting in SyncGroup until the
+			// leader's assignment, not its session: clients do not
+			// heartbeat while they wait.
+			if m.join == nil && m.sync == nil && !m.deadline.IsZero() && !now.Before(m.deadline) {
 				c.opts.Logger.Info("consumer group member's session expired", "group", g.name, "member", id, "session", m.session)
 				c.removeMemberLocked(g, id)
 				changed = true
@@ -977,12 +983,33 @@ func (c *Coordinator) CommitOffsets(ctx context.Context, groupID, memberID strin
 			e = refuse(RebalanceInProgress, "group %q is waiting for its leader's assignment", groupID)
 		}
 	}
+	if m := g.members[memberID]; e == nil && m != nil {
+		// A commit is a sign of life too, as in Kafka.
+		m.deadline = c.now().Add(m.session)
+	}
 	c.mu.Unlock()
 	if e != nil {
 		return nil, e
 	}
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()
+	c.mu.Lock()
+	gone := g.state == Dead || c.groups[groupID] != g
+	unchanged := true
+	for _, cm := range commits {
+		if o, ok := g.offsets[cm.TopicPartition]; !ok || o.Offset != cm.Offset || o.Metadata != cm.Metadata || o.LeaderEpoch != cm.LeaderEpoch {
+			unchanged = false
+		}
+	}
+	c.mu.Unlock()
+	if gone {
+		return nil, refuse(CoordinatorNotAvailable, "group %q was deleted meanwhile", groupID)
+	}
+	if unchanged {
+		// A consumer committing while idle (auto-commit every few
+		// seconds): already stored and held, nothing to write.
+		return make([]error, len(commits)), nil
+	}
 	now := c.now().UnixMilli()
 	for i := range commits {
 		commits[i].At = now
@@ -1045,6 +1072,12 @@ func (c *Coordinator) Delete(ctx context.Context, groupID string) error {
 		return refuse(NonEmptyGroup, "group %q has %d members", groupID, len(g.members))
 	}
 	g.state = Dead
+	c.mu.Unlock()
+	// No commit of the group is on its way to the store once this is held
+	// (a commit that passed its check before Dead finds it after).
+	g.commitMu.Lock()
+	defer g.commitMu.Unlock()
+	c.mu.Lock()
 	topics := map[string]bool{}
 	for tp := range g.offsets {
 		topics[tp.Topic] = true
@@ -1058,10 +1091,16 @@ func (c *Coordinator) Delete(ctx context.Context, groupID string) error {
 	err := c.opts.Offsets.Delete(ctx, groupID, names)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrHoldsRemain) {
+		// Nothing was stored: the group is as it was.
 		g.state = Empty
 		return err
 	}
 	delete(c.groups, groupID)
-	return nil
+	return err
 }
+
+// ErrHoldsRemain is the error of an Offsets.Delete that stored the group's
+// deletion but did not release all its holds; the group is gone, and its
+// holds (consumer HoldName) are released with DeleteConsumer.
+var ErrHoldsRemain = errors.New("the group is deleted but some of its retention holds remain")

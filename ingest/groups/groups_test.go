@@ -3,6 +3,7 @@ package groups
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -491,5 +492,87 @@ func TestHoldName(t *testing.T) {
 	}
 	if HoldName("Billing") == HoldName("billing") {
 		t.Errorf("ids differing in case share hold %q", HoldName("billing"))
+	}
+}
+
+// TestMemberWaitingInSyncIsNotExpired: clients do not heartbeat while
+// they wait in SyncGroup for the leader's assignment; a slow leader must
+// not get its followers expired (and the group rebalanced again).
+func TestMemberWaitingInSyncIsNotExpired(t *testing.T) {
+	f := newFixture(t)
+	a, ja := f.firstJoin("g")
+	b, jb := f.firstJoin("g")
+	f.clock.advance(3 * time.Second)
+	f.c.Tick()
+	got(t, ja)
+	gen := got(t, jb).Generation
+	sb := f.c.Sync(ctx, SyncRequest{Group: "g", Generation: gen, MemberID: b})
+	for range 5 {
+		f.clock.advance(3 * time.Second)
+		f.c.Heartbeat(ctx, "g", a, gen) // the leader is alive, assigning
+		f.c.Tick()
+	}
+	pending(t, sb)
+	got(t, f.c.Sync(ctx, SyncRequest{Group: "g", Generation: gen, MemberID: a, Assignments: map[string][]byte{a: []byte("A"), b: []byte("B")}}))
+	if r := got(t, sb); r.Err != nil || string(r.Assignment) != "B" {
+		t.Fatalf("the follower's sync after a slow leader: %+v", r)
+	}
+}
+
+// TestHandedOutIDsDoNotRebalanceAStableGroup: an id handed out with
+// MemberIDRequired that is never joined with, or left, is no member: its
+// expiry changes no generation.
+func TestHandedOutIDsDoNotRebalanceAStableGroup(t *testing.T) {
+	f := newFixture(t)
+	ids, gen := f.stable(1)
+	r := got(t, f.c.Join(ctx, consumerJoin("g", "")))
+	if CodeOf(r.Err) != MemberIDRequired {
+		t.Fatalf("join: %+v", r)
+	}
+	if _, err := f.c.Leave(ctx, "g", []string{r.MemberID}); err != nil {
+		t.Fatal(err)
+	}
+	got(t, f.c.Join(ctx, consumerJoin("g", ""))) // another, left to expire
+	for range 5 {
+		f.clock.advance(3 * time.Second)
+		f.c.Heartbeat(ctx, "g", ids[0], gen)
+		f.c.Tick()
+	}
+	if err := f.c.Heartbeat(ctx, "g", ids[0], gen); err != nil {
+		t.Fatalf("heartbeat: %v, want the generation unchanged", err)
+	}
+}
+
+func TestUnchangedCommitWritesNothing(t *testing.T) {
+	f := newFixture(t)
+	at := []Commit{{TopicPartition: TopicPartition{"orders", 0}, Committed: Committed{Offset: 7, LeaderEpoch: -1}}}
+	for range 3 {
+		if errs, err := f.c.CommitOffsets(ctx, "m", "", -1, at); err != nil || errs[0] != nil {
+			t.Fatalf("commit: %v %v", errs, err)
+		}
+	}
+	if f.store.commits != 1 {
+		t.Fatalf("three commits of one offset wrote %d records, want 1", f.store.commits)
+	}
+}
+
+// holdsRemain is a store whose deletion is stored but leaves holds.
+type holdsRemain struct{ memOffsets }
+
+func (h *holdsRemain) Delete(context.Context, string, []string) error {
+	return fmt.Errorf("%w: chain unavailable", ErrHoldsRemain)
+}
+
+func TestDeleteThatLeavesHoldsStillDeletes(t *testing.T) {
+	store := &holdsRemain{}
+	c := New(Options{Offsets: store})
+	if _, err := c.CommitOffsets(ctx, "m", "", -1, []Commit{{TopicPartition: TopicPartition{"orders", 0}, Committed: Committed{Offset: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, "m"); !errors.Is(err, ErrHoldsRemain) {
+		t.Fatalf("delete: %v, want ErrHoldsRemain", err)
+	}
+	if d, _ := c.Describe(ctx, "m"); d.State != Dead {
+		t.Fatalf("after a stored deletion the group is %s, want gone", d.State)
 	}
 }

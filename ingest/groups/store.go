@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -20,6 +21,13 @@ import (
 // DefaultOffsetsStream is the internal stream committed offsets are
 // stored in.
 const DefaultOffsetsStream = "catena-groups"
+
+// offsetsPartition is the partition of the offsets stream every record is
+// written to and read from: one partition keeps every group's records in
+// the order they were committed whatever the stream's partition count
+// (hashing groups over partitions would reorder a group's records if the
+// count changed).
+const offsetsPartition = 0
 
 // offsetsRecord is one record of the offsets stream, keyed by its group
 // (so a group's records are in one partition, in commit order). A record
@@ -51,16 +59,15 @@ type offsetsEntry struct {
 type StreamOffsets struct {
 	Ingest *ingest.Server
 	// Stream is the offsets stream (DefaultOffsetsStream when empty). It
-	// is created on the first commit where the deployment lets ingestion
-	// create streams (catena dev); elsewhere it must exist.
+	// is created on the first load where the deployment lets ingestion
+	// create streams (catena dev); elsewhere it must exist. Every record is
+	// in its partition 0.
 	Stream string
-	// Partitions is the offsets stream's partition count when created
-	// here (1 when 0).
-	Partitions int
+	Logger logr.Logger
 
 	mu sync.Mutex
-	// held is the offset each group holds each partition at, so an
-	// unchanged offset (a consumer committing while idle) asks no chain.
+	// held is the offset each group's hold was stored at by this process,
+	// so an unchanged offset asks no chain again.
 	held map[string]map[TopicPartition]int64
 }
 
@@ -98,36 +105,29 @@ func HoldName(group string) string {
 	return prefix + name + "-" + hex.EncodeToString(sum[:8])
 }
 
-// Load reads the offsets stream from its start to its committed end.
+// Load reads the offsets stream from its start to its committed end. A
+// stream that ingestion does not know is never taken for one without
+// offsets (discovery may not have seen it yet): where the deployment lets
+// ingestion create streams it is created, and read on the next try;
+// elsewhere it must be created (on Kubernetes, a Stream).
 func (s *StreamOffsets) Load(ctx context.Context) (map[string]map[TopicPartition]Committed, error) {
 	out := map[string]map[TopicPartition]Committed{}
-	info, err := s.Ingest.Stream(ctx, s.stream())
-	if status.Code(err) == codes.NotFound {
-		s.setHeld(out)
-		return out, nil
-	}
-	if err != nil {
+	if _, err := s.Ingest.Stream(ctx, s.stream()); status.Code(err) == codes.NotFound {
+		_, cerr := s.Ingest.CreateStream(ctx, &catenapb.CreateStreamRequest{Stream: s.stream(), Partitions: 1})
+		switch status.Code(cerr) {
+		case codes.OK:
+			return out, nil // created now: nothing was ever committed
+		case codes.AlreadyExists:
+			return nil, fmt.Errorf("the offsets stream %q exists but is not discovered yet", s.stream())
+		}
+		return nil, fmt.Errorf("the offsets stream %q is not found and cannot be created here (%s): create it (on Kubernetes, a Stream named %q)", s.stream(), status.Convert(cerr).Message(), s.stream())
+	} else if err != nil {
 		return nil, err
 	}
-	for p := 0; p < info.Partitions; p++ {
-		if err := s.loadPartition(ctx, uint32(p), out); err != nil {
-			return nil, fmt.Errorf("offsets stream %s/%d: %w", s.stream(), p, err)
-		}
+	if err := s.loadPartition(ctx, offsetsPartition, out); err != nil {
+		return nil, fmt.Errorf("offsets stream %s/%d: %w", s.stream(), offsetsPartition, err)
 	}
-	s.setHeld(out)
 	return out, nil
-}
-
-func (s *StreamOffsets) setHeld(all map[string]map[TopicPartition]Committed) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.held = map[string]map[TopicPartition]int64{}
-	for g, offs := range all {
-		s.held[g] = map[TopicPartition]int64{}
-		for tp, o := range offs {
-			s.held[g][tp] = o.Offset
-		}
-	}
 }
 
 func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32, out map[string]map[TopicPartition]Committed) error {
@@ -146,7 +146,10 @@ func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32, out map[str
 		}
 		for _, r := range resp.GetRecords() {
 			if err := applyOffsetsRecord(r.GetValue(), out); err != nil {
-				return fmt.Errorf("record at offset %d: %w", r.GetOffset(), err)
+				// Not written by a coordinator (the stream is refused to
+				// Kafka producers, not to every writer): skipped, so that
+				// one bad record does not stop every group.
+				s.Logger.Error(err, "Skipping a record of the offsets stream that is not an offsets record", "stream", s.stream(), "offset", r.GetOffset())
 			}
 		}
 		if resp.GetNextOffset() <= next {
@@ -181,25 +184,25 @@ func applyOffsetsRecord(value []byte, out map[string]map[TopicPartition]Committe
 }
 
 // append writes one record to the offsets stream and waits until it is
-// committed, creating the stream first where it does not exist and the
-// deployment lets ingestion create it.
+// committed.
 func (s *StreamOffsets) append(ctx context.Context, rec offsetsRecord) error {
 	value, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	req := &catenapb.ProduceRequest{Stream: s.stream(), Records: []*catenapb.ProduceRecord{{Key: []byte(rec.Group), Value: value}}}
-	_, err = s.Ingest.Produce(ctx, req)
-	if status.Code(err) != codes.NotFound {
+	partition := uint32(offsetsPartition)
+	resp, err := s.Ingest.Produce(ctx, &catenapb.ProduceRequest{Stream: s.stream(), Records: []*catenapb.ProduceRecord{{Key: []byte(rec.Group), Value: value, Partition: &partition}}})
+	if err != nil {
 		return err
 	}
-	partitions := max(s.Partitions, 1)
-	_, cerr := s.Ingest.CreateStream(ctx, &catenapb.CreateStreamRequest{Stream: s.stream(), Partitions: uint32(partitions)})
-	if cerr != nil && status.Code(cerr) != codes.AlreadyExists {
-		return fmt.Errorf("the offsets stream %q does not exist and cannot be created here (%s): create it (on Kubernetes, a Stream named %q)", s.stream(), status.Convert(cerr).Message(), s.stream())
+	// Ingestion answers a record that failed in its result, not as the
+	// call's error.
+	for _, r := range resp.GetResults() {
+		if r.GetErrorCode() != 0 {
+			return status.Error(codes.Code(r.GetErrorCode()), r.GetErrorMessage())
+		}
 	}
-	_, err = s.Ingest.Produce(ctx, req)
-	return err
+	return nil
 }
 
 // Commit stores a group's offsets: the partitions are checked to exist,
@@ -236,6 +239,9 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 		if errs[i] != nil || c.Offset < 0 || s.heldAt(group, c.TopicPartition) == c.Offset {
 			continue
 		}
+		// Forgotten until stored: a hold call that fails may have moved
+		// the hold on some members, so the next commit asks again.
+		s.forgetHeld(group, c.TopicPartition)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -258,6 +264,12 @@ func (s *StreamOffsets) heldAt(group string, tp TopicPartition) int64 {
 		return o
 	}
 	return -1
+}
+
+func (s *StreamOffsets) forgetHeld(group string, tp TopicPartition) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.held[group], tp)
 }
 
 func (s *StreamOffsets) setHeldAt(group string, tp TopicPartition, offset int64) {
@@ -284,7 +296,7 @@ func (s *StreamOffsets) Delete(ctx context.Context, group string, topics []strin
 	for _, t := range topics {
 		_, err := s.Ingest.DeleteConsumer(ctx, &catenapb.DeleteConsumerRequest{Stream: t, Consumer: HoldName(group)})
 		if err != nil && status.Code(err) != codes.NotFound {
-			return fmt.Errorf("release the holds of group %q on stream %q: %w", group, t, err)
+			return fmt.Errorf("%w: stream %q, consumer %q (catenactl consumers delete releases them): %v", ErrHoldsRemain, t, HoldName(group), err)
 		}
 	}
 	return nil

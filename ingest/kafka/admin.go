@@ -236,6 +236,12 @@ func (cn *conn) deleteTopics(ctx context.Context, r *kmsg.DeleteTopicsRequest) k
 		out.Topic = kmsg.StringPtr(name)
 		req := &catenapb.DeleteStreamRequest{Stream: name}
 		err := cn.authorize(ctx, catenapb.Ingest_DeleteStream_FullMethodName, req)
+		if err == nil && name == groups.DefaultOffsetsStream {
+			out.ErrorCode = kerr.InvalidTopicException.Code
+			out.ErrorMessage = errString(fmt.Sprintf("stream %q holds every consumer group's committed offsets: not deleted", name))
+			resp.Topics = append(resp.Topics, out)
+			continue
+		}
 		if err == nil {
 			_, err = cn.srv.ing.DeleteStream(ctx, req)
 		}

@@ -104,7 +104,22 @@ func (cn *conn) dispatch(h header, req kmsg.Request) error {
 	case *kmsg.LeaveGroupRequest:
 		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.leaveGroup(ctx, r) })
 	case *kmsg.OffsetCommitRequest:
-		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.offsetCommit(ctx, r) })
+		// A connection's commits are applied in the order they came (a
+		// client pipelining async commits expects the last to stay): each
+		// waits for the one before it.
+		prev, mine := cn.lastCommit, make(chan struct{})
+		cn.lastCommit = mine
+		cn.later(h, func(ctx context.Context) kmsg.Response {
+			defer close(mine)
+			if prev != nil {
+				select {
+				case <-prev:
+				case <-ctx.Done():
+					return nil
+				}
+			}
+			return cn.offsetCommit(ctx, r)
+		})
 	case *kmsg.OffsetFetchRequest:
 		cn.later(h, func(ctx context.Context) kmsg.Response { return cn.offsetFetch(ctx, r) })
 	case *kmsg.ListGroupsRequest:

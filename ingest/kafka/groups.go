@@ -277,6 +277,20 @@ func (cn *conn) offsetFetch(ctx context.Context, r *kmsg.OffsetFetchRequest) kms
 	got, err := cn.srv.groups.FetchOffsets(ctx, r.Group, tps)
 	if err != nil {
 		resp.ErrorCode = groupCode(err).Code
+		if r.Version < 2 {
+			// v1 has no top-level error: each partition carries it, or
+			// the client would take "no offsets" and reset its position.
+			for _, t := range r.Topics {
+				rt := kmsg.NewOffsetFetchResponseTopic()
+				rt.Topic = t.Topic
+				for _, p := range t.Partitions {
+					rp := kmsg.NewOffsetFetchResponseTopicPartition()
+					rp.Partition, rp.Offset, rp.ErrorCode = p, -1, resp.ErrorCode
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+		}
 		return resp
 	}
 	if tps == nil {

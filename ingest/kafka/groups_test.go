@@ -260,6 +260,13 @@ func TestCommittedOffsetsSurviveACoordinatorRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A record that is not an offsets record (written around the Kafka
+	// listener, which refuses the stream) is skipped, not fatal.
+	zero := uint32(0)
+	if _, err := c.ing.Produce(ctx, &catenapb.ProduceRequest{Stream: groups.DefaultOffsetsStream, Records: []*catenapb.ProduceRecord{{Value: []byte("not json"), Partition: &zero}}}); err != nil {
+		t.Fatal(err)
+	}
+
 	restarted, err := New(Options{Ingest: c.ing})
 	if err != nil {
 		t.Fatal(err)
@@ -332,6 +339,22 @@ func TestGroupRefusals(t *testing.T) {
 	offs, err := kadm.NewClient(cl).FetchOffsets(ctx, "g")
 	if err != nil || len(offs) != 0 {
 		t.Fatalf("a refused commit stored %v (%v)", offs, err)
+	}
+
+	// The offsets stream is the coordinator's alone.
+	prod := kmsg.NewPtrProduceRequest()
+	prod.Acks, prod.TimeoutMillis = -1, 10000
+	pt := kmsg.NewProduceRequestTopic()
+	pt.Topic = groups.DefaultOffsetsStream
+	pt.Partitions = []kmsg.ProduceRequestTopicPartition{{Partition: 0, Records: encodeTestBatch(-1, -1, [][]byte{[]byte("x")}, nil)}}
+	prod.Topics = []kmsg.ProduceRequestTopic{pt}
+	if r, err := prod.RequestWith(ctx, cl); err != nil || r.Topics[0].Partitions[0].ErrorCode != kerr.InvalidTopicException.Code {
+		t.Fatalf("produce to the offsets stream: %+v %v", r, err)
+	}
+	del := kmsg.NewPtrDeleteTopicsRequest()
+	del.TopicNames = []string{groups.DefaultOffsetsStream}
+	if r, err := del.RequestWith(ctx, cl); err != nil || r.Topics[0].ErrorCode != kerr.InvalidTopicException.Code {
+		t.Fatalf("delete of the offsets stream: %+v %v", r, err)
 	}
 
 	fc := kmsg.NewPtrFindCoordinatorRequest()

@@ -31,11 +31,30 @@ type cluster struct {
 	// listeners.
 	grpcAddr string
 	groups   *groups.Coordinator
+	members  []*catenapb.Member
+}
+
+// configure creates stream on every replica with cfg, at epoch 1, tail
+// first.
+func (c *cluster) configure(stream string, cfg *catenapb.StreamConfig) {
+	c.t.Helper()
+	for p := range int(cfg.GetPartitions()) {
+		for i := len(c.members) - 1; i >= 0; i-- {
+			conn, err := transport.Dial(c.members[i].GetAddr(), nil)
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			_, err = catenapb.NewReplicaClient(conn).Configure(context.Background(), &catenapb.ConfigureRequest{Stream: stream, Partition: uint32(p), Epoch: 1, Members: c.members, Config: cfg})
+			conn.Close()
+			if err != nil {
+				c.t.Fatal(err)
+			}
+		}
+	}
 }
 
 func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluster {
 	t.Helper()
-	ctx := context.Background()
 	var members []*catenapb.Member
 	for _, id := range []string{"a", "b", "c"} {
 		srv, err := server.New(server.Options{ID: id, DataDir: t.TempDir(), Logger: logr.Discard(), Fatal: func(err error) { t.Errorf("replica %s stopped: %v", id, err) }})
@@ -55,25 +74,11 @@ func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluste
 		})
 		members = append(members, &catenapb.Member{Id: id, Addr: lis.Addr().String()})
 	}
+	c := &cluster{t: t, members: members}
 	// "s" is the stream the tests use; groups.DefaultOffsetsStream holds
 	// the groups' committed offsets (no StreamAdmin here to create it).
-	for stream, n := range map[string]int{"s": partitions, groups.DefaultOffsetsStream: 1} {
-		cfg := &catenapb.StreamConfig{Partitions: uint32(n), Durability: catenapb.Durability_DURABILITY_FSYNC}
-		for p := range n {
-			for i := len(members) - 1; i >= 0; i-- {
-				conn, err := transport.Dial(members[i].GetAddr(), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, err = catenapb.NewReplicaClient(conn).Configure(ctx, &catenapb.ConfigureRequest{Stream: stream, Partition: uint32(p), Epoch: 1, Members: members, Config: cfg})
-				conn.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-	}
-	c := &cluster{t: t}
+	c.configure("s", &catenapb.StreamConfig{Partitions: uint32(partitions), Durability: catenapb.Durability_DURABILITY_FSYNC})
+	c.configure(groups.DefaultOffsetsStream, &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC})
 	for _, m := range members {
 		c.replicas = append(c.replicas, m.GetAddr())
 	}
@@ -82,6 +87,21 @@ func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluste
 		t.Fatal(err)
 	}
 	t.Cleanup(c.ing.Close)
+	// Serve once ingestion has discovered the streams: a request before
+	// would be answered UNKNOWN_TOPIC_OR_PARTITION (clients retry it; the
+	// tests' raw requests do not).
+	for _, stream := range []string{"s", groups.DefaultOffsetsStream} {
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			_, err := c.ing.Stream(context.Background(), stream)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("ingestion did not discover stream %s: %v", stream, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	// One coordinator for the Kafka listener and the Groups gRPC service,
 	// as catena ingest has.
 	c.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: c.ing}, Logger: testr.New(t).WithName("groups")})

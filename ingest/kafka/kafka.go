@@ -105,7 +105,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.groups = opts.Groups
 	if s.groups == nil {
-		s.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: opts.Ingest}, Logger: opts.Logger.WithName("groups")})
+		s.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: opts.Ingest, Logger: opts.Logger.WithName("groups")}, Logger: opts.Logger.WithName("groups")})
 	}
 	s.wg.Add(1)
 	go func() {
@@ -219,6 +219,9 @@ type conn struct {
 	log     logr.Logger
 	ctx     context.Context // cancelled when the connection ends
 	answers chan *answer
+	// lastCommit is closed when the connection's latest OffsetCommit is
+	// done (read and written by the reader goroutine only).
+	lastCommit chan struct{}
 }
 
 func (s *Server) serveConn(nc net.Conn) {

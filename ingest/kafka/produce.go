@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/catena-streams/catena/ingest"
+	"github.com/catena-streams/catena/ingest/groups"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -193,6 +194,12 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 			}
 			if r.TransactionID != nil {
 				fail(kerr.TransactionalIDAuthorizationFailed, "Kafka transactions are not supported by Catena")
+				continue
+			}
+			if t.Topic == groups.DefaultOffsetsStream {
+				// Written by the group coordinator only, as Kafka's
+				// __consumer_offsets is.
+				fail(kerr.InvalidTopicException, fmt.Sprintf("stream %q is the consumer groups' internal offsets stream", t.Topic))
 				continue
 			}
 			if info, err := cn.srv.ing.Stream(ctx, t.Topic); err != nil {

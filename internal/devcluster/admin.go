@@ -110,7 +110,7 @@ func (r *runState) createStream(ctx context.Context, s StreamSpec) error {
 	if err := ensureStream(ctx, r.pool, r.spec, s, r.children, r.load, r.log); err != nil {
 		return status.Errorf(codes.Unavailable, "failed to create stream %q: %v", s.Name, err)
 	}
-	r.master.streams = append(r.master.streams, newMasterStream(s.Name, s.Partitions, r.spec.streamConfig(s.Partitions)))
+	r.master.streams = append(r.master.streams, newMasterStream(s.Name, s.Partitions, r.spec.streamConfig(s.Name, s.Partitions)))
 	r.state.Created = append(r.state.Created, CreatedStream{Name: s.Name, Partitions: s.Partitions})
 	r.state.Streams = append(r.state.Streams, s.Name)
 	r.log.Info("Created stream", "stream", s.Name, "partitions", s.Partitions)

@@ -235,7 +235,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	// The consumer groups of the Kafka listener, also served over gRPC
 	// (catenactl group); their offsets go to groups.DefaultOffsetsStream,
 	// which the first commit creates.
-	coord := groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: ing}, Logger: log.WithValues("role", "groups")})
+	coord := groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: ing, Logger: log.WithValues("role", "groups")}, Logger: log.WithValues("role", "groups")})
 	(&groups.Service{Coordinator: coord, Ingest: ing}).Register(g)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(ingestLis) }()
@@ -289,7 +289,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	}
 	var streams []*masterStream
 	for _, s := range spec.Streams {
-		streams = append(streams, newMasterStream(s.Name, s.Partitions, spec.streamConfig(s.Partitions)))
+		streams = append(streams, newMasterStream(s.Name, s.Partitions, spec.streamConfig(s.Name, s.Partitions)))
 	}
 	m := newMaster(pool, log.WithValues("component", "master"), addrs, spec.Replication, spec.FailureTimeout, streams...)
 	defer m.stop()
@@ -588,15 +588,21 @@ func waitReady(ctx context.Context, pool *transport.Pool, children []*child) err
 	return nil
 }
 
-// streamConfig is the config every chain of a stream of partitions runs:
-// chainmaster.StreamConfig, as the operator's from a Stream.
-func (s Spec) streamConfig(partitions int) *catenapb.StreamConfig {
-	return chainmaster.StreamConfig(chainmaster.StreamSettings{
+// streamConfig is the config every chain of stream name, of partitions,
+// runs: chainmaster.StreamConfig, as the operator's from a Stream. The
+// consumer groups' offsets stream keeps everything: a group that has not
+// committed for longer than the retention must not lose its offsets.
+func (s Spec) streamConfig(name string, partitions int) *catenapb.StreamConfig {
+	settings := chainmaster.StreamSettings{
 		Partitions: partitions, Replication: s.Replication, MinChainLength: s.MinChainLength,
 		Interval: s.Durability == catenapb.Durability_DURABILITY_INTERVAL, FsyncInterval: time.Duration(s.FsyncMs) * time.Millisecond,
 		RetentionTime: s.RetentionTime, RetentionBytes: s.RetentionBytes,
 		HardRetentionTime: s.HardRetentionTime, HardRetentionBytes: s.HardRetentionBytes,
-	})
+	}
+	if name == groups.DefaultOffsetsStream {
+		settings.RetentionTime, settings.RetentionBytes, settings.HardRetentionTime, settings.HardRetentionBytes = 0, 0, 0, 0
+	}
+	return chainmaster.StreamConfig(settings)
 }
 
 // ensureStream creates the stream, placing each new chain with
@@ -626,7 +632,7 @@ func ensureStream(ctx context.Context, pool *transport.Pool, spec Spec, stream S
 			installed[ps.GetPartition()] = append(installed[ps.GetPartition()], ps)
 		}
 	}
-	cfg := spec.streamConfig(stream.Partitions)
+	cfg := spec.streamConfig(stream.Name, stream.Partitions)
 	for p := range stream.Partitions {
 		var latest *catenapb.PartitionStatus
 		for _, ps := range installed[uint32(p)] {

@@ -1,0 +1,109 @@
+package kafka
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/catena-streams/catena/ingest/groups"
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+func holdsOf(t *testing.T, c *cluster, consumer string) map[uint32]uint64 {
+	t.Helper()
+	resp, err := c.ing.ListConsumers(context.Background(), &catenapb.ListConsumersRequest{Stream: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint32]uint64{}
+	for _, p := range resp.GetPartitions() {
+		for _, h := range p.GetHolds() {
+			if h.GetConsumer() == consumer {
+				out[p.GetPartition()] = h.GetOffset()
+			}
+		}
+	}
+	return out
+}
+
+// TestOffsetsCommitFailsWhenTheRecordIsNotStored: ingestion answers a
+// produce whose records failed with a result error, not a call error; a
+// commit whose offsets record was refused (here by a chain shorter than
+// the stream's minimum) must fail, and move no hold.
+func TestOffsetsCommitFailsWhenTheRecordIsNotStored(t *testing.T) {
+	c := startCluster(t, 1)
+	c.produceN(t, 1, 10)
+	c.configure("short", &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 4})
+	st := &groups.StreamOffsets{Ingest: c.ing, Stream: "short"}
+	ctx := ctxT(t, 60*time.Second)
+	errs, err := st.Commit(ctx, "g", []groups.Commit{{TopicPartition: groups.TopicPartition{Topic: "s", Partition: 0}, Committed: groups.Committed{Offset: 5}}})
+	if err == nil {
+		t.Fatalf("a commit whose record the chain refused succeeded (%v)", errs)
+	}
+	if h := holdsOf(t, c, groups.HoldName("g")); len(h) != 0 {
+		t.Fatalf("a failed commit moved the holds: %v", h)
+	}
+}
+
+// TestPipelinedCommitsOfOneConnectionApplyInOrder: a client may send
+// several OffsetCommits on one connection without waiting (franz-go's and
+// the Java client's async commits); the last one sent must be the one
+// that stays, whatever order their goroutines run in.
+func TestPipelinedCommitsOfOneConnectionApplyInOrder(t *testing.T) {
+	c := startCluster(t, 1)
+	c.produceN(t, 1, 100)
+	conn, err := net.Dial("tcp", c.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const n = 40
+	var out []byte
+	for i := 1; i <= n; i++ {
+		req := kmsg.NewPtrOffsetCommitRequest()
+		req.Version = 8
+		req.Group, req.Generation = "pipelined", -1
+		tp := kmsg.NewOffsetCommitRequestTopic()
+		tp.Topic = "s"
+		tp.Partitions = []kmsg.OffsetCommitRequestTopicPartition{{Partition: 0, Offset: int64(i), LeaderEpoch: -1}}
+		req.Topics = []kmsg.OffsetCommitRequestTopic{tp}
+		body := []byte{}
+		body = binary.BigEndian.AppendUint16(body, uint16(req.Key()))
+		body = binary.BigEndian.AppendUint16(body, uint16(req.Version))
+		body = binary.BigEndian.AppendUint32(body, uint32(i))
+		body = binary.BigEndian.AppendUint16(body, 1)
+		body = append(body, 't', 0) // client id "t", no tagged fields
+		body = req.AppendTo(body)
+		out = binary.BigEndian.AppendUint32(out, uint32(len(body)))
+		out = append(out, body...)
+	}
+	if _, err := conn.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(60 * time.Second))
+	for i := 1; i <= n; i++ {
+		var size [4]byte
+		if _, err := io.ReadFull(conn, size[:]); err != nil {
+			t.Fatal(err)
+		}
+		resp := make([]byte, binary.BigEndian.Uint32(size[:]))
+		if _, err := io.ReadFull(conn, resp); err != nil {
+			t.Fatal(err)
+		}
+		if got := int(binary.BigEndian.Uint32(resp)); got != i {
+			t.Fatalf("answer %d has correlation id %d", i, got)
+		}
+	}
+	offs, err := c.groups.FetchOffsets(context.Background(), "pipelined", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := offs[groups.TopicPartition{Topic: "s", Partition: 0}].Offset; o != n {
+		t.Fatalf("after %d pipelined commits the group is at %d, want %d", n, o, n)
+	}
+}
