@@ -4,8 +4,10 @@
 // dev` (3 replica processes, fsync on every member before the ack). Each
 // workload runs against both in turn (A B A B ...); the table reports each
 // system's median records/s, MiB/s and ack latency p50/p99/p999 over the
-// rounds, and the ratio Catena/peer. Every process it starts it stops, by
-// PID. Run it with `make bench-compare`.
+// rounds, and the ratio Catena/peer. A third system, in the same rounds, is
+// the same `catena dev` through its Kafka listener, produced to by franz-go
+// (kafka.go), with its ratio to Catena's own client. Every process it starts
+// it stops, by PID. Run it with `make bench-compare`.
 package main
 
 import (
@@ -47,20 +49,25 @@ func main() {
 		out       = flag.String("out", "", "also write the table (markdown) to this file")
 		keep      = flag.Bool("keep", false, "keep the data and logs of both systems (the folder is printed)")
 		only      = flag.String("only", "", "run only the workloads whose name matches this regular expression, the failover rows only if it matches \"failover\", the own-tool rows only if it matches \"own tools\" (for profiling one workload)")
+		systems   = flag.String("systems", "", "run only the systems whose name matches this regular expression (\"Catena\": Catena's own client and franz-go through the Kafka listener, without starting JetStream); the ratio rows need both of their systems")
 	)
 	flag.Parse()
-	if *natsBin == "" || *natsCLI == "" {
+	match, err := regexp.Compile(*only)
+	if err != nil {
+		fail(fmt.Errorf("-only: %w", err))
+	}
+	pick, err := regexp.Compile(*systems)
+	if err != nil {
+		fail(fmt.Errorf("-systems: %w", err))
+	}
+	if pick.MatchString(natsName) && (*natsBin == "" || *natsCLI == "") {
 		fail(errors.New("-nats-server and -nats are required (hack/nats-peer.sh server|cli prints them)"))
 	}
 	if *ctlBin == "" {
 		*ctlBin = filepath.Join(filepath.Dir(*catenaBin), "catenactl")
 	}
-	match, err := regexp.Compile(*only)
-	if err != nil {
-		fail(fmt.Errorf("-only: %w", err))
-	}
 	bins := binaries{catena: *catenaBin, catenactl: *ctlBin, natsServer: *natsBin, nats: *natsCLI}
-	if err := run(bins, *records, *rounds, *out, match, *only != "", *keep); err != nil {
+	if err := run(bins, *records, *rounds, *out, match, pick, *only != "" || *systems != "", *keep); err != nil {
 		fail(err)
 	}
 }
@@ -118,7 +125,7 @@ func (r result) pct(q float64) time.Duration {
 // binaries are the programs a run starts.
 type binaries struct{ catena, catenactl, natsServer, nats string }
 
-func run(bins binaries, records, rounds int, out string, only *regexp.Regexp, partial, keep bool) error {
+func run(bins binaries, records, rounds int, out string, only, pick *regexp.Regexp, partial, keep bool) error {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "catena-compare-")
 	if err != nil {
@@ -136,21 +143,47 @@ func run(bins binaries, records, rounds int, out string, only *regexp.Regexp, pa
 		}
 	}()
 
-	peer, ps, err := startNATS(ctx, bins.natsServer, filepath.Join(dir, "nats"))
-	procs = append(procs, ps...)
-	if err != nil {
-		return err
+	// The systems run in this order in every round: Catena and the peer
+	// alternate as they always have, and the Kafka protocol row comes
+	// after the peer, so that the two rows on catena dev do not run back to
+	// back.
+	var (
+		systems []system
+		cat     *catenaSystem
+		peer    *natsSystem
+		kafka   *kafkaSystem
+	)
+	if pick.MatchString(catenaName) || pick.MatchString(kafkaName) {
+		var p *exec.Cmd
+		cat, p, err = startCatena(ctx, bins.catena, filepath.Join(dir, "catena"))
+		if p != nil {
+			procs = append(procs, p)
+		}
+		if err != nil {
+			return err
+		}
+		defer cat.Close()
+		if pick.MatchString(catenaName) {
+			systems = append(systems, cat)
+		}
 	}
-	defer peer.Close()
-	cat, p, err := startCatena(ctx, bins.catena, filepath.Join(dir, "catena"))
-	if p != nil {
-		procs = append(procs, p)
+	if pick.MatchString(natsName) {
+		var ps []*exec.Cmd
+		peer, ps, err = startNATS(ctx, bins.natsServer, filepath.Join(dir, "nats"))
+		procs = append(procs, ps...)
+		if err != nil {
+			return err
+		}
+		defer peer.Close()
+		systems = append(systems, peer)
 	}
-	if err != nil {
-		return err
+	if pick.MatchString(kafkaName) {
+		kafka = &kafkaSystem{addr: cat.kafka}
+		systems = append(systems, kafka)
 	}
-	defer cat.Close()
-	systems := []system{cat, peer}
+	if len(systems) == 0 {
+		return fmt.Errorf("-systems matches none of %q, %q, %q", catenaName, natsName, kafkaName)
+	}
 
 	workloads := []workload{
 		{Name: "1 KiB, 1 producer, full speed", Size: 1024, Producers: 1, N: records},
@@ -184,7 +217,7 @@ func run(bins binaries, records, rounds int, out string, only *regexp.Regexp, pa
 		}
 	}
 	// Latency at load: half the peer's peak with four producers.
-	peak := median(results[workloads[1].Name][peer.Name()], result.recsPerSec) // 1 KiB, 4 producers, 256 in flight
+	peak := median(results[workloads[1].Name][natsName], result.recsPerSec) // 1 KiB, 4 producers, 256 in flight
 	atLoad := workload{Name: fmt.Sprintf("1 KiB, 4 producers at %.0f/s (half the peer's peak)", peak/2), Size: 1024, Producers: 4, N: int(peak / 2 * 10), Rate: peak / 2}
 	if peak > 0 {
 		workloads = append(workloads, atLoad)
@@ -194,8 +227,14 @@ func run(bins binaries, records, rounds int, out string, only *regexp.Regexp, pa
 	}
 
 	table := render(workloads, systems, results, rounds)
-	if only.MatchString(ownToolsName) {
-		tools := []ownTool{cat.ownTool(bins.catenactl), peer.ownTool(bins.nats)}
+	var tools []ownTool
+	if pick.MatchString(catenaName) {
+		tools = append(tools, cat.ownTool(bins.catenactl))
+	}
+	if peer != nil {
+		tools = append(tools, peer.ownTool(bins.nats))
+	}
+	if only.MatchString(ownToolsName) && len(tools) > 0 {
 		// Three times the records of the other rows: each tool starts its
 		// own connections and ramps up, and short runs measured that.
 		n := 3 * records
@@ -209,12 +248,17 @@ func run(bins binaries, records, rounds int, out string, only *regexp.Regexp, pa
 		fmt.Print(table)
 		return nil
 	}
+	var failovers []func(context.Context) (failoverResult, error)
+	if pick.MatchString(catenaName) {
+		failovers = append(failovers,
+			func(ctx context.Context) (failoverResult, error) { return cat.failover(ctx, "head") },
+			func(ctx context.Context) (failoverResult, error) { return cat.failover(ctx, "tail") })
+	}
+	if peer != nil {
+		failovers = append(failovers, peer.failover)
+	}
 	var fo []failoverResult
-	for _, f := range []func(context.Context) (failoverResult, error){
-		func(ctx context.Context) (failoverResult, error) { return cat.failover(ctx, "head") },
-		func(ctx context.Context) (failoverResult, error) { return cat.failover(ctx, "tail") },
-		peer.failover,
-	} {
+	for _, f := range failovers {
 		r, err := f(ctx)
 		if err != nil {
 			return err
@@ -252,11 +296,25 @@ func medianOf(vs []float64) float64 {
 
 func render(ws []workload, ss []system, res map[string]map[string][]result, rounds int) string {
 	var b strings.Builder
-	if !slices.ContainsFunc(ws, func(w workload) bool { return len(res[w.Name][ss[0].Name()]) > 0 }) {
-		return "" // none run (-only)
+	var names []string
+	for _, s := range ss {
+		names = append(names, s.Name())
+	}
+	ran := func(w workload, name string) bool { return slices.Contains(names, name) && len(res[w.Name][name]) > 0 }
+	if !slices.ContainsFunc(ws, func(w workload) bool { return slices.ContainsFunc(names, func(n string) bool { return ran(w, n) }) }) {
+		return "" // none run (-only, -systems)
 	}
 	host, _ := os.Hostname()
-	fmt.Fprintf(&b, "\nCatena vs %s, %s, %d rounds each (medians), %s\n\n", ss[1].Name(), time.Now().UTC().Format("2006-01-02"), rounds, host)
+	// The title names the pair of the ratio rows as it always has; the
+	// Kafka protocol rows are on the same catena dev.
+	title := strings.Join(names, ", ")
+	if slices.Contains(names, catenaName) && slices.Contains(names, natsName) {
+		title = catenaName + " vs " + natsName
+		if slices.Contains(names, kafkaName) {
+			title += " (and Catena through its Kafka listener, franz-go)"
+		}
+	}
+	fmt.Fprintf(&b, "\n%s, %s, %d rounds each (medians), %s\n\n", title, time.Now().UTC().Format("2006-01-02"), rounds, host)
 	fmt.Fprintf(&b, "| workload | system | records/s | MiB/s | ack p50 | p99 | p999 |\n|---|---|---|---|---|---|---|\n")
 	ms := func(f func(result) time.Duration) func(result) float64 {
 		return func(r result) float64 { return float64(f(r).Microseconds()) / 1000 }
@@ -264,21 +322,45 @@ func render(ws []workload, ss []system, res map[string]map[string][]result, roun
 	p50 := ms(func(r result) time.Duration { return r.pct(0.5) })
 	p99 := ms(func(r result) time.Duration { return r.pct(0.99) })
 	p999 := ms(func(r result) time.Duration { return r.pct(0.999) })
-	for _, w := range ws {
-		if len(res[w.Name][ss[0].Name()]) == 0 {
-			continue // not run (-only)
-		}
-		for _, s := range ss {
-			rs := res[w.Name][s.Name()]
-			fmt.Fprintf(&b, "| %s | %s | %.0f | %.1f | %.2f ms | %.2f ms | %.2f ms |\n", w.Name, s.Name(),
-				median(rs, result.recsPerSec), median(rs, result.mibPerSec), median(rs, p50), median(rs, p99), median(rs, p999))
-		}
-		a, p := res[w.Name][ss[0].Name()], res[w.Name][ss[1].Name()]
-		fmt.Fprintf(&b, "| %s | **ratio** | **%.2fx** | | %.2fx | %.2fx | %.2fx |\n", w.Name,
-			median(a, result.recsPerSec)/median(p, result.recsPerSec),
-			median(a, p50)/median(p, p50), median(a, p99)/median(p, p99), median(a, p999)/median(p, p999))
+	row := func(w workload, name string) {
+		rs := res[w.Name][name]
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.1f | %.2f ms | %.2f ms | %.2f ms |\n", w.Name, name,
+			median(rs, result.recsPerSec), median(rs, result.mibPerSec), median(rs, p50), median(rs, p99), median(rs, p999))
 	}
-	b.WriteString("\nRatios: records/s Catena/peer (above 1: Catena faster); latencies Catena/peer (below 1: Catena lower).\n")
+	ratio := func(w workload, label, a, p string) {
+		ra, rp := res[w.Name][a], res[w.Name][p]
+		fmt.Fprintf(&b, "| %s | **%s** | **%.2fx** | | %.2fx | %.2fx | %.2fx |\n", w.Name, label,
+			median(ra, result.recsPerSec)/median(rp, result.recsPerSec),
+			median(ra, p50)/median(rp, p50), median(ra, p99)/median(rp, p99), median(ra, p999)/median(rp, p999))
+	}
+	var peerRatio, kafkaRatio bool
+	for _, w := range ws {
+		// Catena and the peer, and their ratio, as before; then the Kafka
+		// protocol row and its ratio to Catena's own client.
+		for _, name := range []string{catenaName, natsName} {
+			if ran(w, name) {
+				row(w, name)
+			}
+		}
+		if ran(w, catenaName) && ran(w, natsName) {
+			ratio(w, "ratio", catenaName, natsName)
+			peerRatio = true
+		}
+		if ran(w, kafkaName) {
+			row(w, kafkaName)
+			if ran(w, catenaName) {
+				ratio(w, kafkaRatioName, kafkaName, catenaName)
+				kafkaRatio = true
+			}
+		}
+	}
+	if peerRatio {
+		b.WriteString("\nRatios: records/s Catena/peer (above 1: Catena faster); latencies Catena/peer (below 1: Catena lower).\n")
+	}
+	if kafkaRatio {
+		b.WriteString("\nKafka/native: the Kafka protocol row over Catena's own client, same catena dev (records/s above 1: franz-go\n" +
+			"faster; latencies below 1: franz-go lower).\n")
+	}
 	return b.String()
 }
 
@@ -322,7 +404,9 @@ func renderOwnTools(tools []ownTool, n int, rs [][]float64) string {
 		}
 		fmt.Fprintf(&b, "| %s | `%s` | %.0f | %.1f | %s |\n", t.System, t.Cmd, medianOf(rs[i]), medianOf(rs[i])*1024/(1<<20), strings.Join(each, ", "))
 	}
-	fmt.Fprintf(&b, "| **ratio** | | **%.2fx** | | |\n", medianOf(rs[0])/medianOf(rs[1]))
+	if len(tools) == 2 {
+		fmt.Fprintf(&b, "| **ratio** | | **%.2fx** | | |\n", medianOf(rs[0])/medianOf(rs[1]))
+	}
 	return b.String()
 }
 
@@ -565,13 +649,20 @@ type catenaSystem struct {
 	c      *catena.Client
 	dir    string
 	ingest string // the ingestion node's address
+	kafka  string // its Kafka listener's address
 }
 
-func (s *catenaSystem) Name() string { return "Catena" }
+// catenaName is the native client's row (and the ratio rows' Catena).
+const catenaName = "Catena"
+
+func (s *catenaSystem) Name() string { return catenaName }
 func (s *catenaSystem) Close()       { _ = s.c.Close() }
 
 func startCatena(ctx context.Context, bin, dir string) (*catenaSystem, *exec.Cmd, error) {
-	cmd := exec.Command(bin, "dev", "--data-dir", dir, "--listen", freeAddr(), "--stream", "bench", "--partitions", "4")
+	// The Kafka listener serves the Kafka protocol row (kafka.go) on the
+	// same cluster; the native rows do not use it.
+	cmd := exec.Command(bin, "dev", "--data-dir", dir, "--listen", freeAddr(), "--stream", "bench", "--partitions", "4",
+		"--kafka-listen", freeAddr())
 	logf, err := os.Create(dir + ".log")
 	if err != nil {
 		return nil, nil, err
@@ -583,10 +674,11 @@ func startCatena(ctx context.Context, bin, dir string) (*catenaSystem, *exec.Cmd
 	}
 	var state struct {
 		Ingest string `json:"ingest"`
+		Kafka  string `json:"kafka"`
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "dev.json")); err == nil && json.Unmarshal(b, &state) == nil && state.Ingest != "" {
+		if b, err := os.ReadFile(filepath.Join(dir, "dev.json")); err == nil && json.Unmarshal(b, &state) == nil && state.Ingest != "" && state.Kafka != "" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -598,7 +690,7 @@ func startCatena(ctx context.Context, bin, dir string) (*catenaSystem, *exec.Cmd
 	if err != nil {
 		return nil, cmd, err
 	}
-	return &catenaSystem{c: c, dir: dir, ingest: state.Ingest}, cmd, nil
+	return &catenaSystem{c: c, dir: dir, ingest: state.Ingest, kafka: state.Kafka}, cmd, nil
 }
 
 func (s *catenaSystem) Run(ctx context.Context, w workload) (result, error) {
@@ -624,7 +716,10 @@ type natsSystem struct {
 	ncs  []*nats.Conn
 }
 
-func (s *natsSystem) Name() string { return "JetStream" }
+// natsName is the peer's row.
+const natsName = "JetStream"
+
+func (s *natsSystem) Name() string { return natsName }
 func (s *natsSystem) Close() {
 	for _, nc := range s.ncs {
 		nc.Close()
