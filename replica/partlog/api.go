@@ -23,6 +23,16 @@ type Record struct {
 	Sequence    uint64
 	Key         []byte
 	Value       []byte
+	// Headers are the record's application headers, in order (Kafka's
+	// record headers). Their keys and values count toward MaxRecordBytes.
+	Headers []Header
+}
+
+// Header is one record header. A key may repeat; an empty value and an
+// absent one are the same (length 0).
+type Header struct {
+	Key   []byte
+	Value []byte
 }
 
 // BatchHeader is the fixed header of a batch frame (see storage-format.md).
@@ -35,8 +45,10 @@ type BatchHeader struct {
 	FrameLen       uint32 // whole frame, header included
 	Type           FrameType
 	CRC            uint32 // CRC32C of the frame minus this field (storage-format.md §3.2)
-	// Magic, version and flags are constants of version 1: DecodeHeader
-	// rejects anything else, so they are not carried here.
+	// Flags is 0 or FlagHeaders (records carry headers).
+	Flags uint16
+	// Magic and version are constants of version 1: DecodeHeader rejects
+	// anything else, so they are not carried here.
 }
 
 // End is the exclusive end offset of the batch.
@@ -44,7 +56,8 @@ func (h BatchHeader) End() uint64 { return h.BaseOffset + uint64(h.Count) }
 
 // Limits.
 const (
-	// MaxRecordBytes bounds key+value of one record.
+	// MaxRecordBytes bounds key+value (and every header's key+value) of
+	// one record.
 	MaxRecordBytes = 1 << 20
 	// MaxFrameBytes bounds one batch frame; checked before allocating.
 	MaxFrameBytes = 16 << 20

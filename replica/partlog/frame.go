@@ -27,6 +27,17 @@ const (
 	// record, its key, value and this is room enough for the frame.
 	MaxRecordOverhead = 39
 
+	// MaxBatchHeaders bounds the headers of one batch, all records
+	// together: it bounds DecodeBatch's []Header allocations (65536 × 48
+	// bytes = 3 MiB) as MaxBatchRecords bounds its []Record.
+	MaxBatchHeaders = 1 << 16
+
+	// FlagHeaders is the header flag of a frame whose records carry
+	// headers (§3.3): each record then ends with its header count and
+	// headers. It is set exactly when some record has a header, so a
+	// frame without headers is byte for byte a frame of before headers.
+	FlagHeaders uint16 = 1
+
 	// minRecordBytes is the smallest encoded record: six one-byte varints and
 	// empty key and value. 6·count ≤ body length is checked before allocating.
 	minRecordBytes = 6
@@ -88,17 +99,27 @@ func AppendBatch(dst []byte, epoch, baseOffset uint64, recs []Record) ([]byte, e
 	first := recs[0].TimestampMs
 	maxTs := first
 	size := FrameHeaderSize
+	headers := 0
+	for i := range recs {
+		headers += len(recs[i].Headers)
+	}
+	if headers > MaxBatchHeaders {
+		return dst, fmt.Errorf("%w: %d headers, max %d in one batch", ErrFrameTooLarge, headers, MaxBatchHeaders)
+	}
 	for i := range recs {
 		r := &recs[i]
-		if len(r.Key) > MaxRecordBytes || len(r.Value) > MaxRecordBytes-len(r.Key) {
-			return dst, fmt.Errorf("%w: record %d key+value %d bytes, max %d",
-				ErrFrameTooLarge, i, len(r.Key)+len(r.Value), MaxRecordBytes)
+		if n := RecordBytes(r); n > MaxRecordBytes {
+			return dst, fmt.Errorf("%w: record %d key+value+headers %d bytes, max %d",
+				ErrFrameTooLarge, i, n, MaxRecordBytes)
 		}
 		maxTs = max(maxTs, r.TimestampMs)
 		size += uvarintLen(uint64(i)) + uvarintLen(zigzag(r.TimestampMs-first)) +
 			uvarintLen(r.ProducerID) + uvarintLen(r.Sequence) +
 			uvarintLen(uint64(len(r.Key))) + len(r.Key) +
 			uvarintLen(uint64(len(r.Value))) + len(r.Value)
+		if headers > 0 {
+			size += EncodedHeadersLen(r.Headers)
+		}
 		if size > MaxFrameBytes {
 			return dst, fmt.Errorf("%w: more than %d bytes at record %d", ErrFrameTooLarge, MaxFrameBytes, i)
 		}
@@ -120,6 +141,9 @@ func AppendBatch(dst []byte, epoch, baseOffset uint64, recs []Record) ([]byte, e
 	binary.LittleEndian.PutUint32(h[hCount:], uint32(n))
 	binary.LittleEndian.PutUint64(h[hFirstTs:], uint64(first))
 	binary.LittleEndian.PutUint64(h[hMaxTs:], uint64(maxTs))
+	if headers > 0 {
+		binary.LittleEndian.PutUint16(h[hFlags:], FlagHeaders)
+	}
 	dst = append(dst, h[:]...)
 	for i := range recs {
 		r := &recs[i]
@@ -131,10 +155,39 @@ func AppendBatch(dst []byte, epoch, baseOffset uint64, recs []Record) ([]byte, e
 		dst = append(dst, r.Key...)
 		dst = binary.AppendUvarint(dst, uint64(len(r.Value)))
 		dst = append(dst, r.Value...)
+		if headers > 0 {
+			dst = binary.AppendUvarint(dst, uint64(len(r.Headers)))
+			for _, hd := range r.Headers {
+				dst = binary.AppendUvarint(dst, uint64(len(hd.Key)))
+				dst = append(dst, hd.Key...)
+				dst = binary.AppendUvarint(dst, uint64(len(hd.Value)))
+				dst = append(dst, hd.Value...)
+			}
+		}
 	}
 	frame := dst[start:]
 	binary.LittleEndian.PutUint32(frame[hCRC:], frameCRC(frame))
 	return dst, nil
+}
+
+// RecordBytes is what counts toward MaxRecordBytes of a record: its key,
+// value, and every header's key and value.
+func RecordBytes(r *Record) int {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// EncodedHeadersLen is the size of a record's headers in a frame with
+// FlagHeaders: the count, then each key and value with its length.
+func EncodedHeadersLen(hs []Header) int {
+	n := uvarintLen(uint64(len(hs)))
+	for _, h := range hs {
+		n += uvarintLen(uint64(len(h.Key))) + len(h.Key) + uvarintLen(uint64(len(h.Value))) + len(h.Value)
+	}
+	return n
 }
 
 // DecodeHeader validates and decodes the header of the frame at the start of
@@ -161,13 +214,14 @@ func DecodeHeader(b []byte) (BatchHeader, error) {
 		MaxTimestamp:   int64(binary.LittleEndian.Uint64(b[hMaxTs:])),
 		FrameLen:       binary.LittleEndian.Uint32(b[hFrameLen:]),
 		CRC:            binary.LittleEndian.Uint32(b[hCRC:]),
+		Flags:          binary.LittleEndian.Uint16(b[hFlags:]),
 	}
 	switch {
 	case h.Type == FrameTypeUnwritten:
 		return BatchHeader{}, fmt.Errorf("%w: frame type 0 (never written)", ErrBadFrame)
 	case h.Type != FrameTypeBatch:
 		return BatchHeader{}, fmt.Errorf("%w: unknown frame type %d", ErrBadFrame, h.Type)
-	case binary.LittleEndian.Uint16(b[hFlags:]) != 0:
+	case binary.LittleEndian.Uint16(b[hFlags:])&^FlagHeaders != 0:
 		return BatchHeader{}, fmt.Errorf("%w: unknown flags %#x", ErrBadFrame, binary.LittleEndian.Uint16(b[hFlags:]))
 	case h.FrameLen > MaxFrameBytes:
 		return BatchHeader{}, fmt.Errorf("%w: frame length %d, max %d", ErrFrameTooLarge, h.FrameLen, MaxFrameBytes)
@@ -245,6 +299,11 @@ func validateFrame(frame []byte) (BatchHeader, error) {
 func walkRecords(frame []byte, h BatchHeader, recs []Record) error {
 	b := frame[FrameHeaderSize:]
 	maxTs := h.FirstTimestamp
+	withHeaders := h.Flags&FlagHeaders != 0
+	// headers holds every record's headers; each record's are a window of
+	// it (a reallocation leaves earlier windows on the old array, intact).
+	var headers []Header
+	total := 0
 	for i := uint32(0); i < h.Count; i++ {
 		var delta, tsz, pid, seq, klen, vlen uint64
 		var ok bool
@@ -275,6 +334,13 @@ func walkRecords(frame []byte, h BatchHeader, recs []Record) error {
 		}
 		val := b[:vlen:vlen]
 		b = b[vlen:]
+		var hs []Header
+		if withHeaders {
+			var err error
+			if hs, headers, b, err = readHeaders(b, i, MaxRecordBytes-klen-vlen, &total, headers, recs != nil); err != nil {
+				return err
+			}
+		}
 		if recs != nil {
 			recs[i] = Record{
 				Offset:      h.BaseOffset + uint64(i),
@@ -283,8 +349,13 @@ func walkRecords(frame []byte, h BatchHeader, recs []Record) error {
 				Sequence:    seq,
 				Key:         key,
 				Value:       val,
+				Headers:     hs,
 			}
 		}
+	}
+	if withHeaders && total == 0 {
+		// Not canonical: a batch without headers is written without the flag.
+		return fmt.Errorf("%w: headers flag set on a batch without headers", ErrBadFrame)
 	}
 	if len(b) != 0 {
 		return fmt.Errorf("%w: %d trailing bytes after %d records", ErrBadFrame, len(b), h.Count)
@@ -293,6 +364,39 @@ func walkRecords(frame []byte, h BatchHeader, recs []Record) error {
 		return fmt.Errorf("%w: max record timestamp %d != header max timestamp %d", ErrBadFrame, maxTs, h.MaxTimestamp)
 	}
 	return nil
+}
+
+// readHeaders reads record i's headers from b: their count, then each
+// key and value with its length, within room bytes of keys and values and
+// MaxBatchHeaders for the batch (total counts them). keep: append them to
+// all and return the record's window of it.
+func readHeaders(b []byte, i uint32, room uint64, total *int, all []Header, keep bool) ([]Header, []Header, []byte, error) {
+	n, b, ok := readUvarint(b)
+	if !ok || n > uint64(len(b))/2 || uint64(*total)+n > MaxBatchHeaders {
+		return nil, all, b, recErr(i, "header count", ok)
+	}
+	*total += int(n)
+	start := len(all)
+	for j := uint64(0); j < n; j++ {
+		var klen, vlen uint64
+		if klen, b, ok = readUvarint(b); !ok || klen > room || klen > uint64(len(b)) {
+			return nil, all, b, recErr(i, "header key length", ok)
+		}
+		key := b[:klen:klen]
+		b, room = b[klen:], room-klen
+		if vlen, b, ok = readUvarint(b); !ok || vlen > room || vlen > uint64(len(b)) {
+			return nil, all, b, recErr(i, "header value length", ok)
+		}
+		val := b[:vlen:vlen]
+		b, room = b[vlen:], room-vlen
+		if keep {
+			all = append(all, Header{Key: key, Value: val})
+		}
+	}
+	if !keep || n == 0 {
+		return nil, all, b, nil
+	}
+	return all[start:len(all):len(all)], all, b, nil
 }
 
 func recErr(i uint32, field string, varintOK bool) error {

@@ -18,6 +18,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		mustFrame(f, 1, 0, []Record{{}}),
 		mustFrame(f, 3, 100, testRecords(2, 2, 1_700_000_000_000)),
 		mustFrame(f, 1<<40, MaxOffset-2, []Record{{ProducerID: 1 << 63, TimestampMs: -1}, {Key: []byte("k"), TimestampMs: 1 << 62}}),
+		mustFrame(f, 2, 7, []Record{{Key: []byte("k"), Headers: []Header{{Key: []byte("h"), Value: []byte("v")}}}, {}}),
 	}
 	for _, s := range seeds {
 		f.Add(s)

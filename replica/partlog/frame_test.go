@@ -48,6 +48,12 @@ func TestCodecRoundTrip(t *testing.T) {
 			{ProducerID: 1 << 63, Value: []byte("v")},
 		}},
 		{"max record", 1, 0, []Record{{Key: make([]byte, 10), Value: make([]byte, MaxRecordBytes-10)}}},
+		{"headers on some records", 1, 0, []Record{
+			{Key: []byte("k"), Headers: []Header{{Key: []byte("trace"), Value: []byte("abc")}, {Key: []byte("trace"), Value: nil}}},
+			{Value: []byte("v")},
+			{Headers: []Header{{Key: nil, Value: []byte("anonymous")}}},
+		}},
+		{"max record with headers", 1, 0, []Record{{Key: make([]byte, 10), Value: make([]byte, MaxRecordBytes-30), Headers: []Header{{Key: make([]byte, 5), Value: make([]byte, 15)}}}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -73,8 +79,14 @@ func TestCodecRoundTrip(t *testing.T) {
 				want := tc.recs[i]
 				maxTs = max(maxTs, want.TimestampMs)
 				if r.Offset != tc.base+uint64(i) || r.TimestampMs != want.TimestampMs || r.ProducerID != want.ProducerID ||
-					r.Sequence != want.Sequence || !bytes.Equal(r.Key, want.Key) || !bytes.Equal(r.Value, want.Value) {
+					r.Sequence != want.Sequence || !bytes.Equal(r.Key, want.Key) || !bytes.Equal(r.Value, want.Value) ||
+					len(r.Headers) != len(want.Headers) {
 					t.Fatalf("record %d: got %+v want %+v", i, r, want)
+				}
+				for j, hd := range r.Headers {
+					if !bytes.Equal(hd.Key, want.Headers[j].Key) || !bytes.Equal(hd.Value, want.Headers[j].Value) {
+						t.Fatalf("record %d header %d: got %q=%q want %q=%q", i, j, hd.Key, hd.Value, want.Headers[j].Key, want.Headers[j].Value)
+					}
 				}
 			}
 			if h.FirstTimestamp != tc.recs[0].TimestampMs || h.MaxTimestamp != maxTs {
@@ -182,6 +194,44 @@ func buildRaw(h rawHeader, body []byte) []byte {
 func rec(fields ...[]byte) []byte { return bytes.Join(fields, nil) }
 func uv(x uint64) []byte          { return binary.AppendUvarint(nil, x) }
 
+// TestFramesWithoutHeadersAreUnchanged: records without headers encode
+// exactly as before headers existed (flags 0, no header counts), so every
+// frame already on disk is still canonical, and the flag is set only when
+// some record has a header.
+func TestFramesWithoutHeadersAreUnchanged(t *testing.T) {
+	okRec := rec(uv(0), uv(0), uv(0), uv(0), uv(1), []byte("k"), uv(1), []byte("v"))
+	want := buildRaw(defaultRaw(), okRec)
+	if got := mustFrame(t, 1, 10, []Record{{Key: []byte("k"), Value: []byte("v")}}); !bytes.Equal(got, want) {
+		t.Fatalf("a record without headers encodes as\n%x\nnot as before headers\n%x", got, want)
+	}
+	withHeaders := mustFrame(t, 1, 10, []Record{{Key: []byte("k"), Value: []byte("v"), Headers: []Header{{Key: []byte("h"), Value: []byte("x")}}}})
+	h := defaultRaw()
+	h.flags = FlagHeaders
+	if want := buildRaw(h, rec(okRec, uv(1), uv(1), []byte("h"), uv(1), []byte("x"))); !bytes.Equal(withHeaders, want) {
+		t.Fatalf("a record with a header encodes as\n%x\nwant\n%x", withHeaders, want)
+	}
+}
+
+func TestHeaderLimits(t *testing.T) {
+	over := []Record{{Key: make([]byte, 10), Value: make([]byte, MaxRecordBytes-20), Headers: []Header{{Key: make([]byte, 5), Value: make([]byte, 6)}}}}
+	if _, err := AppendBatch(nil, 1, 0, over); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("key+value+headers over MaxRecordBytes: %v", err)
+	}
+	many := make([]Record, 2)
+	many[0].Headers = make([]Header, MaxBatchHeaders)
+	many[1].Headers = make([]Header, 1)
+	if _, err := AppendBatch(nil, 1, 0, many); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("more than MaxBatchHeaders headers in a batch: %v", err)
+	}
+	// Decoding bounds the headers a record's bytes may carry too.
+	h := defaultRaw()
+	h.flags = FlagHeaders
+	big := rec(uv(0), uv(0), uv(0), uv(0), uv(0), uv(MaxRecordBytes), make([]byte, MaxRecordBytes), uv(1), uv(1), []byte("h"), uv(0))
+	if _, _, err := DecodeBatch(buildRaw(h, big)); !errors.Is(err, ErrBadFrame) {
+		t.Fatalf("a header past MaxRecordBytes decoded: %v", err)
+	}
+}
+
 func TestDecodeRejectsMalformed(t *testing.T) {
 	okRec := rec(uv(0), uv(0), uv(0), uv(0), uv(1), []byte("k"), uv(1), []byte("v"))
 	valid := buildRaw(defaultRaw(), okRec)
@@ -201,7 +251,13 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 		{"bad version", buildRaw(with(func(h *rawHeader) { h.version = 2 }), okRec), ErrBadFrame},
 		{"type never written", buildRaw(with(func(h *rawHeader) { h.typ = 0 }), okRec), ErrBadFrame},
 		{"unknown type", buildRaw(with(func(h *rawHeader) { h.typ = 9 }), okRec), ErrBadFrame},
-		{"flags set", buildRaw(with(func(h *rawHeader) { h.flags = 1 }), okRec), ErrBadFrame},
+		{"unknown flag", buildRaw(with(func(h *rawHeader) { h.flags = 2 }), okRec), ErrBadFrame},
+		{"headers flag, record without a header count", buildRaw(with(func(h *rawHeader) { h.flags = FlagHeaders }), okRec), ErrBadFrame},
+		{"headers flag on a batch without headers", buildRaw(with(func(h *rawHeader) { h.flags = FlagHeaders }), rec(okRec, uv(0))), ErrBadFrame},
+		{"header count beyond the frame", buildRaw(with(func(h *rawHeader) { h.flags = FlagHeaders }), rec(okRec, uv(3), uv(0), uv(0))), ErrBadFrame},
+		{"header key beyond the frame", buildRaw(with(func(h *rawHeader) { h.flags = FlagHeaders }), rec(okRec, uv(1), uv(9), []byte("ab"), uv(0))), ErrBadFrame},
+		{"header value beyond the frame", buildRaw(with(func(h *rawHeader) { h.flags = FlagHeaders }), rec(okRec, uv(1), uv(1), []byte("a"), uv(5), []byte("b"))), ErrBadFrame},
+		{"header non-minimal varint", buildRaw(with(func(h *rawHeader) { h.flags = FlagHeaders }), rec(okRec, []byte{0x81, 0x00}, uv(0), uv(0))), ErrBadFrame},
 		{"frame length over max", buildRaw(with(func(h *rawHeader) {
 			h.useOverrideLength, h.overrideFrameLen = true, MaxFrameBytes+1
 		}), okRec), ErrFrameTooLarge},
