@@ -26,6 +26,7 @@ type Message struct {
 	Key         []byte
 	Value       []byte
 	TimestampMs int64
+	Headers     []Header
 }
 
 // Time is the record timestamp.
@@ -48,7 +49,7 @@ func toMessages(stream string, partition uint32, recs []*catenapb.Record) []Mess
 	}
 	ms := make([]Message, len(recs))
 	for i, r := range recs {
-		ms[i] = Message{Stream: stream, Partition: partition, Offset: r.Offset, Key: r.Key, Value: r.Value, TimestampMs: r.TimestampMs}
+		ms[i] = Message{Stream: stream, Partition: partition, Offset: r.Offset, Key: r.Key, Value: r.Value, TimestampMs: r.TimestampMs, Headers: messageHeaders(r.Headers)}
 	}
 	return ms
 }
@@ -323,7 +324,7 @@ func (s *Subscription) Next() (Message, error) {
 	s.mu.Lock()
 	s.offset = r.Offset + 1
 	s.mu.Unlock()
-	return Message{Stream: s.stream, Partition: s.partition, Offset: r.Offset, Key: r.Key, Value: r.Value, TimestampMs: r.TimestampMs}, nil
+	return Message{Stream: s.stream, Partition: s.partition, Offset: r.Offset, Key: r.Key, Value: r.Value, TimestampMs: r.TimestampMs, Headers: messageHeaders(r.Headers)}, nil
 }
 
 // Offset is the next offset the subscription will deliver.

@@ -29,6 +29,37 @@ type Record struct {
 	// Records with neither key nor partition go to one partition for about
 	// 256 KiB of such records, then the next.
 	Partition *uint32
+	// Headers are stored with the record, in order (a key may repeat);
+	// their keys and values count toward the stream's record size limit.
+	Headers []Header
+}
+
+// Header is one application header of a record (Kafka's record headers).
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+func wireHeaders(hs []Header) []*catenapb.RecordHeader {
+	if len(hs) == 0 {
+		return nil
+	}
+	out := make([]*catenapb.RecordHeader, len(hs))
+	for i, h := range hs {
+		out[i] = &catenapb.RecordHeader{Key: h.Key, Value: h.Value}
+	}
+	return out
+}
+
+func messageHeaders(hs []*catenapb.RecordHeader) []Header {
+	if len(hs) == 0 {
+		return nil
+	}
+	out := make([]Header, len(hs))
+	for i, h := range hs {
+		out[i] = Header{Key: h.GetKey(), Value: h.GetValue()}
+	}
+	return out
 }
 
 // PartitionOf returns a pointer to p, for Record.Partition.
@@ -337,15 +368,19 @@ func (p *Producer) Stream() string { return p.stream }
 // Send queues r and returns its Future. ctx bounds only the wait for
 // buffer space (MaxBufferedBytes); once queued a record is retried up to
 // RetryTimeout. r.Key and r.Value must not be modified until the Future
-// is done.
+// is done, nor r.Headers' values.
 func (p *Producer) Send(ctx context.Context, r Record) *Future {
 	f := &Future{}
 	f.pr.Key, f.pr.Value, f.pr.TimestampMs, f.pr.Partition = r.Key, r.Value, r.TimestampMs, r.Partition
+	f.pr.Headers = wireHeaders(r.Headers)
 	if err := ctx.Err(); err != nil {
 		f.fail(err)
 		return f
 	}
 	size := len(r.Key) + len(r.Value) + recordOverhead
+	for _, h := range r.Headers {
+		size += len(h.Key) + len(h.Value) + 4
+	}
 	kick := false
 	p.mu.Lock()
 	for {

@@ -26,6 +26,7 @@ import (
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
+	"github.com/catena-streams/catena/rpc/headers"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -317,8 +318,11 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 	}
 	// Validate everything before storing anything.
 	for i, r := range recs {
-		if sz := len(r.GetKey()) + len(r.GetValue()); sz > limit {
-			return nil, status.Errorf(codes.InvalidArgument, "record %d is %d bytes (key plus value), above stream %q's limit of %d bytes; nothing was stored", i, sz, req.GetStream(), limit)
+		if sz := storedBytes(r); sz > limit {
+			return nil, status.Errorf(codes.InvalidArgument, "record %d is %d bytes (key, value and headers), above stream %q's limit of %d bytes; nothing was stored", i, sz, req.GetStream(), limit)
+		}
+		if len(r.GetHeaders()) > partlog.MaxBatchHeaders {
+			return nil, status.Errorf(codes.InvalidArgument, "record %d has %d headers, above the limit of %d; nothing was stored", i, len(r.GetHeaders()), partlog.MaxBatchHeaders)
 		}
 		if r.Partition != nil && r.GetPartition() >= n {
 			return nil, status.Errorf(codes.InvalidArgument, "record %d names partition %d, but stream %q has %d partitions; nothing was stored", i, r.GetPartition(), req.GetStream(), n)
@@ -387,8 +391,11 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 				if ts == 0 {
 					ts = now
 				}
-				c.recs[k] = partlog.Record{Key: r.GetKey(), Value: r.GetValue(), TimestampMs: ts, ProducerID: producer, Sequence: seqs[i]}
-				c.bytes += len(r.GetKey()) + len(r.GetValue())
+				c.recs[k] = partlog.Record{Key: r.GetKey(), Value: r.GetValue(), TimestampMs: ts, ProducerID: producer, Sequence: seqs[i], Headers: headers.ToLog(r.GetHeaders())}
+				// An upper bound of what the record adds to a frame beyond
+				// MaxRecordOverhead: in a frame with headers every record
+				// has at least its count.
+				c.bytes += len(r.GetKey()) + len(r.GetValue()) + partlog.EncodedHeadersLen(c.recs[k].Headers)
 			}
 			a.enqueue(c)
 			p.queued = append(p.queued, c)
@@ -470,17 +477,30 @@ func OneAppend(recs []*catenapb.ProduceRecord) bool {
 	return len(splitChunks(idx, recs)) == 1
 }
 
-// splitChunks splits a partition's records into appends of bounded size.
+// splitChunks splits a partition's records into appends of bounded size
+// (bytes, records and headers).
 func splitChunks(idx []int, recs []*catenapb.ProduceRecord) [][]int {
 	var out [][]int
-	start, size := 0, 0
+	start, size, inChunk := 0, 0, 0
 	for k, i := range idx {
-		sz := len(recs[i].GetKey()) + len(recs[i].GetValue()) + 64
-		if k > start && (size+sz > maxAppendBytes || k-start >= partlog.MaxBatchRecords) {
+		sz := storedBytes(recs[i]) + 64 + 10*len(recs[i].GetHeaders())
+		nh := len(recs[i].GetHeaders())
+		if k > start && (size+sz > maxAppendBytes || k-start >= partlog.MaxBatchRecords || inChunk+nh > partlog.MaxBatchHeaders) {
 			out = append(out, idx[start:k])
-			start, size = k, 0
+			start, size, inChunk = k, 0, 0
 		}
 		size += sz
+		inChunk += nh
 	}
 	return append(out, idx[start:])
+}
+
+// storedBytes is what a record counts toward its stream's record size
+// limit: its key, value and every header's key and value.
+func storedBytes(r *catenapb.ProduceRecord) int {
+	n := len(r.GetKey()) + len(r.GetValue())
+	for _, h := range r.GetHeaders() {
+		n += len(h.GetKey()) + len(h.GetValue())
+	}
+	return n
 }

@@ -318,6 +318,7 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 		off := uint64(len(st.parts[p]))
 		st.parts[p] = append(st.parts[p], &catenapb.Record{
 			Key: slices.Clone(r.Key), Value: slices.Clone(r.Value), TimestampMs: ts, Partition: p, Offset: off,
+			Headers: cloneHeaders(r.Headers),
 		})
 		appended = true
 		if req.ProducerId != 0 {
@@ -498,4 +499,12 @@ func (s *Server) ListStreams(ctx context.Context, req *catenapb.ListStreamsReque
 	}
 	slices.Sort(resp.Streams)
 	return resp, nil
+}
+
+func cloneHeaders(hs []*catenapb.RecordHeader) []*catenapb.RecordHeader {
+	var out []*catenapb.RecordHeader
+	for _, h := range hs {
+		out = append(out, &catenapb.RecordHeader{Key: h.GetKey(), Value: slices.Clone(h.GetValue())})
+	}
+	return out
 }

@@ -31,6 +31,24 @@ type messageLine struct {
 	Value       string `json:"value"`
 	ValueB64    string `json:"value_b64,omitempty"`
 	TimestampMs int64  `json:"timestamp_ms"`
+	// Headers in order, as the key's and value's text (value_b64 when the
+	// value is not UTF-8).
+	Headers []headerLine `json:"headers,omitempty"`
+}
+
+type headerLine struct {
+	Key      string `json:"key"`
+	Value    string `json:"value"`
+	ValueB64 string `json:"value_b64,omitempty"`
+}
+
+func headerLines(hs []client.Header) []headerLine {
+	var out []headerLine
+	for _, h := range hs {
+		v, vb := textField(h.Value)
+		out = append(out, headerLine{Key: h.Key, Value: v, ValueB64: vb})
+	}
+	return out
 }
 
 func newConsumeCommand(a *app) *cobra.Command {
@@ -146,7 +164,7 @@ func (a *app) consume(cmd *cobra.Command, f *consumeFlags) error {
 		}
 		k, kb := textField(m.Key)
 		v, vb := textField(m.Value)
-		if err := w.write(messageLine{Stream: m.Stream, Partition: m.Partition, Offset: m.Offset, Key: k, KeyB64: kb, Value: v, ValueB64: vb, TimestampMs: m.TimestampMs}); err != nil && writeErr == nil {
+		if err := w.write(messageLine{Stream: m.Stream, Partition: m.Partition, Offset: m.Offset, Key: k, KeyB64: kb, Value: v, ValueB64: vb, TimestampMs: m.TimestampMs, Headers: headerLines(m.Headers)}); err != nil && writeErr == nil {
 			writeErr = err
 			cancel()
 		}
@@ -243,7 +261,7 @@ func (a *app) consumeGroup(ctx context.Context, c *client.Client, f *consumeFlag
 		for _, m := range msgs {
 			k, kb := textField(m.Key)
 			v, vb := textField(m.Value)
-			if err := w.write(messageLine{Stream: m.Stream, Partition: m.Partition, Offset: m.Offset, Key: k, KeyB64: kb, Value: v, ValueB64: vb, TimestampMs: m.TimestampMs}); err != nil {
+			if err := w.write(messageLine{Stream: m.Stream, Partition: m.Partition, Offset: m.Offset, Key: k, KeyB64: kb, Value: v, ValueB64: vb, TimestampMs: m.TimestampMs, Headers: headerLines(m.Headers)}); err != nil {
 				return err
 			}
 		}

@@ -602,3 +602,22 @@ func TestStreamCommandsRefuseBadInput(t *testing.T) {
 		t.Fatalf("list: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 }
+
+func TestProduceAndConsumeHeaders(t *testing.T) {
+	srv := newServer(t)
+	r := catenactl(t, bg(), srv, "", "produce", "--stream", "s", "--partition", "0", "--value", "x", "--header", "trace=t1", "--header", "trace=t2", "--header", "empty=")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	r = catenactl(t, bg(), srv, "", "consume", "--stream", "s", "--partition", "0", "--no-follow")
+	if r.code != 0 || !strings.Contains(r.stdout, `"headers":[{"key":"trace","value":"t1"},{"key":"trace","value":"t2"},{"key":"empty","value":""}]`) {
+		t.Fatalf("consume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = catenactl(t, bg(), srv, "", "produce", "--stream", "s", "--value", "x", "--header", "novalue")
+	if r.code != 2 || !strings.Contains(r.stderr, "KEY=VALUE") {
+		t.Fatalf("bad --header: exit %d %s", r.code, r.stderr)
+	}
+	if n := len(srv.Records("s", 0)) + len(srv.Records("s", 1)); n != 1 {
+		t.Fatalf("a refused produce stored records: %d", n)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,7 @@ type produceFlags struct {
 	keyed        bool
 	partition    uint32
 	values       []string
+	headers      []string
 	linger       time.Duration
 	retryTimeout time.Duration
 }
@@ -54,6 +56,7 @@ func newProduceCommand(a *app) *cobra.Command {
 	fl.BoolVar(&f.keyed, "keyed", false, "stdin lines are KEY<TAB>VALUE")
 	fl.Uint32Var(&f.partition, "partition", 0, "explicit partition (default: the server routes by key)")
 	fl.StringArrayVar(&f.values, "value", nil, "record value (repeatable); stdin is not read when given")
+	fl.StringArrayVar(&f.headers, "header", nil, "KEY=VALUE header of every record (repeatable; a key may repeat)")
 	fl.DurationVar(&f.linger, "linger", time.Millisecond, "batching delay")
 	fl.DurationVar(&f.retryTimeout, "retry-timeout", 30*time.Second, "give up on a record after retrying this long")
 	return cmd
@@ -74,6 +77,14 @@ func (a *app) produce(cmd *cobra.Command, f *produceFlags) error {
 	}
 	if f.keyed && len(f.values) > 0 {
 		return usageErrorf("--keyed reads KEY<TAB>VALUE lines from stdin; it cannot be combined with --value")
+	}
+	var headers []client.Header
+	for _, h := range f.headers {
+		k, v, ok := strings.Cut(h, "=")
+		if !ok || k == "" {
+			return usageErrorf("bad --header %q: want KEY=VALUE", h)
+		}
+		headers = append(headers, client.Header{Key: k, Value: []byte(v)})
 	}
 	var partition *uint32
 	if cmd.Flags().Changed("partition") {
@@ -136,7 +147,7 @@ func (a *app) produce(cmd *cobra.Command, f *produceFlags) error {
 	}()
 
 	send := func(key, value []byte, label string) {
-		fut := p.Send(ctx, client.Record{Key: key, Value: value, Partition: partition})
+		fut := p.Send(ctx, client.Record{Key: key, Value: value, Partition: partition, Headers: headers})
 		queue <- pendingRecord{f: fut, label: label}
 	}
 	var fixedKey []byte

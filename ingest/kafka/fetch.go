@@ -240,6 +240,13 @@ func appendBatch(dst []byte, recs []*catenapb.Record) []byte {
 		if kr.Value == nil {
 			kr.Value = []byte{} // an empty value, not a null one
 		}
+		for _, h := range r.GetHeaders() {
+			v := h.GetValue()
+			if v == nil {
+				v = []byte{}
+			}
+			kr.Headers = append(kr.Headers, kmsg.Header{Key: h.GetKey(), Value: v})
+		}
 		// kmsg writes the length it is given: encode with 0 (one
 		// byte), then write the real length before the rest.
 		one = kr.AppendTo(one[:0])

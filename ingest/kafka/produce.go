@@ -121,15 +121,16 @@ func partitionRecords(stream string, partition uint32, batches []byte) (*catenap
 			if recs, err = nextRecord(recs, &r); err != nil {
 				return nil, invalid("record %d of a batch: %v", i, err)
 			}
-			if len(r.Headers) > 0 {
-				return nil, invalid("record %d carries headers, which this Catena version cannot store yet", i)
-			}
 			ts := b.FirstTimestamp + r.TimestampDelta64
 			if b.Attributes&attrLogAppendTime != 0 || ts <= 0 {
 				ts = 0 // ingestion stamps it
 			}
 			p := partition
 			pr := &catenapb.ProduceRecord{Key: r.Key, Value: r.Value, TimestampMs: ts, Partition: &p}
+			for _, h := range r.Headers {
+				// A null header value is stored as an empty one.
+				pr.Headers = append(pr.Headers, &catenapb.RecordHeader{Key: h.Key, Value: h.Value})
+			}
 			if idempotent {
 				pr.Sequence = uint64(b.FirstSequence) + uint64(i) + 1
 			}

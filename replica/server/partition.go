@@ -17,6 +17,7 @@ import (
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
+	"github.com/catena-streams/catena/rpc/headers"
 )
 
 // partition drives one partition replica: it owns the log, feeds the pure
@@ -512,7 +513,7 @@ func (p *partition) requestRecords(req *catenapb.AppendRequest) ([]partlog.Recor
 		if ts == 0 {
 			ts = now
 		}
-		in = append(in, partlog.Record{TimestampMs: ts, ProducerID: r.GetProducerId(), Sequence: r.GetSequence(), Key: r.GetKey(), Value: r.GetValue()})
+		in = append(in, partlog.Record{TimestampMs: ts, ProducerID: r.GetProducerId(), Sequence: r.GetSequence(), Key: r.GetKey(), Value: r.GetValue(), Headers: headers.ToLog(r.GetHeaders())})
 	}
 	return in, nil, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/headers"
 )
 
 const (
@@ -53,7 +54,7 @@ func (p *partition) read(ctx context.Context, req *catenapb.FetchRequest) (*cate
 			if r.Offset < from || r.Offset >= committed {
 				continue
 			}
-			resp.Records = append(resp.Records, &catenapb.Record{Key: r.Key, Value: r.Value, TimestampMs: r.TimestampMs, Partition: p.index, Offset: r.Offset})
+			resp.Records = append(resp.Records, &catenapb.Record{Key: r.Key, Value: r.Value, TimestampMs: r.TimestampMs, Partition: p.index, Offset: r.Offset, Headers: headers.ToWire(r.Headers)})
 			resp.NextOffset = r.Offset + 1
 			bytes += len(r.Key) + len(r.Value)
 		}

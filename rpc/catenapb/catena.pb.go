@@ -195,8 +195,10 @@ type Record struct {
 	// Unix milliseconds. Set by the producer or, when zero, by ingestion.
 	TimestampMs int64 `protobuf:"varint,3,opt,name=timestamp_ms,json=timestampMs,proto3" json:"timestamp_ms,omitempty"`
 	// Set on records read back.
-	Partition     uint32 `protobuf:"varint,4,opt,name=partition,proto3" json:"partition,omitempty"`
-	Offset        uint64 `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
+	Partition uint32 `protobuf:"varint,4,opt,name=partition,proto3" json:"partition,omitempty"`
+	Offset    uint64 `protobuf:"varint,5,opt,name=offset,proto3" json:"offset,omitempty"`
+	// The record's headers, in the order they were produced.
+	Headers       []*RecordHeader `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -266,6 +268,68 @@ func (x *Record) GetOffset() uint64 {
 	return 0
 }
 
+func (x *Record) GetHeaders() []*RecordHeader {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+// RecordHeader is one application header of a record (Kafka's record
+// headers): a key, which may repeat, and a value. Keys and values count
+// toward the stream's record size limit.
+type RecordHeader struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordHeader) Reset() {
+	*x = RecordHeader{}
+	mi := &file_catena_v1_catena_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordHeader) ProtoMessage() {}
+
+func (x *RecordHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordHeader.ProtoReflect.Descriptor instead.
+func (*RecordHeader) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RecordHeader) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RecordHeader) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 // StreamConfig travels with every chain configuration so that each replica
 // knows how to store its partitions.
 type StreamConfig struct {
@@ -294,7 +358,7 @@ type StreamConfig struct {
 
 func (x *StreamConfig) Reset() {
 	*x = StreamConfig{}
-	mi := &file_catena_v1_catena_proto_msgTypes[1]
+	mi := &file_catena_v1_catena_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -306,7 +370,7 @@ func (x *StreamConfig) String() string {
 func (*StreamConfig) ProtoMessage() {}
 
 func (x *StreamConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[1]
+	mi := &file_catena_v1_catena_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -319,7 +383,7 @@ func (x *StreamConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamConfig.ProtoReflect.Descriptor instead.
 func (*StreamConfig) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{1}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *StreamConfig) GetPartitions() uint32 {
@@ -404,7 +468,7 @@ type ConsumerHold struct {
 
 func (x *ConsumerHold) Reset() {
 	*x = ConsumerHold{}
-	mi := &file_catena_v1_catena_proto_msgTypes[2]
+	mi := &file_catena_v1_catena_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -416,7 +480,7 @@ func (x *ConsumerHold) String() string {
 func (*ConsumerHold) ProtoMessage() {}
 
 func (x *ConsumerHold) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[2]
+	mi := &file_catena_v1_catena_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -429,7 +493,7 @@ func (x *ConsumerHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumerHold.ProtoReflect.Descriptor instead.
 func (*ConsumerHold) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{2}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ConsumerHold) GetConsumer() string {
@@ -463,7 +527,7 @@ type ForcedTrim struct {
 
 func (x *ForcedTrim) Reset() {
 	*x = ForcedTrim{}
-	mi := &file_catena_v1_catena_proto_msgTypes[3]
+	mi := &file_catena_v1_catena_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -475,7 +539,7 @@ func (x *ForcedTrim) String() string {
 func (*ForcedTrim) ProtoMessage() {}
 
 func (x *ForcedTrim) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[3]
+	mi := &file_catena_v1_catena_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -488,7 +552,7 @@ func (x *ForcedTrim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForcedTrim.ProtoReflect.Descriptor instead.
 func (*ForcedTrim) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{3}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ForcedTrim) GetConsumer() string {
@@ -529,7 +593,7 @@ type GroupProtocol struct {
 
 func (x *GroupProtocol) Reset() {
 	*x = GroupProtocol{}
-	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	mi := &file_catena_v1_catena_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +605,7 @@ func (x *GroupProtocol) String() string {
 func (*GroupProtocol) ProtoMessage() {}
 
 func (x *GroupProtocol) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[4]
+	mi := &file_catena_v1_catena_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +618,7 @@ func (x *GroupProtocol) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupProtocol.ProtoReflect.Descriptor instead.
 func (*GroupProtocol) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{4}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GroupProtocol) GetName() string {
@@ -589,7 +653,7 @@ type JoinGroupRequest struct {
 
 func (x *JoinGroupRequest) Reset() {
 	*x = JoinGroupRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	mi := &file_catena_v1_catena_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +665,7 @@ func (x *JoinGroupRequest) String() string {
 func (*JoinGroupRequest) ProtoMessage() {}
 
 func (x *JoinGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[5]
+	mi := &file_catena_v1_catena_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +678,7 @@ func (x *JoinGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinGroupRequest.ProtoReflect.Descriptor instead.
 func (*JoinGroupRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{5}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *JoinGroupRequest) GetGroup() string {
@@ -687,7 +751,7 @@ type JoinGroupResponse struct {
 
 func (x *JoinGroupResponse) Reset() {
 	*x = JoinGroupResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	mi := &file_catena_v1_catena_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +763,7 @@ func (x *JoinGroupResponse) String() string {
 func (*JoinGroupResponse) ProtoMessage() {}
 
 func (x *JoinGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[6]
+	mi := &file_catena_v1_catena_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +776,7 @@ func (x *JoinGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinGroupResponse.ProtoReflect.Descriptor instead.
 func (*JoinGroupResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{6}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JoinGroupResponse) GetGeneration() int32 {
@@ -760,7 +824,7 @@ type JoinGroupMember struct {
 
 func (x *JoinGroupMember) Reset() {
 	*x = JoinGroupMember{}
-	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	mi := &file_catena_v1_catena_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +836,7 @@ func (x *JoinGroupMember) String() string {
 func (*JoinGroupMember) ProtoMessage() {}
 
 func (x *JoinGroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[7]
+	mi := &file_catena_v1_catena_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +849,7 @@ func (x *JoinGroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinGroupMember.ProtoReflect.Descriptor instead.
 func (*JoinGroupMember) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{7}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *JoinGroupMember) GetMemberId() string {
@@ -816,7 +880,7 @@ type SyncGroupRequest struct {
 
 func (x *SyncGroupRequest) Reset() {
 	*x = SyncGroupRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	mi := &file_catena_v1_catena_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +892,7 @@ func (x *SyncGroupRequest) String() string {
 func (*SyncGroupRequest) ProtoMessage() {}
 
 func (x *SyncGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[8]
+	mi := &file_catena_v1_catena_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +905,7 @@ func (x *SyncGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGroupRequest.ProtoReflect.Descriptor instead.
 func (*SyncGroupRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{8}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SyncGroupRequest) GetGroup() string {
@@ -889,7 +953,7 @@ type MemberAssignment struct {
 
 func (x *MemberAssignment) Reset() {
 	*x = MemberAssignment{}
-	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	mi := &file_catena_v1_catena_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -901,7 +965,7 @@ func (x *MemberAssignment) String() string {
 func (*MemberAssignment) ProtoMessage() {}
 
 func (x *MemberAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[9]
+	mi := &file_catena_v1_catena_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -914,7 +978,7 @@ func (x *MemberAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberAssignment.ProtoReflect.Descriptor instead.
 func (*MemberAssignment) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{9}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MemberAssignment) GetMemberId() string {
@@ -940,7 +1004,7 @@ type SyncGroupResponse struct {
 
 func (x *SyncGroupResponse) Reset() {
 	*x = SyncGroupResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	mi := &file_catena_v1_catena_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1016,7 @@ func (x *SyncGroupResponse) String() string {
 func (*SyncGroupResponse) ProtoMessage() {}
 
 func (x *SyncGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[10]
+	mi := &file_catena_v1_catena_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1029,7 @@ func (x *SyncGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncGroupResponse.ProtoReflect.Descriptor instead.
 func (*SyncGroupResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{10}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SyncGroupResponse) GetAssignment() []byte {
@@ -987,7 +1051,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	mi := &file_catena_v1_catena_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1063,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[11]
+	mi := &file_catena_v1_catena_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1076,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{11}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HeartbeatRequest) GetGroup() string {
@@ -1051,7 +1115,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	mi := &file_catena_v1_catena_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1063,7 +1127,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[12]
+	mi := &file_catena_v1_catena_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1076,7 +1140,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{12}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{13}
 }
 
 type LeaveGroupRequest struct {
@@ -1090,7 +1154,7 @@ type LeaveGroupRequest struct {
 
 func (x *LeaveGroupRequest) Reset() {
 	*x = LeaveGroupRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	mi := &file_catena_v1_catena_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1166,7 @@ func (x *LeaveGroupRequest) String() string {
 func (*LeaveGroupRequest) ProtoMessage() {}
 
 func (x *LeaveGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[13]
+	mi := &file_catena_v1_catena_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1179,7 @@ func (x *LeaveGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveGroupRequest.ProtoReflect.Descriptor instead.
 func (*LeaveGroupRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{13}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LeaveGroupRequest) GetGroup() string {
@@ -1147,7 +1211,7 @@ type LeaveGroupResponse struct {
 
 func (x *LeaveGroupResponse) Reset() {
 	*x = LeaveGroupResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	mi := &file_catena_v1_catena_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1223,7 @@ func (x *LeaveGroupResponse) String() string {
 func (*LeaveGroupResponse) ProtoMessage() {}
 
 func (x *LeaveGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[14]
+	mi := &file_catena_v1_catena_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1236,7 @@ func (x *LeaveGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveGroupResponse.ProtoReflect.Descriptor instead.
 func (*LeaveGroupResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{14}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{15}
 }
 
 type CommitGroupOffsetsRequest struct {
@@ -1188,7 +1252,7 @@ type CommitGroupOffsetsRequest struct {
 
 func (x *CommitGroupOffsetsRequest) Reset() {
 	*x = CommitGroupOffsetsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1264,7 @@ func (x *CommitGroupOffsetsRequest) String() string {
 func (*CommitGroupOffsetsRequest) ProtoMessage() {}
 
 func (x *CommitGroupOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[15]
+	mi := &file_catena_v1_catena_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1277,7 @@ func (x *CommitGroupOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitGroupOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*CommitGroupOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{15}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CommitGroupOffsetsRequest) GetGroup() string {
@@ -1263,7 +1327,7 @@ type PartitionOffset struct {
 
 func (x *PartitionOffset) Reset() {
 	*x = PartitionOffset{}
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1339,7 @@ func (x *PartitionOffset) String() string {
 func (*PartitionOffset) ProtoMessage() {}
 
 func (x *PartitionOffset) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[16]
+	mi := &file_catena_v1_catena_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1352,7 @@ func (x *PartitionOffset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionOffset.ProtoReflect.Descriptor instead.
 func (*PartitionOffset) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{16}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PartitionOffset) GetPartition() uint32 {
@@ -1320,7 +1384,7 @@ type CommitGroupOffsetsResponse struct {
 
 func (x *CommitGroupOffsetsResponse) Reset() {
 	*x = CommitGroupOffsetsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1396,7 @@ func (x *CommitGroupOffsetsResponse) String() string {
 func (*CommitGroupOffsetsResponse) ProtoMessage() {}
 
 func (x *CommitGroupOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[17]
+	mi := &file_catena_v1_catena_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1409,7 @@ func (x *CommitGroupOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitGroupOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*CommitGroupOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{17}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
 }
 
 type ListGroupsRequest struct {
@@ -1356,7 +1420,7 @@ type ListGroupsRequest struct {
 
 func (x *ListGroupsRequest) Reset() {
 	*x = ListGroupsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1432,7 @@ func (x *ListGroupsRequest) String() string {
 func (*ListGroupsRequest) ProtoMessage() {}
 
 func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[18]
+	mi := &file_catena_v1_catena_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1445,7 @@ func (x *ListGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{18}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
 }
 
 type ListGroupsResponse struct {
@@ -1393,7 +1457,7 @@ type ListGroupsResponse struct {
 
 func (x *ListGroupsResponse) Reset() {
 	*x = ListGroupsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1469,7 @@ func (x *ListGroupsResponse) String() string {
 func (*ListGroupsResponse) ProtoMessage() {}
 
 func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[19]
+	mi := &file_catena_v1_catena_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1482,7 @@ func (x *ListGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{19}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListGroupsResponse) GetGroups() []*GroupSummary {
@@ -1442,7 +1506,7 @@ type GroupSummary struct {
 
 func (x *GroupSummary) Reset() {
 	*x = GroupSummary{}
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1518,7 @@ func (x *GroupSummary) String() string {
 func (*GroupSummary) ProtoMessage() {}
 
 func (x *GroupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[20]
+	mi := &file_catena_v1_catena_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1531,7 @@ func (x *GroupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupSummary.ProtoReflect.Descriptor instead.
 func (*GroupSummary) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{20}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GroupSummary) GetGroup() string {
@@ -1509,7 +1573,7 @@ type DescribeGroupRequest struct {
 
 func (x *DescribeGroupRequest) Reset() {
 	*x = DescribeGroupRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1585,7 @@ func (x *DescribeGroupRequest) String() string {
 func (*DescribeGroupRequest) ProtoMessage() {}
 
 func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[21]
+	mi := &file_catena_v1_catena_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1598,7 @@ func (x *DescribeGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeGroupRequest.ProtoReflect.Descriptor instead.
 func (*DescribeGroupRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{21}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DescribeGroupRequest) GetGroup() string {
@@ -1568,7 +1632,7 @@ type GroupDescription struct {
 
 func (x *GroupDescription) Reset() {
 	*x = GroupDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1644,7 @@ func (x *GroupDescription) String() string {
 func (*GroupDescription) ProtoMessage() {}
 
 func (x *GroupDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[22]
+	mi := &file_catena_v1_catena_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1657,7 @@ func (x *GroupDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupDescription.ProtoReflect.Descriptor instead.
 func (*GroupDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{22}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GroupDescription) GetGroup() string {
@@ -1666,7 +1730,7 @@ type GroupMember struct {
 
 func (x *GroupMember) Reset() {
 	*x = GroupMember{}
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1678,7 +1742,7 @@ func (x *GroupMember) String() string {
 func (*GroupMember) ProtoMessage() {}
 
 func (x *GroupMember) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[23]
+	mi := &file_catena_v1_catena_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1691,7 +1755,7 @@ func (x *GroupMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
 func (*GroupMember) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{23}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GroupMember) GetId() string {
@@ -1732,7 +1796,7 @@ type GroupAssignment struct {
 
 func (x *GroupAssignment) Reset() {
 	*x = GroupAssignment{}
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1744,7 +1808,7 @@ func (x *GroupAssignment) String() string {
 func (*GroupAssignment) ProtoMessage() {}
 
 func (x *GroupAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[24]
+	mi := &file_catena_v1_catena_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1757,7 +1821,7 @@ func (x *GroupAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupAssignment.ProtoReflect.Descriptor instead.
 func (*GroupAssignment) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{24}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GroupAssignment) GetStream() string {
@@ -1791,7 +1855,7 @@ type GroupOffset struct {
 
 func (x *GroupOffset) Reset() {
 	*x = GroupOffset{}
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1867,7 @@ func (x *GroupOffset) String() string {
 func (*GroupOffset) ProtoMessage() {}
 
 func (x *GroupOffset) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[25]
+	mi := &file_catena_v1_catena_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +1880,7 @@ func (x *GroupOffset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupOffset.ProtoReflect.Descriptor instead.
 func (*GroupOffset) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{25}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GroupOffset) GetStream() string {
@@ -1880,7 +1944,7 @@ type ResetGroupOffsetsRequest struct {
 
 func (x *ResetGroupOffsetsRequest) Reset() {
 	*x = ResetGroupOffsetsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +1956,7 @@ func (x *ResetGroupOffsetsRequest) String() string {
 func (*ResetGroupOffsetsRequest) ProtoMessage() {}
 
 func (x *ResetGroupOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[26]
+	mi := &file_catena_v1_catena_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +1969,7 @@ func (x *ResetGroupOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ResetGroupOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{26}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResetGroupOffsetsRequest) GetGroup() string {
@@ -1966,7 +2030,7 @@ type ResetGroupOffsetsResponse struct {
 
 func (x *ResetGroupOffsetsResponse) Reset() {
 	*x = ResetGroupOffsetsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2042,7 @@ func (x *ResetGroupOffsetsResponse) String() string {
 func (*ResetGroupOffsetsResponse) ProtoMessage() {}
 
 func (x *ResetGroupOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[27]
+	mi := &file_catena_v1_catena_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2055,7 @@ func (x *ResetGroupOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroupOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ResetGroupOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{27}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResetGroupOffsetsResponse) GetChanges() []*GroupOffsetChange {
@@ -2016,7 +2080,7 @@ type GroupOffsetChange struct {
 
 func (x *GroupOffsetChange) Reset() {
 	*x = GroupOffsetChange{}
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +2092,7 @@ func (x *GroupOffsetChange) String() string {
 func (*GroupOffsetChange) ProtoMessage() {}
 
 func (x *GroupOffsetChange) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[28]
+	mi := &file_catena_v1_catena_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +2105,7 @@ func (x *GroupOffsetChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupOffsetChange.ProtoReflect.Descriptor instead.
 func (*GroupOffsetChange) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{28}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GroupOffsetChange) GetPartition() uint32 {
@@ -2081,7 +2145,7 @@ type DeleteGroupRequest struct {
 
 func (x *DeleteGroupRequest) Reset() {
 	*x = DeleteGroupRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2157,7 @@ func (x *DeleteGroupRequest) String() string {
 func (*DeleteGroupRequest) ProtoMessage() {}
 
 func (x *DeleteGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[29]
+	mi := &file_catena_v1_catena_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2170,7 @@ func (x *DeleteGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteGroupRequest.ProtoReflect.Descriptor instead.
 func (*DeleteGroupRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{29}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteGroupRequest) GetGroup() string {
@@ -2124,7 +2188,7 @@ type DeleteGroupResponse struct {
 
 func (x *DeleteGroupResponse) Reset() {
 	*x = DeleteGroupResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2200,7 @@ func (x *DeleteGroupResponse) String() string {
 func (*DeleteGroupResponse) ProtoMessage() {}
 
 func (x *DeleteGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[30]
+	mi := &file_catena_v1_catena_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2213,7 @@ func (x *DeleteGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteGroupResponse.ProtoReflect.Descriptor instead.
 func (*DeleteGroupResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{30}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
 }
 
 type CommitConsumerOffsetRequest struct {
@@ -2164,7 +2228,7 @@ type CommitConsumerOffsetRequest struct {
 
 func (x *CommitConsumerOffsetRequest) Reset() {
 	*x = CommitConsumerOffsetRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2176,7 +2240,7 @@ func (x *CommitConsumerOffsetRequest) String() string {
 func (*CommitConsumerOffsetRequest) ProtoMessage() {}
 
 func (x *CommitConsumerOffsetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[31]
+	mi := &file_catena_v1_catena_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2189,7 +2253,7 @@ func (x *CommitConsumerOffsetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitConsumerOffsetRequest.ProtoReflect.Descriptor instead.
 func (*CommitConsumerOffsetRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{31}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CommitConsumerOffsetRequest) GetStream() string {
@@ -2231,7 +2295,7 @@ type CommitConsumerOffsetResponse struct {
 
 func (x *CommitConsumerOffsetResponse) Reset() {
 	*x = CommitConsumerOffsetResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2243,7 +2307,7 @@ func (x *CommitConsumerOffsetResponse) String() string {
 func (*CommitConsumerOffsetResponse) ProtoMessage() {}
 
 func (x *CommitConsumerOffsetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[32]
+	mi := &file_catena_v1_catena_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2256,7 +2320,7 @@ func (x *CommitConsumerOffsetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitConsumerOffsetResponse.ProtoReflect.Descriptor instead.
 func (*CommitConsumerOffsetResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{32}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CommitConsumerOffsetResponse) GetEpoch() uint64 {
@@ -2282,7 +2346,7 @@ type ListConsumersRequest struct {
 
 func (x *ListConsumersRequest) Reset() {
 	*x = ListConsumersRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2358,7 @@ func (x *ListConsumersRequest) String() string {
 func (*ListConsumersRequest) ProtoMessage() {}
 
 func (x *ListConsumersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[33]
+	mi := &file_catena_v1_catena_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2371,7 @@ func (x *ListConsumersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumersRequest.ProtoReflect.Descriptor instead.
 func (*ListConsumersRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{33}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListConsumersRequest) GetStream() string {
@@ -2327,7 +2391,7 @@ type ListConsumersResponse struct {
 
 func (x *ListConsumersResponse) Reset() {
 	*x = ListConsumersResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2403,7 @@ func (x *ListConsumersResponse) String() string {
 func (*ListConsumersResponse) ProtoMessage() {}
 
 func (x *ListConsumersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[34]
+	mi := &file_catena_v1_catena_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2416,7 @@ func (x *ListConsumersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumersResponse.ProtoReflect.Descriptor instead.
 func (*ListConsumersResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{34}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListConsumersResponse) GetStream() string {
@@ -2390,7 +2454,7 @@ type PartitionConsumers struct {
 
 func (x *PartitionConsumers) Reset() {
 	*x = PartitionConsumers{}
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2466,7 @@ func (x *PartitionConsumers) String() string {
 func (*PartitionConsumers) ProtoMessage() {}
 
 func (x *PartitionConsumers) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[35]
+	mi := &file_catena_v1_catena_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2479,7 @@ func (x *PartitionConsumers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionConsumers.ProtoReflect.Descriptor instead.
 func (*PartitionConsumers) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{35}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PartitionConsumers) GetPartition() uint32 {
@@ -2470,7 +2534,7 @@ type DeleteConsumerRequest struct {
 
 func (x *DeleteConsumerRequest) Reset() {
 	*x = DeleteConsumerRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +2546,7 @@ func (x *DeleteConsumerRequest) String() string {
 func (*DeleteConsumerRequest) ProtoMessage() {}
 
 func (x *DeleteConsumerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[36]
+	mi := &file_catena_v1_catena_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +2559,7 @@ func (x *DeleteConsumerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteConsumerRequest.ProtoReflect.Descriptor instead.
 func (*DeleteConsumerRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{36}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteConsumerRequest) GetStream() string {
@@ -2522,7 +2586,7 @@ type DeleteConsumerResponse struct {
 
 func (x *DeleteConsumerResponse) Reset() {
 	*x = DeleteConsumerResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2598,7 @@ func (x *DeleteConsumerResponse) String() string {
 func (*DeleteConsumerResponse) ProtoMessage() {}
 
 func (x *DeleteConsumerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[37]
+	mi := &file_catena_v1_catena_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2611,7 @@ func (x *DeleteConsumerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteConsumerResponse.ProtoReflect.Descriptor instead.
 func (*DeleteConsumerResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{37}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteConsumerResponse) GetPartitions() []uint32 {
@@ -2568,14 +2632,15 @@ type ProduceRecord struct {
 	// Explicit partition; when absent the key's hash chooses, and records
 	// with neither key nor partition all go to one partition per request:
 	// the same one for about 256 KiB of such records, then the next.
-	Partition     *uint32 `protobuf:"varint,5,opt,name=partition,proto3,oneof" json:"partition,omitempty"`
+	Partition     *uint32         `protobuf:"varint,5,opt,name=partition,proto3,oneof" json:"partition,omitempty"`
+	Headers       []*RecordHeader `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProduceRecord) Reset() {
 	*x = ProduceRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2652,7 @@ func (x *ProduceRecord) String() string {
 func (*ProduceRecord) ProtoMessage() {}
 
 func (x *ProduceRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[38]
+	mi := &file_catena_v1_catena_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2665,7 @@ func (x *ProduceRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRecord.ProtoReflect.Descriptor instead.
 func (*ProduceRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{38}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ProduceRecord) GetKey() []byte {
@@ -2638,6 +2703,13 @@ func (x *ProduceRecord) GetPartition() uint32 {
 	return 0
 }
 
+func (x *ProduceRecord) GetHeaders() []*RecordHeader {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
 type ProduceRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stream string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -2668,7 +2740,7 @@ type ProduceRequest struct {
 
 func (x *ProduceRequest) Reset() {
 	*x = ProduceRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2680,7 +2752,7 @@ func (x *ProduceRequest) String() string {
 func (*ProduceRequest) ProtoMessage() {}
 
 func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[39]
+	mi := &file_catena_v1_catena_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2693,7 +2765,7 @@ func (x *ProduceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceRequest.ProtoReflect.Descriptor instead.
 func (*ProduceRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{39}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ProduceRequest) GetStream() string {
@@ -2753,7 +2825,7 @@ type ProduceResult struct {
 
 func (x *ProduceResult) Reset() {
 	*x = ProduceResult{}
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +2837,7 @@ func (x *ProduceResult) String() string {
 func (*ProduceResult) ProtoMessage() {}
 
 func (x *ProduceResult) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[40]
+	mi := &file_catena_v1_catena_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +2850,7 @@ func (x *ProduceResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResult.ProtoReflect.Descriptor instead.
 func (*ProduceResult) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{40}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ProduceResult) GetPartition() uint32 {
@@ -2831,7 +2903,7 @@ type ProduceResponse struct {
 
 func (x *ProduceResponse) Reset() {
 	*x = ProduceResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2843,7 +2915,7 @@ func (x *ProduceResponse) String() string {
 func (*ProduceResponse) ProtoMessage() {}
 
 func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[41]
+	mi := &file_catena_v1_catena_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2856,7 +2928,7 @@ func (x *ProduceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProduceResponse.ProtoReflect.Descriptor instead.
 func (*ProduceResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{41}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ProduceResponse) GetResults() []*ProduceResult {
@@ -2887,7 +2959,7 @@ type FetchRequest struct {
 
 func (x *FetchRequest) Reset() {
 	*x = FetchRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +2971,7 @@ func (x *FetchRequest) String() string {
 func (*FetchRequest) ProtoMessage() {}
 
 func (x *FetchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[42]
+	mi := &file_catena_v1_catena_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +2984,7 @@ func (x *FetchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRequest.ProtoReflect.Descriptor instead.
 func (*FetchRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{42}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FetchRequest) GetStream() string {
@@ -2964,7 +3036,7 @@ type FetchResponse struct {
 
 func (x *FetchResponse) Reset() {
 	*x = FetchResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2976,7 +3048,7 @@ func (x *FetchResponse) String() string {
 func (*FetchResponse) ProtoMessage() {}
 
 func (x *FetchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[43]
+	mi := &file_catena_v1_catena_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2989,7 +3061,7 @@ func (x *FetchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchResponse.ProtoReflect.Descriptor instead.
 func (*FetchResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{43}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *FetchResponse) GetRecords() []*Record {
@@ -3032,7 +3104,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3044,7 +3116,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[44]
+	mi := &file_catena_v1_catena_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3057,7 +3129,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{44}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SubscribeRequest) GetStream() string {
@@ -3100,7 +3172,7 @@ type ListOffsetsRequest struct {
 
 func (x *ListOffsetsRequest) Reset() {
 	*x = ListOffsetsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3184,7 @@ func (x *ListOffsetsRequest) String() string {
 func (*ListOffsetsRequest) ProtoMessage() {}
 
 func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[45]
+	mi := &file_catena_v1_catena_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3197,7 @@ func (x *ListOffsetsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsRequest.ProtoReflect.Descriptor instead.
 func (*ListOffsetsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{45}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListOffsetsRequest) GetStream() string {
@@ -3165,7 +3237,7 @@ type ListOffsetsResponse struct {
 
 func (x *ListOffsetsResponse) Reset() {
 	*x = ListOffsetsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3177,7 +3249,7 @@ func (x *ListOffsetsResponse) String() string {
 func (*ListOffsetsResponse) ProtoMessage() {}
 
 func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[46]
+	mi := &file_catena_v1_catena_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3190,7 +3262,7 @@ func (x *ListOffsetsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOffsetsResponse.ProtoReflect.Descriptor instead.
 func (*ListOffsetsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{46}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListOffsetsResponse) GetOffset() uint64 {
@@ -3209,7 +3281,7 @@ type DescribeStreamRequest struct {
 
 func (x *DescribeStreamRequest) Reset() {
 	*x = DescribeStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3221,7 +3293,7 @@ func (x *DescribeStreamRequest) String() string {
 func (*DescribeStreamRequest) ProtoMessage() {}
 
 func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[47]
+	mi := &file_catena_v1_catena_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3234,7 +3306,7 @@ func (x *DescribeStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeStreamRequest.ProtoReflect.Descriptor instead.
 func (*DescribeStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{47}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *DescribeStreamRequest) GetStream() string {
@@ -3255,7 +3327,7 @@ type StreamDescription struct {
 
 func (x *StreamDescription) Reset() {
 	*x = StreamDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3267,7 +3339,7 @@ func (x *StreamDescription) String() string {
 func (*StreamDescription) ProtoMessage() {}
 
 func (x *StreamDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[48]
+	mi := &file_catena_v1_catena_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3280,7 +3352,7 @@ func (x *StreamDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamDescription.ProtoReflect.Descriptor instead.
 func (*StreamDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{48}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *StreamDescription) GetStream() string {
@@ -3317,7 +3389,7 @@ type PartitionDescription struct {
 
 func (x *PartitionDescription) Reset() {
 	*x = PartitionDescription{}
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3329,7 +3401,7 @@ func (x *PartitionDescription) String() string {
 func (*PartitionDescription) ProtoMessage() {}
 
 func (x *PartitionDescription) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[49]
+	mi := &file_catena_v1_catena_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3342,7 +3414,7 @@ func (x *PartitionDescription) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionDescription.ProtoReflect.Descriptor instead.
 func (*PartitionDescription) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{49}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PartitionDescription) GetPartition() uint32 {
@@ -3381,7 +3453,7 @@ type ListStreamsRequest struct {
 
 func (x *ListStreamsRequest) Reset() {
 	*x = ListStreamsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3393,7 +3465,7 @@ func (x *ListStreamsRequest) String() string {
 func (*ListStreamsRequest) ProtoMessage() {}
 
 func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[50]
+	mi := &file_catena_v1_catena_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3406,7 +3478,7 @@ func (x *ListStreamsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsRequest.ProtoReflect.Descriptor instead.
 func (*ListStreamsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{50}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
 }
 
 type CreateStreamRequest struct {
@@ -3419,7 +3491,7 @@ type CreateStreamRequest struct {
 
 func (x *CreateStreamRequest) Reset() {
 	*x = CreateStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[51]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3431,7 +3503,7 @@ func (x *CreateStreamRequest) String() string {
 func (*CreateStreamRequest) ProtoMessage() {}
 
 func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[51]
+	mi := &file_catena_v1_catena_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3444,7 +3516,7 @@ func (x *CreateStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateStreamRequest.ProtoReflect.Descriptor instead.
 func (*CreateStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{51}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CreateStreamRequest) GetStream() string {
@@ -3470,7 +3542,7 @@ type DeleteStreamRequest struct {
 
 func (x *DeleteStreamRequest) Reset() {
 	*x = DeleteStreamRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[52]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3482,7 +3554,7 @@ func (x *DeleteStreamRequest) String() string {
 func (*DeleteStreamRequest) ProtoMessage() {}
 
 func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[52]
+	mi := &file_catena_v1_catena_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3495,7 +3567,7 @@ func (x *DeleteStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamRequest.ProtoReflect.Descriptor instead.
 func (*DeleteStreamRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{52}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteStreamRequest) GetStream() string {
@@ -3513,7 +3585,7 @@ type DeleteStreamResponse struct {
 
 func (x *DeleteStreamResponse) Reset() {
 	*x = DeleteStreamResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[53]
+	mi := &file_catena_v1_catena_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3597,7 @@ func (x *DeleteStreamResponse) String() string {
 func (*DeleteStreamResponse) ProtoMessage() {}
 
 func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[53]
+	mi := &file_catena_v1_catena_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3610,7 @@ func (x *DeleteStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteStreamResponse.ProtoReflect.Descriptor instead.
 func (*DeleteStreamResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{53}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{54}
 }
 
 type ListStreamsResponse struct {
@@ -3550,7 +3622,7 @@ type ListStreamsResponse struct {
 
 func (x *ListStreamsResponse) Reset() {
 	*x = ListStreamsResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[54]
+	mi := &file_catena_v1_catena_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3562,7 +3634,7 @@ func (x *ListStreamsResponse) String() string {
 func (*ListStreamsResponse) ProtoMessage() {}
 
 func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[54]
+	mi := &file_catena_v1_catena_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3575,7 +3647,7 @@ func (x *ListStreamsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListStreamsResponse.ProtoReflect.Descriptor instead.
 func (*ListStreamsResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{54}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListStreamsResponse) GetStreams() []string {
@@ -3602,7 +3674,7 @@ type ReportHeadUnreachableRequest struct {
 
 func (x *ReportHeadUnreachableRequest) Reset() {
 	*x = ReportHeadUnreachableRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[55]
+	mi := &file_catena_v1_catena_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3686,7 @@ func (x *ReportHeadUnreachableRequest) String() string {
 func (*ReportHeadUnreachableRequest) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[55]
+	mi := &file_catena_v1_catena_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3699,7 @@ func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableRequest.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{55}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ReportHeadUnreachableRequest) GetStream() string {
@@ -3680,7 +3752,7 @@ type ReportHeadUnreachableResponse struct {
 
 func (x *ReportHeadUnreachableResponse) Reset() {
 	*x = ReportHeadUnreachableResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[56]
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3692,7 +3764,7 @@ func (x *ReportHeadUnreachableResponse) String() string {
 func (*ReportHeadUnreachableResponse) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[56]
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3705,7 +3777,7 @@ func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableResponse.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{56}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
 }
 
 type HoldRetentionRequest struct {
@@ -3721,7 +3793,7 @@ type HoldRetentionRequest struct {
 
 func (x *HoldRetentionRequest) Reset() {
 	*x = HoldRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3733,7 +3805,7 @@ func (x *HoldRetentionRequest) String() string {
 func (*HoldRetentionRequest) ProtoMessage() {}
 
 func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3746,7 +3818,7 @@ func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRetentionRequest.ProtoReflect.Descriptor instead.
 func (*HoldRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *HoldRetentionRequest) GetStream() string {
@@ -3789,7 +3861,7 @@ type ReleaseRetentionRequest struct {
 
 func (x *ReleaseRetentionRequest) Reset() {
 	*x = ReleaseRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[58]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3801,7 +3873,7 @@ func (x *ReleaseRetentionRequest) String() string {
 func (*ReleaseRetentionRequest) ProtoMessage() {}
 
 func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[58]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3814,7 +3886,7 @@ func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ReleaseRetentionRequest) GetStream() string {
@@ -3848,7 +3920,7 @@ type ReleaseRetentionResponse struct {
 
 func (x *ReleaseRetentionResponse) Reset() {
 	*x = ReleaseRetentionResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[59]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3860,7 +3932,7 @@ func (x *ReleaseRetentionResponse) String() string {
 func (*ReleaseRetentionResponse) ProtoMessage() {}
 
 func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[59]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3873,7 +3945,7 @@ func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ReleaseRetentionResponse) GetReleased() []uint32 {
@@ -3896,7 +3968,7 @@ type CatchUpRequest struct {
 
 func (x *CatchUpRequest) Reset() {
 	*x = CatchUpRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[60]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +3980,7 @@ func (x *CatchUpRequest) String() string {
 func (*CatchUpRequest) ProtoMessage() {}
 
 func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[60]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +3993,7 @@ func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
 func (*CatchUpRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CatchUpRequest) GetChain() *ConfigureRequest {
@@ -3959,7 +4031,7 @@ type ReadFramesRequest struct {
 
 func (x *ReadFramesRequest) Reset() {
 	*x = ReadFramesRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[61]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3971,7 +4043,7 @@ func (x *ReadFramesRequest) String() string {
 func (*ReadFramesRequest) ProtoMessage() {}
 
 func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[61]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3984,7 +4056,7 @@ func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReadFramesRequest) GetStream() string {
@@ -4038,7 +4110,7 @@ type ReadFramesResponse struct {
 
 func (x *ReadFramesResponse) Reset() {
 	*x = ReadFramesResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[62]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4050,7 +4122,7 @@ func (x *ReadFramesResponse) String() string {
 func (*ReadFramesResponse) ProtoMessage() {}
 
 func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[62]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4063,7 +4135,7 @@ func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReadFramesResponse) GetFrames() [][]byte {
@@ -4108,7 +4180,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[63]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4120,7 +4192,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[63]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4133,7 +4205,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -4174,7 +4246,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[64]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4186,7 +4258,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[64]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4199,7 +4271,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -4220,7 +4292,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[65]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4232,7 +4304,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[65]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4245,7 +4317,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -4287,7 +4359,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[66]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4299,7 +4371,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[66]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4312,7 +4384,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -4355,7 +4427,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[67]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4367,7 +4439,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[67]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4380,7 +4452,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -4414,7 +4486,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[68]
+	mi := &file_catena_v1_catena_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4426,7 +4498,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[68]
+	mi := &file_catena_v1_catena_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4439,7 +4511,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *Member) GetId() string {
@@ -4475,7 +4547,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[69]
+	mi := &file_catena_v1_catena_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4487,7 +4559,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[69]
+	mi := &file_catena_v1_catena_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4500,7 +4572,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{69}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -4610,7 +4682,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[70]
+	mi := &file_catena_v1_catena_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4622,7 +4694,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[70]
+	mi := &file_catena_v1_catena_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4635,7 +4707,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{70}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -4817,7 +4889,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[71]
+	mi := &file_catena_v1_catena_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4829,7 +4901,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[71]
+	mi := &file_catena_v1_catena_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4842,7 +4914,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{71}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -4869,7 +4941,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[72]
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4881,7 +4953,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[72]
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4894,7 +4966,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{72}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -4940,7 +5012,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4952,7 +5024,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4965,7 +5037,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -5024,15 +5096,16 @@ type AppendRecord struct {
 	TimestampMs int64                  `protobuf:"varint,3,opt,name=timestamp_ms,json=timestampMs,proto3" json:"timestamp_ms,omitempty"`
 	// Producer id and sequence are stored with the record; together they
 	// make a retry idempotent. Zero producer id: no de-duplication.
-	ProducerId    uint64 `protobuf:"varint,4,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
-	Sequence      uint64 `protobuf:"varint,5,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	ProducerId    uint64          `protobuf:"varint,4,opt,name=producer_id,json=producerId,proto3" json:"producer_id,omitempty"`
+	Sequence      uint64          `protobuf:"varint,5,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Headers       []*RecordHeader `protobuf:"bytes,6,rep,name=headers,proto3" json:"headers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[74]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5044,7 +5117,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[74]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5057,7 +5130,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -5095,6 +5168,13 @@ func (x *AppendRecord) GetSequence() uint64 {
 	return 0
 }
 
+func (x *AppendRecord) GetHeaders() []*RecordHeader {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
 type AppendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Offset of each record, in request order.
@@ -5121,7 +5201,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[75]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5133,7 +5213,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[75]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5146,7 +5226,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -5225,7 +5305,7 @@ type CompletionsRequest struct {
 
 func (x *CompletionsRequest) Reset() {
 	*x = CompletionsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[76]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5237,7 +5317,7 @@ func (x *CompletionsRequest) String() string {
 func (*CompletionsRequest) ProtoMessage() {}
 
 func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[76]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5250,7 +5330,7 @@ func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionsRequest.ProtoReflect.Descriptor instead.
 func (*CompletionsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *CompletionsRequest) GetStream() string {
@@ -5285,7 +5365,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_catena_v1_catena_proto_msgTypes[77]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5297,7 +5377,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[77]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5310,7 +5390,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *Completion) GetEpoch() uint64 {
@@ -5346,7 +5426,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[78]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5358,7 +5438,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[78]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5371,7 +5451,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -5469,7 +5549,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[79]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5481,7 +5561,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[79]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5494,7 +5574,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
 }
 
 type BatchData struct {
@@ -5513,7 +5593,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[80]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5525,7 +5605,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[80]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5538,7 +5618,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -5573,7 +5653,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[81]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5585,7 +5665,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[81]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5598,7 +5678,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -5634,7 +5714,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[82]
+	mi := &file_catena_v1_catena_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5646,7 +5726,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[82]
+	mi := &file_catena_v1_catena_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5659,7 +5739,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -5723,13 +5803,17 @@ var File_catena_v1_catena_proto protoreflect.FileDescriptor
 
 const file_catena_v1_catena_proto_rawDesc = "" +
 	"\n" +
-	"\x16catena/v1/catena.proto\x12\tcatena.v1\"\x89\x01\n" +
+	"\x16catena/v1/catena.proto\x12\tcatena.v1\"\xbc\x01\n" +
 	"\x06Record\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +
 	"\ftimestamp_ms\x18\x03 \x01(\x03R\vtimestampMs\x12\x1c\n" +
 	"\tpartition\x18\x04 \x01(\rR\tpartition\x12\x16\n" +
-	"\x06offset\x18\x05 \x01(\x04R\x06offset\"\xb4\x03\n" +
+	"\x06offset\x18\x05 \x01(\x04R\x06offset\x121\n" +
+	"\aheaders\x18\x06 \x03(\v2\x17.catena.v1.RecordHeaderR\aheaders\"6\n" +
+	"\fRecordHeader\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xb4\x03\n" +
 	"\fStreamConfig\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x01(\rR\n" +
@@ -5912,13 +5996,14 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x16DeleteConsumerResponse\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x01 \x03(\rR\n" +
-	"partitions\"\xa7\x01\n" +
+	"partitions\"\xda\x01\n" +
 	"\rProduceRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +
 	"\ftimestamp_ms\x18\x03 \x01(\x03R\vtimestampMs\x12\x1a\n" +
 	"\bsequence\x18\x04 \x01(\x04R\bsequence\x12!\n" +
-	"\tpartition\x18\x05 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
+	"\tpartition\x18\x05 \x01(\rH\x00R\tpartition\x88\x01\x01\x121\n" +
+	"\aheaders\x18\x06 \x03(\v2\x17.catena.v1.RecordHeaderR\aheadersB\f\n" +
 	"\n" +
 	"_partition\"\xdf\x01\n" +
 	"\x0eProduceRequest\x12\x16\n" +
@@ -6104,14 +6189,15 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x05 \x01(\x04R\trequestId\x12\x14\n" +
 	"\x05frame\x18\x06 \x01(\fR\x05frame\x12'\n" +
-	"\x0fanswer_assigned\x18\a \x01(\bR\x0eanswerAssigned\"\x96\x01\n" +
+	"\x0fanswer_assigned\x18\a \x01(\bR\x0eanswerAssigned\"\xc9\x01\n" +
 	"\fAppendRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12!\n" +
 	"\ftimestamp_ms\x18\x03 \x01(\x03R\vtimestampMs\x12\x1f\n" +
 	"\vproducer_id\x18\x04 \x01(\x04R\n" +
 	"producerId\x12\x1a\n" +
-	"\bsequence\x18\x05 \x01(\x04R\bsequence\"\x9e\x02\n" +
+	"\bsequence\x18\x05 \x01(\x04R\bsequence\x121\n" +
+	"\aheaders\x18\x06 \x03(\v2\x17.catena.v1.RecordHeaderR\aheaders\"\x9e\x02\n" +
 	"\x0eAppendResponse\x12\x18\n" +
 	"\aoffsets\x18\x01 \x03(\x04R\aoffsets\x12\x1c\n" +
 	"\tduplicate\x18\x02 \x03(\bR\tduplicate\x12\x1c\n" +
@@ -6228,209 +6314,213 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),                       // 0: catena.v1.Durability
 	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
 	(Role)(0),                             // 2: catena.v1.Role
 	(*Record)(nil),                        // 3: catena.v1.Record
-	(*StreamConfig)(nil),                  // 4: catena.v1.StreamConfig
-	(*ConsumerHold)(nil),                  // 5: catena.v1.ConsumerHold
-	(*ForcedTrim)(nil),                    // 6: catena.v1.ForcedTrim
-	(*GroupProtocol)(nil),                 // 7: catena.v1.GroupProtocol
-	(*JoinGroupRequest)(nil),              // 8: catena.v1.JoinGroupRequest
-	(*JoinGroupResponse)(nil),             // 9: catena.v1.JoinGroupResponse
-	(*JoinGroupMember)(nil),               // 10: catena.v1.JoinGroupMember
-	(*SyncGroupRequest)(nil),              // 11: catena.v1.SyncGroupRequest
-	(*MemberAssignment)(nil),              // 12: catena.v1.MemberAssignment
-	(*SyncGroupResponse)(nil),             // 13: catena.v1.SyncGroupResponse
-	(*HeartbeatRequest)(nil),              // 14: catena.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),             // 15: catena.v1.HeartbeatResponse
-	(*LeaveGroupRequest)(nil),             // 16: catena.v1.LeaveGroupRequest
-	(*LeaveGroupResponse)(nil),            // 17: catena.v1.LeaveGroupResponse
-	(*CommitGroupOffsetsRequest)(nil),     // 18: catena.v1.CommitGroupOffsetsRequest
-	(*PartitionOffset)(nil),               // 19: catena.v1.PartitionOffset
-	(*CommitGroupOffsetsResponse)(nil),    // 20: catena.v1.CommitGroupOffsetsResponse
-	(*ListGroupsRequest)(nil),             // 21: catena.v1.ListGroupsRequest
-	(*ListGroupsResponse)(nil),            // 22: catena.v1.ListGroupsResponse
-	(*GroupSummary)(nil),                  // 23: catena.v1.GroupSummary
-	(*DescribeGroupRequest)(nil),          // 24: catena.v1.DescribeGroupRequest
-	(*GroupDescription)(nil),              // 25: catena.v1.GroupDescription
-	(*GroupMember)(nil),                   // 26: catena.v1.GroupMember
-	(*GroupAssignment)(nil),               // 27: catena.v1.GroupAssignment
-	(*GroupOffset)(nil),                   // 28: catena.v1.GroupOffset
-	(*ResetGroupOffsetsRequest)(nil),      // 29: catena.v1.ResetGroupOffsetsRequest
-	(*ResetGroupOffsetsResponse)(nil),     // 30: catena.v1.ResetGroupOffsetsResponse
-	(*GroupOffsetChange)(nil),             // 31: catena.v1.GroupOffsetChange
-	(*DeleteGroupRequest)(nil),            // 32: catena.v1.DeleteGroupRequest
-	(*DeleteGroupResponse)(nil),           // 33: catena.v1.DeleteGroupResponse
-	(*CommitConsumerOffsetRequest)(nil),   // 34: catena.v1.CommitConsumerOffsetRequest
-	(*CommitConsumerOffsetResponse)(nil),  // 35: catena.v1.CommitConsumerOffsetResponse
-	(*ListConsumersRequest)(nil),          // 36: catena.v1.ListConsumersRequest
-	(*ListConsumersResponse)(nil),         // 37: catena.v1.ListConsumersResponse
-	(*PartitionConsumers)(nil),            // 38: catena.v1.PartitionConsumers
-	(*DeleteConsumerRequest)(nil),         // 39: catena.v1.DeleteConsumerRequest
-	(*DeleteConsumerResponse)(nil),        // 40: catena.v1.DeleteConsumerResponse
-	(*ProduceRecord)(nil),                 // 41: catena.v1.ProduceRecord
-	(*ProduceRequest)(nil),                // 42: catena.v1.ProduceRequest
-	(*ProduceResult)(nil),                 // 43: catena.v1.ProduceResult
-	(*ProduceResponse)(nil),               // 44: catena.v1.ProduceResponse
-	(*FetchRequest)(nil),                  // 45: catena.v1.FetchRequest
-	(*FetchResponse)(nil),                 // 46: catena.v1.FetchResponse
-	(*SubscribeRequest)(nil),              // 47: catena.v1.SubscribeRequest
-	(*ListOffsetsRequest)(nil),            // 48: catena.v1.ListOffsetsRequest
-	(*ListOffsetsResponse)(nil),           // 49: catena.v1.ListOffsetsResponse
-	(*DescribeStreamRequest)(nil),         // 50: catena.v1.DescribeStreamRequest
-	(*StreamDescription)(nil),             // 51: catena.v1.StreamDescription
-	(*PartitionDescription)(nil),          // 52: catena.v1.PartitionDescription
-	(*ListStreamsRequest)(nil),            // 53: catena.v1.ListStreamsRequest
-	(*CreateStreamRequest)(nil),           // 54: catena.v1.CreateStreamRequest
-	(*DeleteStreamRequest)(nil),           // 55: catena.v1.DeleteStreamRequest
-	(*DeleteStreamResponse)(nil),          // 56: catena.v1.DeleteStreamResponse
-	(*ListStreamsResponse)(nil),           // 57: catena.v1.ListStreamsResponse
-	(*ReportHeadUnreachableRequest)(nil),  // 58: catena.v1.ReportHeadUnreachableRequest
-	(*ReportHeadUnreachableResponse)(nil), // 59: catena.v1.ReportHeadUnreachableResponse
-	(*HoldRetentionRequest)(nil),          // 60: catena.v1.HoldRetentionRequest
-	(*ReleaseRetentionRequest)(nil),       // 61: catena.v1.ReleaseRetentionRequest
-	(*ReleaseRetentionResponse)(nil),      // 62: catena.v1.ReleaseRetentionResponse
-	(*CatchUpRequest)(nil),                // 63: catena.v1.CatchUpRequest
-	(*ReadFramesRequest)(nil),             // 64: catena.v1.ReadFramesRequest
-	(*ReadFramesResponse)(nil),            // 65: catena.v1.ReadFramesResponse
-	(*DropRequest)(nil),                   // 66: catena.v1.DropRequest
-	(*DropResponse)(nil),                  // 67: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),               // 68: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),              // 69: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),               // 70: catena.v1.TruncateRequest
-	(*Member)(nil),                        // 71: catena.v1.Member
-	(*ConfigureRequest)(nil),              // 72: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),               // 73: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),                 // 74: catena.v1.StatusRequest
-	(*StatusResponse)(nil),                // 75: catena.v1.StatusResponse
-	(*AppendRequest)(nil),                 // 76: catena.v1.AppendRequest
-	(*AppendRecord)(nil),                  // 77: catena.v1.AppendRecord
-	(*AppendResponse)(nil),                // 78: catena.v1.AppendResponse
-	(*CompletionsRequest)(nil),            // 79: catena.v1.CompletionsRequest
-	(*Completion)(nil),                    // 80: catena.v1.Completion
-	(*ReplicateFrame)(nil),                // 81: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                     // 82: catena.v1.LinkHello
-	(*BatchData)(nil),                     // 83: catena.v1.BatchData
-	(*CommitNotice)(nil),                  // 84: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                  // 85: catena.v1.ReplicateAck
+	(*RecordHeader)(nil),                  // 4: catena.v1.RecordHeader
+	(*StreamConfig)(nil),                  // 5: catena.v1.StreamConfig
+	(*ConsumerHold)(nil),                  // 6: catena.v1.ConsumerHold
+	(*ForcedTrim)(nil),                    // 7: catena.v1.ForcedTrim
+	(*GroupProtocol)(nil),                 // 8: catena.v1.GroupProtocol
+	(*JoinGroupRequest)(nil),              // 9: catena.v1.JoinGroupRequest
+	(*JoinGroupResponse)(nil),             // 10: catena.v1.JoinGroupResponse
+	(*JoinGroupMember)(nil),               // 11: catena.v1.JoinGroupMember
+	(*SyncGroupRequest)(nil),              // 12: catena.v1.SyncGroupRequest
+	(*MemberAssignment)(nil),              // 13: catena.v1.MemberAssignment
+	(*SyncGroupResponse)(nil),             // 14: catena.v1.SyncGroupResponse
+	(*HeartbeatRequest)(nil),              // 15: catena.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),             // 16: catena.v1.HeartbeatResponse
+	(*LeaveGroupRequest)(nil),             // 17: catena.v1.LeaveGroupRequest
+	(*LeaveGroupResponse)(nil),            // 18: catena.v1.LeaveGroupResponse
+	(*CommitGroupOffsetsRequest)(nil),     // 19: catena.v1.CommitGroupOffsetsRequest
+	(*PartitionOffset)(nil),               // 20: catena.v1.PartitionOffset
+	(*CommitGroupOffsetsResponse)(nil),    // 21: catena.v1.CommitGroupOffsetsResponse
+	(*ListGroupsRequest)(nil),             // 22: catena.v1.ListGroupsRequest
+	(*ListGroupsResponse)(nil),            // 23: catena.v1.ListGroupsResponse
+	(*GroupSummary)(nil),                  // 24: catena.v1.GroupSummary
+	(*DescribeGroupRequest)(nil),          // 25: catena.v1.DescribeGroupRequest
+	(*GroupDescription)(nil),              // 26: catena.v1.GroupDescription
+	(*GroupMember)(nil),                   // 27: catena.v1.GroupMember
+	(*GroupAssignment)(nil),               // 28: catena.v1.GroupAssignment
+	(*GroupOffset)(nil),                   // 29: catena.v1.GroupOffset
+	(*ResetGroupOffsetsRequest)(nil),      // 30: catena.v1.ResetGroupOffsetsRequest
+	(*ResetGroupOffsetsResponse)(nil),     // 31: catena.v1.ResetGroupOffsetsResponse
+	(*GroupOffsetChange)(nil),             // 32: catena.v1.GroupOffsetChange
+	(*DeleteGroupRequest)(nil),            // 33: catena.v1.DeleteGroupRequest
+	(*DeleteGroupResponse)(nil),           // 34: catena.v1.DeleteGroupResponse
+	(*CommitConsumerOffsetRequest)(nil),   // 35: catena.v1.CommitConsumerOffsetRequest
+	(*CommitConsumerOffsetResponse)(nil),  // 36: catena.v1.CommitConsumerOffsetResponse
+	(*ListConsumersRequest)(nil),          // 37: catena.v1.ListConsumersRequest
+	(*ListConsumersResponse)(nil),         // 38: catena.v1.ListConsumersResponse
+	(*PartitionConsumers)(nil),            // 39: catena.v1.PartitionConsumers
+	(*DeleteConsumerRequest)(nil),         // 40: catena.v1.DeleteConsumerRequest
+	(*DeleteConsumerResponse)(nil),        // 41: catena.v1.DeleteConsumerResponse
+	(*ProduceRecord)(nil),                 // 42: catena.v1.ProduceRecord
+	(*ProduceRequest)(nil),                // 43: catena.v1.ProduceRequest
+	(*ProduceResult)(nil),                 // 44: catena.v1.ProduceResult
+	(*ProduceResponse)(nil),               // 45: catena.v1.ProduceResponse
+	(*FetchRequest)(nil),                  // 46: catena.v1.FetchRequest
+	(*FetchResponse)(nil),                 // 47: catena.v1.FetchResponse
+	(*SubscribeRequest)(nil),              // 48: catena.v1.SubscribeRequest
+	(*ListOffsetsRequest)(nil),            // 49: catena.v1.ListOffsetsRequest
+	(*ListOffsetsResponse)(nil),           // 50: catena.v1.ListOffsetsResponse
+	(*DescribeStreamRequest)(nil),         // 51: catena.v1.DescribeStreamRequest
+	(*StreamDescription)(nil),             // 52: catena.v1.StreamDescription
+	(*PartitionDescription)(nil),          // 53: catena.v1.PartitionDescription
+	(*ListStreamsRequest)(nil),            // 54: catena.v1.ListStreamsRequest
+	(*CreateStreamRequest)(nil),           // 55: catena.v1.CreateStreamRequest
+	(*DeleteStreamRequest)(nil),           // 56: catena.v1.DeleteStreamRequest
+	(*DeleteStreamResponse)(nil),          // 57: catena.v1.DeleteStreamResponse
+	(*ListStreamsResponse)(nil),           // 58: catena.v1.ListStreamsResponse
+	(*ReportHeadUnreachableRequest)(nil),  // 59: catena.v1.ReportHeadUnreachableRequest
+	(*ReportHeadUnreachableResponse)(nil), // 60: catena.v1.ReportHeadUnreachableResponse
+	(*HoldRetentionRequest)(nil),          // 61: catena.v1.HoldRetentionRequest
+	(*ReleaseRetentionRequest)(nil),       // 62: catena.v1.ReleaseRetentionRequest
+	(*ReleaseRetentionResponse)(nil),      // 63: catena.v1.ReleaseRetentionResponse
+	(*CatchUpRequest)(nil),                // 64: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),             // 65: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),            // 66: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),                   // 67: catena.v1.DropRequest
+	(*DropResponse)(nil),                  // 68: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),               // 69: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),              // 70: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),               // 71: catena.v1.TruncateRequest
+	(*Member)(nil),                        // 72: catena.v1.Member
+	(*ConfigureRequest)(nil),              // 73: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),               // 74: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),                 // 75: catena.v1.StatusRequest
+	(*StatusResponse)(nil),                // 76: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                 // 77: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                  // 78: catena.v1.AppendRecord
+	(*AppendResponse)(nil),                // 79: catena.v1.AppendResponse
+	(*CompletionsRequest)(nil),            // 80: catena.v1.CompletionsRequest
+	(*Completion)(nil),                    // 81: catena.v1.Completion
+	(*ReplicateFrame)(nil),                // 82: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 83: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 84: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 85: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 86: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
-	0,  // 0: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
-	7,  // 1: catena.v1.JoinGroupRequest.protocols:type_name -> catena.v1.GroupProtocol
-	10, // 2: catena.v1.JoinGroupResponse.members:type_name -> catena.v1.JoinGroupMember
-	12, // 3: catena.v1.SyncGroupRequest.assignments:type_name -> catena.v1.MemberAssignment
-	19, // 4: catena.v1.CommitGroupOffsetsRequest.offsets:type_name -> catena.v1.PartitionOffset
-	23, // 5: catena.v1.ListGroupsResponse.groups:type_name -> catena.v1.GroupSummary
-	26, // 6: catena.v1.GroupDescription.members:type_name -> catena.v1.GroupMember
-	28, // 7: catena.v1.GroupDescription.offsets:type_name -> catena.v1.GroupOffset
-	27, // 8: catena.v1.GroupMember.assignment:type_name -> catena.v1.GroupAssignment
-	1,  // 9: catena.v1.ResetGroupOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
-	31, // 10: catena.v1.ResetGroupOffsetsResponse.changes:type_name -> catena.v1.GroupOffsetChange
-	38, // 11: catena.v1.ListConsumersResponse.partitions:type_name -> catena.v1.PartitionConsumers
-	5,  // 12: catena.v1.PartitionConsumers.holds:type_name -> catena.v1.ConsumerHold
-	6,  // 13: catena.v1.PartitionConsumers.forced_trims:type_name -> catena.v1.ForcedTrim
-	41, // 14: catena.v1.ProduceRequest.records:type_name -> catena.v1.ProduceRecord
-	43, // 15: catena.v1.ProduceResponse.results:type_name -> catena.v1.ProduceResult
-	3,  // 16: catena.v1.FetchResponse.records:type_name -> catena.v1.Record
-	1,  // 17: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
-	4,  // 18: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
-	52, // 19: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	71, // 20: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	73, // 21: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	72, // 22: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
-	5,  // 23: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
-	71, // 24: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
-	4,  // 25: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	71, // 26: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
-	2,  // 27: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
-	4,  // 28: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
-	5,  // 29: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
-	6,  // 30: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
-	73, // 31: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	77, // 32: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	82, // 33: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	83, // 34: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	84, // 35: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
-	42, // 36: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
-	45, // 37: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
-	47, // 38: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
-	48, // 39: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	50, // 40: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
-	53, // 41: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	34, // 42: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
-	36, // 43: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
-	39, // 44: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
-	54, // 45: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
-	55, // 46: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
-	21, // 47: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
-	24, // 48: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
-	29, // 49: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
-	32, // 50: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
-	8,  // 51: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
-	11, // 52: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
-	14, // 53: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
-	16, // 54: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
-	18, // 55: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
-	72, // 56: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	74, // 57: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	76, // 58: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	76, // 59: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	79, // 60: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
-	81, // 61: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	45, // 62: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	48, // 63: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	68, // 64: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	70, // 65: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	66, // 66: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	63, // 67: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	64, // 68: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	60, // 69: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	61, // 70: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	58, // 71: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	44, // 72: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	46, // 73: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	46, // 74: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	49, // 75: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	51, // 76: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	57, // 77: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	35, // 78: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	37, // 79: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	40, // 80: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	51, // 81: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
-	56, // 82: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
-	22, // 83: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
-	25, // 84: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
-	30, // 85: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
-	33, // 86: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
-	9,  // 87: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
-	13, // 88: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
-	15, // 89: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
-	17, // 90: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
-	20, // 91: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
-	73, // 92: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	75, // 93: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	78, // 94: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	78, // 95: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	80, // 96: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
-	85, // 97: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	46, // 98: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	49, // 99: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	69, // 100: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	73, // 101: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	67, // 102: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	73, // 103: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	65, // 104: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	73, // 105: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	62, // 106: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	59, // 107: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	72, // [72:108] is the sub-list for method output_type
-	36, // [36:72] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	4,  // 0: catena.v1.Record.headers:type_name -> catena.v1.RecordHeader
+	0,  // 1: catena.v1.StreamConfig.durability:type_name -> catena.v1.Durability
+	8,  // 2: catena.v1.JoinGroupRequest.protocols:type_name -> catena.v1.GroupProtocol
+	11, // 3: catena.v1.JoinGroupResponse.members:type_name -> catena.v1.JoinGroupMember
+	13, // 4: catena.v1.SyncGroupRequest.assignments:type_name -> catena.v1.MemberAssignment
+	20, // 5: catena.v1.CommitGroupOffsetsRequest.offsets:type_name -> catena.v1.PartitionOffset
+	24, // 6: catena.v1.ListGroupsResponse.groups:type_name -> catena.v1.GroupSummary
+	27, // 7: catena.v1.GroupDescription.members:type_name -> catena.v1.GroupMember
+	29, // 8: catena.v1.GroupDescription.offsets:type_name -> catena.v1.GroupOffset
+	28, // 9: catena.v1.GroupMember.assignment:type_name -> catena.v1.GroupAssignment
+	1,  // 10: catena.v1.ResetGroupOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
+	32, // 11: catena.v1.ResetGroupOffsetsResponse.changes:type_name -> catena.v1.GroupOffsetChange
+	39, // 12: catena.v1.ListConsumersResponse.partitions:type_name -> catena.v1.PartitionConsumers
+	6,  // 13: catena.v1.PartitionConsumers.holds:type_name -> catena.v1.ConsumerHold
+	7,  // 14: catena.v1.PartitionConsumers.forced_trims:type_name -> catena.v1.ForcedTrim
+	4,  // 15: catena.v1.ProduceRecord.headers:type_name -> catena.v1.RecordHeader
+	42, // 16: catena.v1.ProduceRequest.records:type_name -> catena.v1.ProduceRecord
+	44, // 17: catena.v1.ProduceResponse.results:type_name -> catena.v1.ProduceResult
+	3,  // 18: catena.v1.FetchResponse.records:type_name -> catena.v1.Record
+	1,  // 19: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
+	5,  // 20: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
+	53, // 21: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
+	72, // 22: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	74, // 23: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	73, // 24: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	6,  // 25: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
+	72, // 26: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	5,  // 27: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
+	72, // 28: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	2,  // 29: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
+	5,  // 30: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
+	6,  // 31: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
+	7,  // 32: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
+	74, // 33: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	78, // 34: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	4,  // 35: catena.v1.AppendRecord.headers:type_name -> catena.v1.RecordHeader
+	83, // 36: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	84, // 37: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	85, // 38: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	43, // 39: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
+	46, // 40: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
+	48, // 41: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
+	49, // 42: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	51, // 43: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
+	54, // 44: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
+	35, // 45: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
+	37, // 46: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
+	40, // 47: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
+	55, // 48: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
+	56, // 49: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
+	22, // 50: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
+	25, // 51: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
+	30, // 52: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
+	33, // 53: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
+	9,  // 54: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
+	12, // 55: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
+	15, // 56: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
+	17, // 57: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
+	19, // 58: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
+	73, // 59: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	75, // 60: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	77, // 61: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	77, // 62: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	80, // 63: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
+	82, // 64: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	46, // 65: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	49, // 66: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	69, // 67: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	71, // 68: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	67, // 69: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	64, // 70: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	65, // 71: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	61, // 72: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	62, // 73: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	59, // 74: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	45, // 75: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	47, // 76: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	47, // 77: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	50, // 78: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	52, // 79: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	58, // 80: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	36, // 81: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	38, // 82: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	41, // 83: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	52, // 84: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	57, // 85: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	23, // 86: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
+	26, // 87: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
+	31, // 88: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
+	34, // 89: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
+	10, // 90: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
+	14, // 91: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
+	16, // 92: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
+	18, // 93: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
+	21, // 94: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
+	74, // 95: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	76, // 96: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	79, // 97: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	79, // 98: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	81, // 99: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
+	86, // 100: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	47, // 101: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	50, // 102: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	70, // 103: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	74, // 104: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	68, // 105: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	74, // 106: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	66, // 107: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	74, // 108: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	63, // 109: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	60, // 110: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	75, // [75:111] is the sub-list for method output_type
+	39, // [39:75] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_catena_v1_catena_proto_init() }
@@ -6438,15 +6528,15 @@ func file_catena_v1_catena_proto_init() {
 	if File_catena_v1_catena_proto != nil {
 		return
 	}
-	file_catena_v1_catena_proto_msgTypes[38].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[58].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[71].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[78].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[39].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[59].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[72].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[79].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[82].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[83].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -6456,7 +6546,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   83,
+			NumMessages:   84,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
