@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -45,9 +46,12 @@ type GroupConsumer struct {
 	memberID   string
 	generation int32
 	assigned   []uint32
+	// serial counts the generations this member served.
+	serial uint64
 	// positions is, per assigned partition, the offset after the last
-	// record Poll delivered: what Commit commits.
-	positions map[uint32]uint64
+	// record Poll delivered: what Commit commits; from is where this
+	// generation started reading each (what it may commit from).
+	positions, from map[uint32]uint64
 	// joined is closed when the first generation's assignment arrived.
 	joined chan struct{}
 	err    error
@@ -76,9 +80,9 @@ type GroupOptions struct {
 }
 
 type groupBatch struct {
-	generation int32
-	partition  uint32
-	msgs       []Message
+	serial    uint64
+	partition uint32
+	msgs      []Message
 }
 
 // consumerProtocol is the protocol type of Kafka consumers, and
@@ -89,7 +93,9 @@ const (
 )
 
 // JoinGroup starts a member of opts.Group reading opts.Stream. It returns
-// at once; Poll delivers records once the group assigned partitions.
+// at once; Poll delivers records once the group assigned partitions. The
+// member lives until ctx ends or Close (pass a ctx that outlives it, not
+// a call's timeout).
 func (c *Client) JoinGroup(ctx context.Context, opts GroupOptions) (*GroupConsumer, error) {
 	if opts.Group == "" || opts.Stream == "" {
 		return nil, errors.New("catena: a group consumer needs a group and a stream")
@@ -179,8 +185,15 @@ func (g *GroupConsumer) run() {
 			backoff = min(2*backoff, 2*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
-		g.serveGeneration(assignment)
+		if g.serveGeneration(assignment) {
+			backoff = 100 * time.Millisecond
+			continue
+		}
+		// The generation could not start (its partitions' offsets were
+		// not to be had): wait before joining again, which rebalances
+		// the whole group.
+		g.sleep(backoff)
+		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 
@@ -269,10 +282,15 @@ func (g *GroupConsumer) assign(members []*catenapb.JoinGroupMember) ([]*catenapb
 				continue
 			}
 			d, err := g.c.Describe(g.ctx, t)
-			if err != nil {
+			if status.Code(err) == codes.NotFound {
 				// A stream that does not exist (yet) gets no partitions.
 				counts[t] = 0
 				continue
+			}
+			if err != nil {
+				// Assigning nothing would leave the stream unread until
+				// the group changes: join again instead.
+				return nil, fmt.Errorf("describe stream %q to assign it: %w", t, err)
 			}
 			counts[t] = len(d.GetPartitions())
 		}
@@ -339,8 +357,9 @@ func rangeAssign(subs map[string][]string, counts map[string]int) map[string]map
 }
 
 // serveGeneration reads the partitions of one generation and heartbeats
-// until the group rebalances (or the member is closed).
-func (g *GroupConsumer) serveGeneration(parts []uint32) {
+// until the group rebalances (or the member is closed). It reports
+// whether the generation started.
+func (g *GroupConsumer) serveGeneration(parts []uint32) bool {
 	g.mu.Lock()
 	gen, memberID := g.generation, g.memberID
 	g.mu.Unlock()
@@ -349,11 +368,16 @@ func (g *GroupConsumer) serveGeneration(parts []uint32) {
 		if fatal(err) {
 			g.fail(fmt.Errorf("catena: group %q: committed offsets: %w", g.opts.Group, err))
 		}
-		return
+		return false
 	}
 	g.mu.Lock()
+	// serial tells this generation's batches from any before it, even
+	// one of the same number (a restarted coordinator counts again).
+	g.serial++
+	serial := g.serial
 	g.assigned = parts
 	g.positions = start
+	g.from = maps.Clone(start)
 	g.mu.Unlock()
 	select {
 	case <-g.joined:
@@ -367,15 +391,17 @@ func (g *GroupConsumer) serveGeneration(parts []uint32) {
 		readers.Add(1)
 		go func() {
 			defer readers.Done()
-			g.read(genCtx, gen, p, start[p])
+			g.read(genCtx, serial, p, start[p])
 		}()
 	}
 	defer func() {
-		stop()
-		readers.Wait()
+		// Nothing of this generation is committed or delivered once it
+		// ended: its partitions may be another member's.
 		g.mu.Lock()
 		g.assigned = nil
 		g.mu.Unlock()
+		stop()
+		readers.Wait()
 	}()
 
 	lastOK := time.Now()
@@ -384,7 +410,7 @@ func (g *GroupConsumer) serveGeneration(parts []uint32) {
 	for {
 		select {
 		case <-g.ctx.Done():
-			return
+			return true
 		case <-t.C:
 		}
 		hctx, cancel := context.WithTimeout(g.ctx, g.opts.SessionTimeout/3)
@@ -396,20 +422,20 @@ func (g *GroupConsumer) serveGeneration(parts []uint32) {
 		}
 		switch r, _ := reason(err); r {
 		case contract.GroupRebalanceInProgress, contract.GroupIllegalGeneration:
-			return
+			return true
 		case contract.GroupUnknownMember:
 			g.setMember("", -1)
-			return
+			return true
 		}
 		if fatal(err) {
 			g.fail(fmt.Errorf("catena: group %q: heartbeat: %w", g.opts.Group, err))
-			return
+			return true
 		}
 		// Unreachable: once the session has surely expired, the
 		// partitions are someone else's.
 		if time.Since(lastOK) > g.opts.SessionTimeout {
 			g.setMember("", -1)
-			return
+			return true
 		}
 	}
 }
@@ -444,7 +470,7 @@ func (g *GroupConsumer) startOffsets(parts []uint32) (map[uint32]uint64, error) 
 }
 
 // read long-polls one partition from next and hands each batch to Poll.
-func (g *GroupConsumer) read(ctx context.Context, gen int32, p uint32, next uint64) {
+func (g *GroupConsumer) read(ctx context.Context, serial uint64, p uint32, next uint64) {
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		res, err := g.c.Fetch(ctx, g.opts.Stream, p, next, g.opts.MaxBytes, 5*time.Second)
@@ -475,7 +501,7 @@ func (g *GroupConsumer) read(ctx context.Context, gen int32, p uint32, next uint
 		backoff = 50 * time.Millisecond
 		if len(res.Messages) > 0 {
 			select {
-			case g.batches <- groupBatch{generation: gen, partition: p, msgs: res.Messages}:
+			case g.batches <- groupBatch{serial: serial, partition: p, msgs: res.Messages}:
 			case <-ctx.Done():
 				return
 			}
@@ -495,7 +521,7 @@ func (g *GroupConsumer) Poll(ctx context.Context) ([]Message, error) {
 		select {
 		case b := <-g.batches:
 			g.mu.Lock()
-			if b.generation != g.generation || !slices.Contains(g.assigned, b.partition) {
+			if b.serial != g.serial || !slices.Contains(g.assigned, b.partition) {
 				// Read for a generation that ended: its partition may be
 				// someone else's now.
 				g.mu.Unlock()
@@ -557,7 +583,7 @@ func (g *GroupConsumer) Commit(ctx context.Context) error {
 		req.Offsets = append(req.Offsets, &catenapb.PartitionOffset{Partition: p, Offset: g.positions[p]})
 	}
 	g.mu.Unlock()
-	if len(req.Offsets) == 0 {
+	if len(req.Offsets) == 0 || req.Generation < 0 || req.MemberId == "" {
 		return status.Error(codes.FailedPrecondition, "catena: the group is rebalancing: no partition to commit")
 	}
 	_, err := g.c.Groups().CommitGroupOffsets(ctx, req)
@@ -577,16 +603,18 @@ func (g *GroupConsumer) CommitMessages(ctx context.Context, msgs ...Message) err
 	g.mu.Lock()
 	req := &catenapb.CommitGroupOffsetsRequest{Group: g.opts.Group, Stream: g.opts.Stream, Generation: g.generation, MemberId: g.memberID}
 	for _, p := range g.assigned {
-		if o, ok := next[p]; ok {
+		// Only what this generation delivered: a message of an earlier
+		// one may be behind what another member committed since.
+		if o, ok := next[p]; ok && o > g.from[p] && o <= g.positions[p] {
 			req.Offsets = append(req.Offsets, &catenapb.PartitionOffset{Partition: p, Offset: o})
 		}
 	}
 	g.mu.Unlock()
-	if len(req.Offsets) == 0 {
-		if len(next) == 0 {
-			return nil
-		}
-		return status.Error(codes.FailedPrecondition, "catena: the messages' partitions are no longer this member's")
+	if len(next) == 0 {
+		return nil
+	}
+	if len(req.Offsets) < len(next) || req.Generation < 0 || req.MemberId == "" {
+		return status.Error(codes.FailedPrecondition, "catena: some of the messages were not delivered to this member in the group's current generation: not committed")
 	}
 	_, err := g.c.Groups().CommitGroupOffsets(ctx, req)
 	return err

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -376,6 +377,14 @@ func (p *Producer) Send(ctx context.Context, r Record) *Future {
 	if err := ctx.Err(); err != nil {
 		f.fail(err)
 		return f
+	}
+	for _, h := range r.Headers {
+		// A protobuf string: not UTF-8, it would fail the whole request
+		// it is sent in, other records included.
+		if !utf8.ValidString(h.Key) {
+			f.fail(status.Errorf(codes.InvalidArgument, "catena: header key %q is not UTF-8", h.Key))
+			return f
+		}
 	}
 	size := len(r.Key) + len(r.Value) + recordOverhead
 	for _, h := range r.Headers {

@@ -71,6 +71,7 @@ func (e *errChainMoved) Error() string {
 type chunk struct {
 	recs     []partlog.Record // aliasing the produce request
 	bytes    int
+	headers  int       // the records' headers, all together
 	queued   time.Time // when its produce request arrived
 	deadline time.Time
 	offsets  []uint64
@@ -283,12 +284,13 @@ func (a *appender) take() *sent {
 	}
 	s := &sent{}
 	size, n := 0, 0
-	count := 0
+	count, headers := 0, 0
 	// last is each producer's highest sequence in the request so far: a
 	// chunk that would take a producer back (overlapping retries) waits
 	// for the next request, since the head refuses such a request whole.
 	var last map[uint64]uint64
-	for n < len(a.queue) && (n == 0 || (size+a.queue[n].bytes <= maxAppendBytes && count+len(a.queue[n].recs) <= partlog.MaxBatchRecords)) {
+	for n < len(a.queue) && (n == 0 || (size+a.queue[n].bytes <= maxAppendBytes && count+len(a.queue[n].recs) <= partlog.MaxBatchRecords &&
+		headers+a.queue[n].headers <= partlog.MaxBatchHeaders)) {
 		c := a.queue[n]
 		if p, first := chunkProducer(c); p != 0 {
 			if l, ok := last[p]; ok && first <= l {
@@ -303,6 +305,7 @@ func (a *appender) take() *sent {
 		}
 		size += c.bytes
 		count += len(c.recs)
+		headers += c.headers
 		n++
 	}
 	s.chunks = append(s.chunks, a.queue[:n]...)

@@ -134,3 +134,21 @@ func TestQueueKeepsEachProducersOrder(t *testing.T) {
 		t.Fatalf("20-22 and 21 went out in %d requests, want 2", n)
 	}
 }
+
+// TestTakeBoundsABatchsHeaders: chunks that each fit a batch's header
+// bound are not merged past it; the head would refuse the append and
+// every chunk in it would fail, other producers' included.
+func TestTakeBoundsABatchsHeaders(t *testing.T) {
+	a := &appender{stream: "s", wake: make(chan struct{}, 1)}
+	for p := uint64(1); p <= 2; p++ {
+		c := testChunk(p, 1, 1, 10)
+		c.recs[0].Headers = make([]partlog.Header, 40000)
+		c.headers = 40000
+		a.enqueue(c)
+	}
+	for s := a.take(); s != nil; s = a.take() {
+		if err := a.build(s); err != nil {
+			t.Fatalf("request %d: %v", s.id, err)
+		}
+	}
+}

@@ -4,13 +4,18 @@ import (
 	"context"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 // chainMember is a fake replica whose chain view the test changes, and
@@ -28,6 +33,8 @@ type chainMember struct {
 	// appends to partition hungPartition+1 (0: none) are never answered.
 	partitions    uint32
 	hungPartition atomic.Uint32
+	// features it reports in Status.
+	features []string
 
 	mu      sync.Mutex
 	epoch   uint64
@@ -70,7 +77,7 @@ func (m *chainMember) Status(ctx context.Context, _ *catenapb.StatusRequest) (*c
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := max(m.partitions, 1)
-	resp := &catenapb.StatusResponse{ReplicaId: m.id}
+	resp := &catenapb.StatusResponse{ReplicaId: m.id, Features: m.features}
 	for p := range n {
 		resp.Partitions = append(resp.Partitions, &catenapb.PartitionStatus{
 			Stream: "s", Partition: p, ReplicaId: m.id, Epoch: m.epoch, Members: m.members,
@@ -348,5 +355,32 @@ func TestANewHeadIsNotReportedForTheOldOnesSilence(t *testing.T) {
 	}
 	for _, r := range tail.headReports() {
 		t.Errorf("the new head's successor was told the new head is unreachable: %v", r)
+	}
+}
+
+// TestHeadersGoOnlyToChainsThatCanStoreThem: in a rolling upgrade a chain
+// may still have a member of a version before record headers, which would
+// refuse their frames and stall the chain; a produce with headers to it is
+// refused with the member's name and stores nothing, one without headers
+// goes through.
+func TestHeadersGoOnlyToChainsThatCanStoreThem(t *testing.T) {
+	head := &chainMember{id: "head", features: []string{contract.FeatureRecordHeaders}}
+	old := &chainMember{id: "old"}
+	addrs := []string{serveReplica(t, head), serveReplica(t, old)}
+	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "old", Addr: addrs[1]}}
+	head.view(1, both)
+	old.view(1, both)
+	s := startIngestion(t, addrs)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("v"), Headers: []*catenapb.RecordHeader{{Key: "h"}}}}})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "replica old") {
+		t.Fatalf("headers to a chain with an old member: %v, want FailedPrecondition naming it", err)
+	}
+	if head.answered() != 0 {
+		t.Fatalf("the refused produce reached the head")
+	}
+	if _, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("v")}}}); err != nil {
+		t.Fatalf("a produce without headers: %v", err)
 	}
 }

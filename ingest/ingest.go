@@ -16,6 +16,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -324,6 +325,13 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 		if len(r.GetHeaders()) > partlog.MaxBatchHeaders {
 			return nil, status.Errorf(codes.InvalidArgument, "record %d has %d headers, above the limit of %d; nothing was stored", i, len(r.GetHeaders()), partlog.MaxBatchHeaders)
 		}
+		for _, h := range r.GetHeaders() {
+			// Read back in a protobuf string, which must be UTF-8: a key
+			// that is not would make every read of the partition fail.
+			if !utf8.ValidString(h.GetKey()) {
+				return nil, status.Errorf(codes.InvalidArgument, "record %d has a header key that is not UTF-8 (%q); nothing was stored", i, h.GetKey())
+			}
+		}
 		if r.Partition != nil && r.GetPartition() >= n {
 			return nil, status.Errorf(codes.InvalidArgument, "record %d names partition %d, but stream %q has %d partitions; nothing was stored", i, r.GetPartition(), req.GetStream(), n)
 		}
@@ -363,6 +371,22 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 		g.idx = append(g.idx, i)
 	}
 
+	// Headers go only to chains whose members can all store them: a
+	// member of a version before headers refuses their frames, and a
+	// chain would stall on it in a rolling upgrade.
+	routes := s.disc.current()
+	for _, g := range order {
+		hasHeaders := false
+		for _, i := range g.idx {
+			hasHeaders = hasHeaders || len(recs[i].GetHeaders()) > 0
+		}
+		if pr := sr.partitions[g.partition]; hasHeaders && pr != nil {
+			if missing, ok := routes.supports(pr.members, contract.FeatureRecordHeaders); !ok {
+				return nil, status.Errorf(codes.FailedPrecondition, "replica %s of partition %s/%d has not reported that it can store record headers (a version before them, or not answering): upgrade every replica before sending headers; nothing was stored", missing, req.GetStream(), g.partition)
+			}
+		}
+	}
+
 	deadline := time.Now().Add(defaultProduceTimeout)
 	if d, ok := ctx.Deadline(); ok {
 		deadline = d
@@ -396,6 +420,7 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 				// MaxRecordOverhead: in a frame with headers every record
 				// has at least its count.
 				c.bytes += len(r.GetKey()) + len(r.GetValue()) + partlog.EncodedHeadersLen(c.recs[k].Headers)
+				c.headers += len(r.GetHeaders())
 			}
 			a.enqueue(c)
 			p.queued = append(p.queued, c)

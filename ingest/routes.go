@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -18,6 +19,18 @@ type routeTable struct {
 	streams map[string]*streamRoute
 	// replicas: every replica address seen (seeds and members), by id.
 	replicas map[string]string
+	// features: what each replica that answered reports it can store.
+	features map[string][]string
+}
+
+// supports reports whether every member reported feature.
+func (t *routeTable) supports(members []*catenapb.Member, feature string) (missing string, ok bool) {
+	for _, m := range members {
+		if !slices.Contains(t.features[m.GetId()], feature) {
+			return m.GetId(), false
+		}
+	}
+	return "", true
 }
 
 type streamRoute struct {
@@ -60,8 +73,9 @@ func (r *partitionRoute) readOrder() []*catenapb.Member {
 
 // buildRoutes merges status reports into a route table (pure).
 func buildRoutes(reports []*catenapb.StatusResponse, seeds []string) *routeTable {
-	t := &routeTable{streams: map[string]*streamRoute{}, replicas: map[string]string{}}
+	t := &routeTable{streams: map[string]*streamRoute{}, replicas: map[string]string{}, features: map[string][]string{}}
 	for _, rep := range reports {
+		t.features[rep.GetReplicaId()] = rep.GetFeatures()
 		for _, ps := range rep.GetPartitions() {
 			if ps.GetEpoch() == 0 || ps.GetConfig() == nil {
 				continue

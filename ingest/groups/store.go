@@ -131,9 +131,36 @@ func (s *StreamOffsets) Load(ctx context.Context) (map[string]map[TopicPartition
 }
 
 func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32, out map[string]map[TopicPartition]Committed) error {
+	// The committed end a member reports can be behind the records its
+	// chain holds: after every process restarted, until the chain is
+	// reconfigured and commits them again. Loading to that end would miss
+	// committed offsets for good, so the load waits until the committed
+	// end has reached every current member's log end.
+	desc, err := s.Ingest.DescribeStream(ctx, &catenapb.DescribeStreamRequest{Stream: s.stream()})
+	if err != nil {
+		return err
+	}
+	var logEnd uint64
+	for _, pd := range desc.GetPartitions() {
+		if pd.GetPartition() != p {
+			continue
+		}
+		members := map[string]bool{}
+		for _, m := range pd.GetMembers() {
+			members[m.GetId()] = true
+		}
+		for _, r := range pd.GetReplicas() {
+			if members[r.GetReplicaId()] {
+				logEnd = max(logEnd, r.GetLogEnd())
+			}
+		}
+	}
 	end, err := s.Ingest.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: s.stream(), Partition: p, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST})
 	if err != nil {
 		return err
+	}
+	if end.GetOffset() < logEnd {
+		return fmt.Errorf("its committed end %d is behind its members' logs (%d): waiting for the chain to commit them", end.GetOffset(), logEnd)
 	}
 	start, err := s.Ingest.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: s.stream(), Partition: p, Spec: catenapb.OffsetSpec_OFFSET_SPEC_EARLIEST})
 	if err != nil {

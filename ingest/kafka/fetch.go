@@ -196,6 +196,9 @@ func (cn *conn) readPart(ctx context.Context, p *fetchPart, wait time.Duration) 
 	n := 0
 	for _, rec := range resp.GetRecords() {
 		n += len(rec.GetKey()) + len(rec.GetValue()) + 20
+		for _, h := range rec.GetHeaders() {
+			n += len(h.GetKey()) + len(h.GetValue()) + 4
+		}
 	}
 	p.recs = append(p.recs, resp.GetRecords()...)
 	p.bytes += n

@@ -11,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/client"
 )
@@ -26,6 +28,8 @@ type goMember struct {
 	mu       sync.Mutex
 	consumed map[string]bool
 	noCommit bool
+	// first is the first message the member read.
+	first *client.Message
 }
 
 func (c *cluster) goGroupMember(t *testing.T, name, group string) *goMember {
@@ -55,6 +59,9 @@ func (c *cluster) goGroupMember(t *testing.T, name, group string) *goMember {
 			m.mu.Lock()
 			for _, r := range msgs {
 				m.consumed[fmt.Sprintf("%d/%d", r.Partition, r.Offset)] = true
+			}
+			if m.first == nil && len(msgs) > 0 {
+				m.first = &msgs[0]
 			}
 			noCommit := m.noCommit
 			m.mu.Unlock()
@@ -138,6 +145,14 @@ func TestGoClientAndKafkaClientShareAGroup(t *testing.T) {
 	}
 	if n := len(goA.gc.Assigned()); n != 3 {
 		t.Fatalf("the surviving Go member has partitions %v, want 3 of 6", goA.gc.Assigned())
+	}
+	// A message of the first generation is not committed in the second:
+	// its offset may be behind what another member committed since.
+	goA.mu.Lock()
+	first := *goA.first
+	goA.mu.Unlock()
+	if err := goA.gc.CommitMessages(ctx, first); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("committing a message of an earlier generation: %v, want FailedPrecondition", err)
 	}
 	goA.cancel()
 	<-goA.done

@@ -7,11 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/client"
+	"github.com/catena-streams/catena/ingest"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -83,5 +86,64 @@ func TestHeadersCountTowardTheRecordLimit(t *testing.T) {
 	}
 	if got := c.committed(0); got != 0 {
 		t.Fatalf("a refused record stored %d records", got)
+	}
+}
+
+// TestHeaderKeysMustBeUTF8: a Kafka client may send any bytes as a header
+// key; read back in a protobuf string they would make every read of the
+// partition fail, so the batch is refused and nothing is stored.
+func TestHeaderKeysMustBeUTF8(t *testing.T) {
+	c := startCluster(t, 1)
+	cl := c.client()
+	ctx := ctxT(t, 30*time.Second)
+	req := rawProduce(-1, -1, 1, nil)
+	req.Topics[0].Partitions[0].Records = encodeTestBatch(-1, -1, [][]byte{[]byte("v")}, []kmsg.Header{{Key: "\xff\xfe", Value: []byte("x")}})
+	resp, err := cl.Request(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := partitionResult(t, resp); p.ErrorCode != kerr.InvalidRecord.Code {
+		t.Fatalf("a header key that is not UTF-8: error %d, want INVALID_RECORD", p.ErrorCode)
+	}
+	if got := c.committed(0); got != 0 {
+		t.Fatalf("a refused batch stored %d records", got)
+	}
+}
+
+// TestRequestsWhoseHeadersTogetherExceedABatchAreSentApart: each produce
+// request fits a batch's header bound; two queued together must not be
+// merged into one append past it (the head would refuse it, failing
+// both).
+func TestRequestsWhoseHeadersTogetherExceedABatchAreSentApart(t *testing.T) {
+	c := startCluster(t, 1)
+	ctx := ctxT(t, 60*time.Second)
+	req := func(tag string) *catenapb.ProduceRequest {
+		r := &catenapb.ProduceRequest{Stream: "s"}
+		for i := range 40000 {
+			r.Records = append(r.Records, &catenapb.ProduceRecord{Value: []byte(tag), Headers: []*catenapb.RecordHeader{{Key: "i", Value: []byte{byte(i)}}}})
+		}
+		return r
+	}
+	a, err := c.ing.Enqueue(ctx, req("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.ing.Enqueue(ctx, req("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*ingest.Pending{a, b} {
+		resp, err := p.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resp.GetResults() {
+			if r.GetErrorCode() != 0 {
+				t.Fatalf("a record was refused: %s", r.GetErrorMessage())
+			}
+		}
+	}
+	if got := c.committed(0); got != 80000 {
+		t.Fatalf("stored %d records, want 80000", got)
 	}
 }

@@ -363,13 +363,17 @@ func (p *partition) appendLocked(req *catenapb.AppendRequest) (resp *catenapb.Ap
 		return nil, 0, 0, err
 	}
 	limit := p.maxRecordBytes()
-	total := 0
+	total, headers := 0, 0
 	for i := range in {
-		sz := len(in[i].Key) + len(in[i].Value)
+		sz := partlog.RecordBytes(&in[i])
 		if sz > limit {
-			return nil, 0, 0, status.Errorf(codes.InvalidArgument, "record %d is %d bytes (key plus value), above the stream's limit of %d bytes; nothing was stored", i, sz, limit)
+			return nil, 0, 0, status.Errorf(codes.InvalidArgument, "record %d is %d bytes (key, value and headers), above the stream's limit of %d bytes; nothing was stored", i, sz, limit)
 		}
 		total += sz
+		headers += len(in[i].Headers)
+	}
+	if headers > partlog.MaxBatchHeaders {
+		return nil, 0, 0, status.Errorf(codes.InvalidArgument, "append of %d headers exceeds the limit of %d per batch; split it; nothing was stored", headers, partlog.MaxBatchHeaders)
 	}
 	if total > maxAppendBytes {
 		return nil, 0, 0, status.Errorf(codes.InvalidArgument, "append of %d bytes exceeds the %d-byte batch limit; split it", total, maxAppendBytes)

@@ -28,6 +28,7 @@ import (
 	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -608,7 +609,7 @@ func (s *Server) Status(ctx context.Context, req *catenapb.StatusRequest) (*cate
 		}
 		return parts[i].index < parts[j].index
 	})
-	resp := &catenapb.StatusResponse{ReplicaId: s.id}
+	resp := &catenapb.StatusResponse{ReplicaId: s.id, Features: []string{contract.FeatureRecordHeaders}}
 	for _, p := range parts {
 		p.mu.Lock()
 		resp.Partitions = append(resp.Partitions, p.statusLocked())

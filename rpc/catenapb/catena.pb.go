@@ -4932,9 +4932,14 @@ func (x *StatusRequest) GetPartition() uint32 {
 }
 
 type StatusResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ReplicaId     string                 `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
-	Partitions    []*PartitionStatus     `protobuf:"bytes,2,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ReplicaId  string                 `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	Partitions []*PartitionStatus     `protobuf:"bytes,2,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	// What this replica's version can store that older versions cannot
+	// (contract.Feature*): "record-headers", frames with the headers flag
+	// (docs/storage-format.md §3.3). Ingestion sends a record with headers
+	// only to a chain whose every member reports it.
+	Features      []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4979,6 +4984,13 @@ func (x *StatusResponse) GetReplicaId() string {
 func (x *StatusResponse) GetPartitions() []*PartitionStatus {
 	if x != nil {
 		return x.Partitions
+	}
+	return nil
+}
+
+func (x *StatusResponse) GetFeatures() []string {
+	if x != nil {
+		return x.Features
 	}
 	return nil
 }
@@ -6174,13 +6186,14 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
 	"\n" +
-	"_partition\"k\n" +
+	"_partition\"\x87\x01\n" +
 	"\x0eStatusResponse\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12:\n" +
 	"\n" +
 	"partitions\x18\x02 \x03(\v2\x1a.catena.v1.PartitionStatusR\n" +
-	"partitions\"\xec\x01\n" +
+	"partitions\x12\x1a\n" +
+	"\bfeatures\x18\x03 \x03(\tR\bfeatures\"\xec\x01\n" +
 	"\rAppendRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +

@@ -76,3 +76,12 @@ const (
 	// offsets; retry.
 	GroupCoordinatorLoading = "COORDINATOR_LOAD_IN_PROGRESS"
 )
+
+// Features a replica reports in Status (StatusResponse.features).
+const (
+	// FeatureRecordHeaders: the replica stores and reads frames whose
+	// records carry headers. A replica without it refuses such frames, so
+	// ingestion sends headers only to chains whose members all have it
+	// (a rolling upgrade must not stall a chain).
+	FeatureRecordHeaders = "record-headers"
+)
