@@ -336,6 +336,21 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 			return nil, status.Errorf(codes.InvalidArgument, "record %d names partition %d, but stream %q has %d partitions; nothing was stored", i, r.GetPartition(), req.GetStream(), n)
 		}
 	}
+	// Headers go only to a stream whose chains' members can all store
+	// them: a member of a version before headers refuses their frames,
+	// and a chain would stall on it in a rolling upgrade. (Every chain of
+	// the stream, as a keyless record's partition is picked later; and
+	// before ingestion's own sequences are drawn, under their lock.)
+	if slices.ContainsFunc(recs, func(r *catenapb.ProduceRecord) bool { return len(r.GetHeaders()) > 0 }) {
+		for p, pr := range sr.partitions {
+			if pr == nil {
+				continue
+			}
+			if err := s.canStoreHeaders(ctx, req.GetStream(), uint32(p), pr.members); err != nil {
+				return nil, err
+			}
+		}
+	}
 	producer := req.GetProducerId()
 	seqs := make([]uint64, len(recs))
 	if producer == 0 {
@@ -371,21 +386,6 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 		g.idx = append(g.idx, i)
 	}
 
-	// Headers go only to chains whose members can all store them: a
-	// member of a version before headers refuses their frames, and a
-	// chain would stall on it in a rolling upgrade.
-	routes := s.disc.current()
-	for _, g := range order {
-		hasHeaders := false
-		for _, i := range g.idx {
-			hasHeaders = hasHeaders || len(recs[i].GetHeaders()) > 0
-		}
-		if pr := sr.partitions[g.partition]; hasHeaders && pr != nil {
-			if missing, ok := routes.supports(pr.members, contract.FeatureRecordHeaders); !ok {
-				return nil, status.Errorf(codes.FailedPrecondition, "replica %s of partition %s/%d has not reported that it can store record headers (a version before them, or not answering): upgrade every replica before sending headers; nothing was stored", missing, req.GetStream(), g.partition)
-			}
-		}
-	}
 
 	deadline := time.Now().Add(defaultProduceTimeout)
 	if d, ok := ctx.Deadline(); ok {
@@ -519,6 +519,33 @@ func splitChunks(idx []int, recs []*catenapb.ProduceRecord) [][]int {
 	}
 	return append(out, idx[start:])
 }
+
+// canStoreHeaders checks that every member of a partition's chain reported
+// it can store record headers. A member not heard from yet (ingestion just
+// started, its answer slow) is waited for, a discovery round at a time,
+// within ctx and headersWait; one that answered without the feature runs
+// an older version: refused at once.
+func (s *Server) canStoreHeaders(ctx context.Context, stream string, partition uint32, members []*catenapb.Member) error {
+	deadline := time.Now().Add(headersWait)
+	for {
+		missing, known, ok := s.disc.current().supports(members, contract.FeatureRecordHeaders)
+		if ok {
+			return nil
+		}
+		if known || time.Now().After(deadline) {
+			return status.Errorf(codes.FailedPrecondition, "replica %s of partition %s/%d has not reported that it can store record headers (a version before them, or not answering): upgrade every replica before sending headers; nothing was stored", missing, stream, partition)
+		}
+		select {
+		case <-s.disc.requestRefresh():
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// headersWait bounds how long a produce with headers waits to hear from
+// a chain member that has not reported yet.
+const headersWait = 10 * time.Second
 
 // storedBytes is what a record counts toward its stream's record size
 // limit: its key, value and every header's key and value.

@@ -23,14 +23,17 @@ type routeTable struct {
 	features map[string][]string
 }
 
-// supports reports whether every member reported feature.
-func (t *routeTable) supports(members []*catenapb.Member, feature string) (missing string, ok bool) {
+// supports reports whether every member reported feature; when not, the
+// first that did not, and whether it reported at all (known: it runs a
+// version without feature).
+func (t *routeTable) supports(members []*catenapb.Member, feature string) (missing string, known, ok bool) {
 	for _, m := range members {
-		if !slices.Contains(t.features[m.GetId()], feature) {
-			return m.GetId(), false
+		fs, reported := t.features[m.GetId()]
+		if !slices.Contains(fs, feature) {
+			return m.GetId(), reported, false
 		}
 	}
-	return "", true
+	return "", true, true
 }
 
 type streamRoute struct {
