@@ -386,7 +386,6 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 		g.idx = append(g.idx, i)
 	}
 
-
 	deadline := time.Now().Add(defaultProduceTimeout)
 	if d, ok := ctx.Deadline(); ok {
 		deadline = d
