@@ -24,6 +24,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -661,7 +662,7 @@ func selectProtocol(g *group) string {
 	votes := map[string]int{}
 	for _, m := range g.members {
 		for _, p := range m.protocols {
-			if contains(candidates, p.Name) {
+			if slices.Contains(candidates, p.Name) {
 				votes[p.Name]++
 				break
 			}
@@ -674,15 +675,6 @@ func selectProtocol(g *group) string {
 		}
 	}
 	return best
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func (c *Coordinator) removeMemberLocked(g *group, id string) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -337,7 +339,7 @@ func (cn *conn) listGroups(ctx context.Context, r *kmsg.ListGroupsRequest) kmsg.
 		return resp
 	}
 	for _, g := range all {
-		if len(r.StatesFilter) > 0 && !containsFold(r.StatesFilter, string(g.State)) {
+		if len(r.StatesFilter) > 0 && !slices.ContainsFunc(r.StatesFilter, func(f string) bool { return strings.EqualFold(f, string(g.State)) }) {
 			continue
 		}
 		rg := kmsg.NewListGroupsResponseGroup()
@@ -345,31 +347,6 @@ func (cn *conn) listGroups(ctx context.Context, r *kmsg.ListGroupsRequest) kmsg.
 		resp.Groups = append(resp.Groups, rg)
 	}
 	return resp
-}
-
-func containsFold(s []string, v string) bool {
-	for _, x := range s {
-		if len(x) == len(v) && (x == v || equalFold(x, v)) {
-			return true
-		}
-	}
-	return false
-}
-
-func equalFold(a, b string) bool {
-	for i := 0; i < len(a); i++ {
-		x, y := a[i], b[i]
-		if 'A' <= x && x <= 'Z' {
-			x += 'a' - 'A'
-		}
-		if 'A' <= y && y <= 'Z' {
-			y += 'a' - 'A'
-		}
-		if x != y {
-			return false
-		}
-	}
-	return true
 }
 
 func (cn *conn) describeGroups(ctx context.Context, r *kmsg.DescribeGroupsRequest) kmsg.Response {

@@ -91,16 +91,10 @@ func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluste
 	// would be answered UNKNOWN_TOPIC_OR_PARTITION (clients retry it; the
 	// tests' raw requests do not).
 	for _, stream := range []string{"s", groups.DefaultOffsetsStream} {
-		for deadline := time.Now().Add(30 * time.Second); ; {
+		waitFor(t, 30*time.Second, "ingestion to discover stream "+stream, func() bool {
 			_, err := c.ing.Stream(context.Background(), stream)
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("ingestion did not discover stream %s: %v", stream, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err == nil
+		})
 	}
 	// One coordinator for the Kafka listener and the Groups gRPC service,
 	// as catena ingest has.
