@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -26,6 +27,9 @@ func newIngestCommand() *cobra.Command {
 		allow                          *allowFlags
 		stream, allowOthers            string
 		kafkaListen, kafkaAdvertise    string
+		peers                          []string
+		peerServerName, brokerDomain   string
+		offsetsStream                  string
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest",
@@ -72,10 +76,33 @@ func newIngestCommand() *cobra.Command {
 			clientTLS := transport.OptionalClientCerts(tlsConfig)
 			g := grpc.NewServer(append(transport.ServerOptions(clientTLS), serverOpts...)...)
 			srv.Register(g)
-			coord := newGroupCoordinator(srv, logger)
-			(&groups.Service{Coordinator: coord, Ingest: srv}).Register(g)
+			membership, err := groupPeers(peers, kafkaAdvertise)
+			if err != nil {
+				return err
+			}
+			coord := newGroupCoordinator(srv, offsetsStream, membership, logger)
+			svc := &groups.Service{Coordinator: coord, Ingest: srv}
+			if membership != nil {
+				go groups.Discover(ctx, membership, peers, peerResolveInterval, logger.WithName("groups"))
+				_, grpcPort, err := net.SplitHostPort(lis.Addr().String())
+				if err != nil {
+					return err
+				}
+				// Peers present this node's certificate: every node of
+				// the deployment has the same one, so the name checked is
+				// the deployment's, not the peer's address.
+				var extra []grpc.DialOption
+				if peerServerName != "" {
+					extra = append(extra, grpc.WithAuthority(peerServerName))
+				}
+				pool := transport.NewPool(tlsConfig, extra...)
+				defer pool.Close()
+				svc.Membership = membership
+				svc.Dial = func(host string) (*grpc.ClientConn, error) { return pool.Get(net.JoinHostPort(host, grpcPort)) }
+			}
+			svc.Register(g)
 			if kafkaListen != "" {
-				ks, err := serveKafka(kafkaListen, kafkaAdvertise, srv, coord, clientTLS, policy, logger)
+				ks, err := serveKafka(kafkaListen, kafkaAdvertise, brokerDomain, offsetsStream, srv, coord, membership, clientTLS, policy, logger)
 				if err != nil {
 					return err
 				}
@@ -97,13 +124,43 @@ func newIngestCommand() *cobra.Command {
 	cmd.Flags().StringVar(&allowOthers, "allow-other-streams", transport.AnyIdentity, "with --stream: identities that may make any call about another Stream (comma-separated, as --allow-*)")
 	cmd.Flags().StringVar(&kafkaListen, "kafka-listen", "", "address of a Kafka listener for unchanged Kafka clients (empty: none; docs/kafka.md); it serves TLS and applies the --allow-* flags as the gRPC listener does")
 	cmd.Flags().StringVar(&kafkaAdvertise, "kafka-advertise", "", "host:port Kafka clients are told to connect to (empty: the --kafka-listen address, with this host's name for an unspecified host)")
+	cmd.Flags().StringSliceVar(&peers, "peers", nil, "the ingestion nodes that share consumer groups, this one among them (comma-separated names or IPs; a name, such as a headless Service's, stands for every address it resolves to, resolved again every few seconds); needs --kafka-advertise, whose host is this node's address among them (empty: this node coordinates every group)")
+	cmd.Flags().StringVar(&offsetsStream, "groups-stream", groups.DefaultOffsetsStream, "the internal stream consumer groups' committed offsets are kept in (on Kubernetes, the Stream <stream>-groups the operator creates)")
+	cmd.Flags().StringVar(&brokerDomain, "kafka-broker-domain", "", "with --peers: advertise each node to Kafka clients as <its IP, dots and colons as dashes>.<this domain> (a headless Service's domain names each ready pod so), a name its TLS certificate can hold (empty: as its address)")
+	cmd.Flags().StringVar(&peerServerName, "peer-server-name", "", "with --peers and TLS: the name the peers' certificate is checked against (the nodes share one certificate; empty: the peer's address)")
 	_ = cmd.MarkFlagRequired("replicas")
 	return cmd
 }
 
+// podDNSLabel is the DNS label Kubernetes names a pod of a headless
+// Service by: its IP with dots (and an IPv6 address's colons) as dashes.
+func podDNSLabel(ip string) string {
+	return strings.NewReplacer(".", "-", ":", "-").Replace(ip)
+}
+
+// peerResolveInterval is how often --peers is resolved again: a node that
+// came or went is counted within it.
+const peerResolveInterval = 2 * time.Second
+
+// groupPeers is the membership --peers describes, with this node at the
+// host of advertise (nil without --peers).
+func groupPeers(peers []string, advertise string) (*groups.Membership, error) {
+	if len(peers) == 0 {
+		return nil, nil
+	}
+	host, _, err := net.SplitHostPort(advertise)
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("--peers needs --kafka-advertise with this node's address among the peers (got %q)", advertise)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		return nil, fmt.Errorf("--kafka-advertise %q: with --peers it names this node's own address, not an unspecified one", advertise)
+	}
+	return groups.NewMembership(host), nil
+}
+
 // serveKafka starts ingestion's Kafka listener: the same TLS as the gRPC
 // listener's, and the same access policy, judged per operation.
-func serveKafka(listen, advertise string, srv *ingest.Server, coord *groups.Coordinator, tlsConfig *tls.Config, policy *transport.Policy, logger logr.Logger) (*kafka.Server, error) {
+func serveKafka(listen, advertise, brokerDomain, offsetsStream string, srv *ingest.Server, coord *groups.Coordinator, membership *groups.Membership, tlsConfig *tls.Config, policy *transport.Policy, logger logr.Logger) (*kafka.Server, error) {
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("failed to listen for Kafka clients on %s: %w", listen, err)
@@ -111,7 +168,13 @@ func serveKafka(listen, advertise string, srv *ingest.Server, coord *groups.Coor
 	if advertise == "" {
 		advertise = lis.Addr().String()
 	}
-	opts := kafka.Options{Ingest: srv, Groups: coord, Advertise: advertise, TLS: tlsConfig, Logger: logger.WithValues("listener", "kafka")}
+	opts := kafka.Options{Ingest: srv, Groups: coord, OffsetsStream: offsetsStream, Membership: membership, Advertise: advertise, TLS: tlsConfig, Logger: logger.WithValues("listener", "kafka")}
+	if membership != nil && brokerDomain != "" {
+		opts.BrokerHost = func(peer string) string { return podDNSLabel(peer) + "." + brokerDomain }
+		if _, port, err := net.SplitHostPort(advertise); err == nil {
+			opts.Advertise = net.JoinHostPort(opts.BrokerHost(membership.Self().Host), port)
+		}
+	}
 	if policy != nil {
 		opts.Authorize = policy.Check
 	}
@@ -132,7 +195,8 @@ func serveKafka(listen, advertise string, srv *ingest.Server, coord *groups.Coor
 // newGroupCoordinator is the consumer-group coordinator an ingestion node
 // serves through its Kafka listener and the Groups gRPC API, with the
 // groups' committed offsets in the internal stream
-// groups.DefaultOffsetsStream.
-func newGroupCoordinator(srv *ingest.Server, logger logr.Logger) *groups.Coordinator {
-	return groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: srv, Logger: logger.WithName("groups")}, Logger: logger.WithName("groups")})
+// offsetsStream; with a membership, it coordinates the
+// groups it owns among the peers.
+func newGroupCoordinator(srv *ingest.Server, offsetsStream string, membership *groups.Membership, logger logr.Logger) *groups.Coordinator {
+	return groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: srv, Stream: offsetsStream, Logger: logger.WithName("groups")}, Membership: membership, Logger: logger.WithName("groups")})
 }

@@ -67,6 +67,8 @@ const (
 	CoordinatorNotAvailable
 	UnknownTopicOrPartition
 	GroupMaxSizeReached
+	// NotCoordinator: another node coordinates the group (Membership).
+	NotCoordinator
 )
 
 var codeNames = map[Code]string{
@@ -76,6 +78,7 @@ var codeNames = map[Code]string{
 	InvalidGroupID: "invalid group id", GroupIDNotFound: "group not found", NonEmptyGroup: "group not empty",
 	CoordinatorLoadInProgress: "coordinator loading", CoordinatorNotAvailable: "coordinator not available",
 	UnknownTopicOrPartition: "unknown topic or partition", GroupMaxSizeReached: "group full",
+	NotCoordinator: "not the coordinator",
 }
 
 func (c Code) String() string { return codeNames[c] }
@@ -192,7 +195,8 @@ type Commit struct {
 
 // Offsets stores committed offsets durably.
 type Offsets interface {
-	// Load returns every group's committed offsets.
+	// Load returns every group's committed offsets as stored now,
+	// including what other nodes stored since the last Load.
 	Load(ctx context.Context) (map[string]map[TopicPartition]Committed, error)
 	// Commit stores a group's offsets durably (and holds them from
 	// retention). It returns one error per commit (nil: stored); an error
@@ -223,6 +227,14 @@ type Options struct {
 	// Logger is told of each generation and of each member whose
 	// session expired.
 	Logger logr.Logger
+	// Membership, when set, is the nodes that share the groups: the
+	// coordinator serves the groups it owns and refuses the others with
+	// NotCoordinator. When the list changes it loads the offsets again
+	// before it serves, so a group it has just been given starts from
+	// what its previous coordinator stored, and forgets the members of
+	// the groups it lost (they join their new coordinator). Nil: it
+	// coordinates every group.
+	Membership *Membership
 }
 
 // MaxOffsetMetadata bounds a committed offset's metadata (Kafka's
@@ -299,9 +311,18 @@ type Coordinator struct {
 
 	loadMu sync.Mutex
 	loaded bool
+	// loadedAt is the Membership version the offsets were loaded at.
+	loadedAt uint64
+	// storeMu keeps loads and writes to the store apart: commits and
+	// deletions hold it shared while they write and apply, a load
+	// exclusively, so a load's view never replaces a write it did not
+	// read.
+	storeMu sync.RWMutex
 
 	mu     sync.Mutex
 	groups map[string]*group
+	// sortedAt is the Membership version whose lost groups Tick dropped.
+	sortedAt uint64
 }
 
 // New returns a Coordinator; nothing is loaded until it is first used.
@@ -338,28 +359,88 @@ func (c *Coordinator) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// Load loads the committed offsets once; until it has succeeded every
-// call is refused with CoordinatorLoadInProgress (a client retries).
+// Load loads the committed offsets, once, and again whenever the
+// Membership changed since; until it has succeeded every call is refused
+// with CoordinatorLoadInProgress (a client retries).
 func (c *Coordinator) Load(ctx context.Context) error {
 	c.loadMu.Lock()
 	defer c.loadMu.Unlock()
-	if c.loaded {
+	version := c.membershipVersion()
+	if c.loaded && c.loadedAt == version {
 		return nil
 	}
+	c.storeMu.Lock()
+	defer c.storeMu.Unlock()
 	all, err := c.opts.Offsets.Load(ctx)
 	if err != nil {
 		return refuse(CoordinatorLoadInProgress, "loading committed offsets: %v", err)
 	}
 	c.mu.Lock()
+	for name, g := range c.groups {
+		if !c.owns(name) {
+			c.dropLocked(g)
+			continue
+		}
+		// The store holds every commit this node made (each was
+		// committed before it was applied) and those of the group's
+		// previous coordinators.
+		g.offsets = map[TopicPartition]Committed{}
+		for tp, o := range all[name] {
+			g.offsets[tp] = o
+		}
+	}
 	for name, offs := range all {
+		if c.groups[name] != nil || !c.owns(name) {
+			continue
+		}
 		g := c.groupLocked(name)
 		for tp, o := range offs {
 			g.offsets[tp] = o
 		}
 	}
 	c.mu.Unlock()
-	c.loaded = true
+	c.loaded, c.loadedAt = true, version
 	return nil
+}
+
+func (c *Coordinator) membershipVersion() uint64 {
+	if c.opts.Membership == nil {
+		return 0
+	}
+	return c.opts.Membership.Version()
+}
+
+// owns reports whether this node coordinates group.
+func (c *Coordinator) owns(group string) bool {
+	if c.opts.Membership == nil {
+		return true
+	}
+	_, self := c.opts.Membership.Owner(group)
+	return self
+}
+
+// ready is the check every call about one group starts with: the group
+// is this node's, and its offsets are loaded.
+func (c *Coordinator) ready(ctx context.Context, group string) error {
+	if c.opts.Membership != nil {
+		if p, self := c.opts.Membership.Owner(group); !self {
+			return refuse(NotCoordinator, "group %q is coordinated by %s", group, p.Host)
+		}
+	}
+	return c.Load(ctx)
+}
+
+// dropLocked forgets a group another node now coordinates: its waiting
+// members are told so, and find and join the new coordinator.
+func (c *Coordinator) dropLocked(g *group) {
+	e := refuse(NotCoordinator, "group %q moved to another coordinator", g.name)
+	for _, m := range g.members {
+		answerJoin(m, JoinResult{Err: e})
+		answerSync(m, SyncResult{Err: e})
+	}
+	g.state = Dead
+	delete(c.groups, g.name)
+	c.opts.Logger.Info("consumer group moved to another coordinator", "group", g.name, "members", len(g.members))
 }
 
 func (c *Coordinator) groupLocked(name string) *group {
@@ -418,7 +499,7 @@ func sameProtocols(a, b []Protocol) bool {
 // Join handles a JoinGroup. The answer comes on the channel once the
 // group's rebalance completes (or at once, for a refusal).
 func (c *Coordinator) Join(ctx context.Context, req JoinRequest) <-chan JoinResult {
-	if err := c.Load(ctx); err != nil {
+	if err := c.ready(ctx, req.Group); err != nil {
 		return joinRefused(err.(*Error))
 	}
 	if req.Group == "" {
@@ -708,7 +789,7 @@ func memberLocked(g *group, id string, generation int32) (*member, *Error) {
 // Sync handles a SyncGroup: the leader's assignment completes the
 // rebalance, and every member gets its part of it.
 func (c *Coordinator) Sync(ctx context.Context, req SyncRequest) <-chan SyncResult {
-	if err := c.Load(ctx); err != nil {
+	if err := c.ready(ctx, req.Group); err != nil {
 		return syncRefused(err.(*Error))
 	}
 	now := c.now()
@@ -752,7 +833,7 @@ func (c *Coordinator) Sync(ctx context.Context, req SyncRequest) <-chan SyncResu
 // Heartbeat keeps a member's session and tells it whether a rebalance
 // needs it to join again.
 func (c *Coordinator) Heartbeat(ctx context.Context, groupID, memberID string, generation int32) error {
-	if err := c.Load(ctx); err != nil {
+	if err := c.ready(ctx, groupID); err != nil {
 		return err
 	}
 	now := c.now()
@@ -779,7 +860,7 @@ func (c *Coordinator) Heartbeat(ctx context.Context, groupID, memberID string, g
 // Leave removes members from a group; the answer has one error (nil:
 // left) per member id.
 func (c *Coordinator) Leave(ctx context.Context, groupID string, memberIDs []string) ([]error, error) {
-	if err := c.Load(ctx); err != nil {
+	if err := c.ready(ctx, groupID); err != nil {
 		return nil, err
 	}
 	now := c.now()
@@ -840,10 +921,21 @@ func answerAllSyncs(g *group) {
 // Tick applies the deadlines that have passed: a member whose session
 // expired is removed, handed-out ids not joined with are forgotten, and a
 // rebalance whose timeout passed completes with the members that joined.
+// After the Membership changed it forgets the groups it lost.
 func (c *Coordinator) Tick() {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if v := c.membershipVersion(); v != c.sortedAt {
+		// Groups another node now coordinates: their members are told at
+		// once, not when their rebalance or session times out here.
+		for name, g := range c.groups {
+			if !c.owns(name) {
+				c.dropLocked(g)
+			}
+		}
+		c.sortedAt = v
+	}
 	for _, g := range c.groups {
 		changed := false
 		for id, deadline := range g.pending {
@@ -907,7 +999,8 @@ type Description struct {
 	Offsets      map[TopicPartition]Committed
 }
 
-// List returns every group, with or without members, by name.
+// List returns every group this node coordinates, with or without
+// members, by name.
 func (c *Coordinator) List(ctx context.Context) ([]GroupSummary, error) {
 	if err := c.Load(ctx); err != nil {
 		return nil, err
@@ -916,7 +1009,7 @@ func (c *Coordinator) List(ctx context.Context) ([]GroupSummary, error) {
 	defer c.mu.Unlock()
 	out := make([]GroupSummary, 0, len(c.groups))
 	for _, g := range c.groups {
-		if g.state == Dead {
+		if g.state == Dead || !c.owns(g.name) {
 			continue
 		}
 		out = append(out, GroupSummary{Name: g.name, State: g.state, ProtocolType: g.protocolType, Members: len(g.members)})
@@ -928,7 +1021,7 @@ func (c *Coordinator) List(ctx context.Context) ([]GroupSummary, error) {
 // Describe returns a group's members and committed offsets; a group the
 // coordinator does not know is Dead, as Kafka reports it.
 func (c *Coordinator) Describe(ctx context.Context, name string) (Description, error) {
-	if err := c.Load(ctx); err != nil {
+	if err := c.ready(ctx, name); err != nil {
 		return Description{}, err
 	}
 	c.mu.Lock()
@@ -953,7 +1046,7 @@ func (c *Coordinator) Describe(ctx context.Context, name string) (Description, e
 // outside any generation (manual assignment) while the group has no
 // members. It returns one error (nil: committed) per commit.
 func (c *Coordinator) CommitOffsets(ctx context.Context, groupID, memberID string, generation int32, commits []Commit) ([]error, error) {
-	if err := c.Load(ctx); err != nil {
+	if err := c.ready(ctx, groupID); err != nil {
 		return nil, err
 	}
 	if groupID == "" {
@@ -985,6 +1078,10 @@ func (c *Coordinator) CommitOffsets(ctx context.Context, groupID, memberID strin
 	}
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()
+	// Held from the check to the apply: a load that moved the group
+	// elsewhere comes before the check or after the apply.
+	c.storeMu.RLock()
+	defer c.storeMu.RUnlock()
 	c.mu.Lock()
 	gone := g.state == Dead || c.groups[groupID] != g
 	unchanged := true
@@ -1023,7 +1120,7 @@ func (c *Coordinator) CommitOffsets(ctx context.Context, groupID, memberID strin
 // FetchOffsets returns a group's committed offsets: of the partitions
 // asked for (absent ones are not in the map), or all when tps is nil.
 func (c *Coordinator) FetchOffsets(ctx context.Context, groupID string, tps []TopicPartition) (map[TopicPartition]Committed, error) {
-	if err := c.Load(ctx); err != nil {
+	if err := c.ready(ctx, groupID); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
@@ -1050,7 +1147,7 @@ func (c *Coordinator) FetchOffsets(ctx context.Context, groupID string, tps []To
 // Delete deletes a group that has no members: its committed offsets and
 // its retention holds.
 func (c *Coordinator) Delete(ctx context.Context, groupID string) error {
-	if err := c.Load(ctx); err != nil {
+	if err := c.ready(ctx, groupID); err != nil {
 		return err
 	}
 	c.mu.Lock()
@@ -1069,7 +1166,13 @@ func (c *Coordinator) Delete(ctx context.Context, groupID string) error {
 	// (a commit that passed its check before Dead finds it after).
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()
+	c.storeMu.RLock()
+	defer c.storeMu.RUnlock()
 	c.mu.Lock()
+	if c.groups[groupID] != g {
+		c.mu.Unlock()
+		return refuse(NotCoordinator, "group %q moved to another coordinator", groupID)
+	}
 	topics := map[string]bool{}
 	for tp := range g.offsets {
 		topics[tp.Topic] = true

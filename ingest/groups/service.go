@@ -2,7 +2,6 @@ package groups
 
 import (
 	"context"
-	"net"
 	"sort"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/ingest"
@@ -18,14 +16,26 @@ import (
 	"github.com/catena-streams/catena/rpc/contract"
 )
 
-// Service serves the Groups gRPC API (list, describe, reset, delete) from
-// the Coordinator that the Kafka listener's groups join.
+// Service serves the Groups gRPC API (list, describe, reset, delete, and
+// membership for Catena's own clients) from the Coordinator that the Kafka
+// listener's groups join. With several ingestion nodes (Membership) a
+// client reaches whichever one its connection landed on, so a request
+// about a group another node coordinates is forwarded to that node, and a
+// list asks every node.
 type Service struct {
 	catenapb.UnimplementedGroupsServer
 	Coordinator *Coordinator
 	// Ingest resolves offsets (earliest, latest, by time) and checks
 	// streams and partitions.
 	Ingest *ingest.Server
+	// Membership is the Coordinator's (nil: it coordinates every group).
+	Membership *Membership
+	// Dial connects to another node's Groups service by its host (the
+	// node's gRPC port, this node's TLS). A forwarded request is made with
+	// this node's identity, after this node's policy admitted the caller;
+	// the peer admits this node's identity (on Kubernetes, the operator
+	// lists the ingestion identity among the allowed).
+	Dial func(host string) (*grpc.ClientConn, error)
 }
 
 // Register registers the service on g.
@@ -56,6 +66,8 @@ func grpcError(err error) error {
 		c, reason = codes.FailedPrecondition, contract.GroupMemberIDRequired
 	case CoordinatorLoadInProgress:
 		c, reason = codes.Unavailable, contract.GroupCoordinatorLoading
+	case NotCoordinator:
+		c, reason = codes.Unavailable, contract.GroupNotCoordinator
 	case InvalidGroupID, InvalidSessionTimeout, InconsistentGroupProtocol:
 		c = codes.InvalidArgument
 	case GroupMaxSizeReached:
@@ -79,12 +91,15 @@ func (s *Service) ListGroups(ctx context.Context, _ *catenapb.ListGroupsRequest)
 	for _, g := range all {
 		resp.Groups = append(resp.Groups, &catenapb.GroupSummary{Group: g.Name, State: string(g.State), ProtocolType: g.ProtocolType, Members: uint32(g.Members)})
 	}
-	return resp, nil
+	return s.listEverywhere(ctx, resp)
 }
 
 func (s *Service) DescribeGroup(ctx context.Context, req *catenapb.DescribeGroupRequest) (*catenapb.GroupDescription, error) {
 	if req.GetGroup() == "" {
 		return nil, status.Error(codes.InvalidArgument, "a group name is required")
+	}
+	if resp, done, err := forward(ctx, s, req.GetGroup(), req, catenapb.GroupsClient.DescribeGroup); done {
+		return resp, err
 	}
 	d, err := s.Coordinator.Describe(ctx, req.GetGroup())
 	if err != nil {
@@ -136,6 +151,9 @@ func (s *Service) DescribeGroup(ctx context.Context, req *catenapb.DescribeGroup
 func (s *Service) ResetGroupOffsets(ctx context.Context, req *catenapb.ResetGroupOffsetsRequest) (*catenapb.ResetGroupOffsetsResponse, error) {
 	if req.GetGroup() == "" || req.GetStream() == "" {
 		return nil, status.Error(codes.InvalidArgument, "a group and a stream are required; nothing was changed")
+	}
+	if resp, done, err := forward(ctx, s, req.GetGroup(), req, catenapb.GroupsClient.ResetGroupOffsets); done {
+		return resp, err
 	}
 	switch req.GetSpec() {
 	case catenapb.OffsetSpec_OFFSET_SPEC_UNSPECIFIED, catenapb.OffsetSpec_OFFSET_SPEC_EARLIEST, catenapb.OffsetSpec_OFFSET_SPEC_LATEST, catenapb.OffsetSpec_OFFSET_SPEC_TIMESTAMP:
@@ -232,6 +250,9 @@ func (s *Service) DeleteGroup(ctx context.Context, req *catenapb.DeleteGroupRequ
 	if req.GetGroup() == "" {
 		return nil, status.Error(codes.InvalidArgument, "a group name is required")
 	}
+	if resp, done, err := forward(ctx, s, req.GetGroup(), req, catenapb.GroupsClient.DeleteGroup); done {
+		return resp, err
+	}
 	if err := s.Coordinator.Delete(ctx, req.GetGroup()); err != nil {
 		return nil, grpcError(err)
 	}
@@ -251,16 +272,13 @@ func (s *Service) JoinGroup(ctx context.Context, req *catenapb.JoinGroupRequest)
 	if err := s.memberStream(ctx, req.GetGroup(), req.GetStream()); err != nil {
 		return nil, err
 	}
+	if resp, done, err := forward(ctx, s, req.GetGroup(), req, catenapb.GroupsClient.JoinGroup); done {
+		return resp, err
+	}
 	jr := JoinRequest{Group: req.GetGroup(), MemberID: req.GetMemberId(), ClientID: req.GetClientId(), ProtocolType: req.GetProtocolType(),
 		SessionTimeout:     time.Duration(req.GetSessionTimeoutMs()) * time.Millisecond,
 		RebalanceTimeout:   time.Duration(req.GetRebalanceTimeoutMs()) * time.Millisecond,
-		RequireKnownMember: true}
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		jr.ClientHost = "/" + p.Addr.String()
-		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
-			jr.ClientHost = "/" + host
-		}
-	}
+		RequireKnownMember: true, ClientHost: clientHost(ctx)}
 	for _, p := range req.GetProtocols() {
 		jr.Protocols = append(jr.Protocols, Protocol{Name: p.GetName(), Metadata: p.GetMetadata()})
 	}
@@ -292,6 +310,9 @@ func (s *Service) SyncGroup(ctx context.Context, req *catenapb.SyncGroupRequest)
 	if err := s.memberStream(ctx, req.GetGroup(), req.GetStream()); err != nil {
 		return nil, err
 	}
+	if resp, done, err := forward(ctx, s, req.GetGroup(), req, catenapb.GroupsClient.SyncGroup); done {
+		return resp, err
+	}
 	sr := SyncRequest{Group: req.GetGroup(), Generation: req.GetGeneration(), MemberID: req.GetMemberId(), Assignments: map[string][]byte{}}
 	for _, a := range req.GetAssignments() {
 		sr.Assignments[a.GetMemberId()] = a.GetAssignment()
@@ -312,6 +333,9 @@ func (s *Service) Heartbeat(ctx context.Context, req *catenapb.HeartbeatRequest)
 	if req.GetGroup() == "" || req.GetStream() == "" {
 		return nil, status.Error(codes.InvalidArgument, "a group and the stream the member consumes are required")
 	}
+	if resp, done, err := forward(ctx, s, req.GetGroup(), req, catenapb.GroupsClient.Heartbeat); done {
+		return resp, err
+	}
 	if err := s.Coordinator.Heartbeat(ctx, req.GetGroup(), req.GetMemberId(), req.GetGeneration()); err != nil {
 		return nil, grpcError(err)
 	}
@@ -321,6 +345,9 @@ func (s *Service) Heartbeat(ctx context.Context, req *catenapb.HeartbeatRequest)
 func (s *Service) LeaveGroup(ctx context.Context, req *catenapb.LeaveGroupRequest) (*catenapb.LeaveGroupResponse, error) {
 	if req.GetGroup() == "" || req.GetStream() == "" {
 		return nil, status.Error(codes.InvalidArgument, "a group and the stream the member consumes are required")
+	}
+	if resp, done, err := forward(ctx, s, req.GetGroup(), req, catenapb.GroupsClient.LeaveGroup); done {
+		return resp, err
 	}
 	errs, err := s.Coordinator.Leave(ctx, req.GetGroup(), []string{req.GetMemberId()})
 	if err == nil {
@@ -335,6 +362,9 @@ func (s *Service) LeaveGroup(ctx context.Context, req *catenapb.LeaveGroupReques
 func (s *Service) CommitGroupOffsets(ctx context.Context, req *catenapb.CommitGroupOffsetsRequest) (*catenapb.CommitGroupOffsetsResponse, error) {
 	if err := s.memberStream(ctx, req.GetGroup(), req.GetStream()); err != nil {
 		return nil, err
+	}
+	if resp, done, err := forward(ctx, s, req.GetGroup(), req, catenapb.GroupsClient.CommitGroupOffsets); done {
+		return resp, err
 	}
 	var commits []Commit
 	for _, o := range req.GetOffsets() {

@@ -65,6 +65,13 @@ type StreamOffsets struct {
 	Stream string
 	Logger logr.Logger
 
+	// loadMu orders loads; view is every group's offsets as read up to
+	// next, the offset after the last record read, so a load reads only
+	// what was stored since the one before.
+	loadMu sync.Mutex
+	view   map[string]map[TopicPartition]Committed
+	next   uint64
+
 	mu sync.Mutex
 	// held is the offset each group's hold was stored at by this process,
 	// so an unchanged offset asks no chain again.
@@ -105,18 +112,21 @@ func HoldName(group string) string {
 	return prefix + name + "-" + hex.EncodeToString(sum[:8])
 }
 
-// Load reads the offsets stream from its start to its committed end. A
-// stream that ingestion does not know is never taken for one without
-// offsets (discovery may not have seen it yet): where the deployment lets
-// ingestion create streams it is created, and read on the next try;
-// elsewhere it must be created (on Kubernetes, a Stream).
+// Load reads the offsets stream to its committed end: from its start the
+// first time, then from where the last load ended (another node may have
+// written since). A stream that ingestion does not know is never taken for
+// one without offsets (discovery may not have seen it yet): where the
+// deployment lets ingestion create streams it is created, and read on the
+// next try; elsewhere it must be created (on Kubernetes, a Stream).
 func (s *StreamOffsets) Load(ctx context.Context) (map[string]map[TopicPartition]Committed, error) {
-	out := map[string]map[TopicPartition]Committed{}
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
 	if _, err := s.Ingest.Stream(ctx, s.stream()); status.Code(err) == codes.NotFound {
 		_, cerr := s.Ingest.CreateStream(ctx, &catenapb.CreateStreamRequest{Stream: s.stream(), Partitions: 1})
 		switch status.Code(cerr) {
 		case codes.OK:
-			return out, nil // created now: nothing was ever committed
+			// Created now: nothing was ever committed.
+			return map[string]map[TopicPartition]Committed{}, nil
 		case codes.AlreadyExists:
 			return nil, fmt.Errorf("the offsets stream %q exists but is not discovered yet", s.stream())
 		}
@@ -124,13 +134,20 @@ func (s *StreamOffsets) Load(ctx context.Context) (map[string]map[TopicPartition
 	} else if err != nil {
 		return nil, err
 	}
-	if err := s.loadPartition(ctx, offsetsPartition, out); err != nil {
+	if err := s.loadPartition(ctx, offsetsPartition); err != nil {
 		return nil, fmt.Errorf("offsets stream %s/%d: %w", s.stream(), offsetsPartition, err)
+	}
+	out := make(map[string]map[TopicPartition]Committed, len(s.view))
+	for g, offs := range s.view {
+		out[g] = make(map[TopicPartition]Committed, len(offs))
+		for tp, o := range offs {
+			out[g][tp] = o
+		}
 	}
 	return out, nil
 }
 
-func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32, out map[string]map[TopicPartition]Committed) error {
+func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32) error {
 	// The committed end a member reports can be behind the records its
 	// chain holds: after every process restarted, until the chain is
 	// reconfigured and commits them again. Loading to that end would miss
@@ -166,23 +183,28 @@ func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32, out map[str
 	if err != nil {
 		return err
 	}
-	for next := start.GetOffset(); next < end.GetOffset(); {
-		resp, err := s.Ingest.Fetch(ctx, &catenapb.FetchRequest{Stream: s.stream(), Partition: p, Offset: next, MaxBytes: 4 << 20})
+	if s.view == nil || start.GetOffset() > s.next {
+		// The first load, or records not read yet were trimmed (the
+		// stream was given retention): read all that remains again.
+		s.view, s.next = map[string]map[TopicPartition]Committed{}, start.GetOffset()
+	}
+	for s.next < end.GetOffset() {
+		resp, err := s.Ingest.Fetch(ctx, &catenapb.FetchRequest{Stream: s.stream(), Partition: p, Offset: s.next, MaxBytes: 4 << 20})
 		if err != nil {
 			return err
 		}
 		for _, r := range resp.GetRecords() {
-			if err := applyOffsetsRecord(r.GetValue(), out); err != nil {
+			if err := applyOffsetsRecord(r.GetValue(), s.view); err != nil {
 				// Not written by a coordinator (the stream is refused to
 				// Kafka producers, not to every writer): skipped, so that
 				// one bad record does not stop every group.
 				s.Logger.Error(err, "Skipping a record of the offsets stream that is not an offsets record", "stream", s.stream(), "offset", r.GetOffset())
 			}
 		}
-		if resp.GetNextOffset() <= next {
-			return fmt.Errorf("read from offset %d made no progress (committed end %d)", next, end.GetOffset())
+		if resp.GetNextOffset() <= s.next {
+			return fmt.Errorf("read from offset %d made no progress (committed end %d)", s.next, end.GetOffset())
 		}
-		next = resp.GetNextOffset()
+		s.next = resp.GetNextOffset()
 	}
 	return nil
 }

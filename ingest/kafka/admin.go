@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -15,17 +16,23 @@ import (
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
-// metadata describes the one broker and the streams asked for (every
-// stream for a null topic list). Every partition is led by the broker;
-// its replica list is the broker too, as a client cannot reach chain
+// metadata describes the brokers and the streams asked for (every stream
+// for a null topic list). Every partition is led by one of the brokers;
+// its replica list is that broker too, as a client cannot reach chain
 // members and needs none: its writes and reads go through ingestion.
 func (cn *conn) metadata(ctx context.Context, r *kmsg.MetadataRequest) kmsg.Response {
 	resp := r.ResponseKind().(*kmsg.MetadataResponse)
-	b := kmsg.NewMetadataResponseBroker()
-	b.NodeID, b.Host, b.Port = brokerID, cn.srv.host, cn.srv.port
-	resp.Brokers = []kmsg.MetadataResponseBroker{b}
+	brokers := cn.srv.brokers()
+	for _, br := range brokers {
+		b := kmsg.NewMetadataResponseBroker()
+		b.NodeID, b.Host, b.Port = br.id, br.host, br.port
+		resp.Brokers = append(resp.Brokers, b)
+	}
 	resp.ClusterID = kmsg.StringPtr(ClusterID)
-	resp.ControllerID = brokerID
+	resp.ControllerID = brokers[0].id
+	// Brokers by id, so that every node names the same leader for a
+	// partition.
+	slices.SortFunc(brokers, func(a, b broker) int { return cmp.Compare(a.id, b.id) })
 	var names []string
 	if r.Topics == nil {
 		if err := cn.authorize(ctx, catenapb.Ingest_ListStreams_FullMethodName, &catenapb.ListStreamsRequest{}); err != nil {
@@ -45,7 +52,7 @@ func (cn *conn) metadata(ctx context.Context, r *kmsg.MetadataRequest) kmsg.Resp
 		// The groups' offsets stream is internal, as Kafka's
 		// __consumer_offsets is: clients leave it out of pattern
 		// subscriptions.
-		rt.IsInternal = name == groups.DefaultOffsetsStream
+		rt.IsInternal = name == cn.srv.offsetsStream
 		if err := cn.authorize(ctx, catenapb.Ingest_DescribeStream_FullMethodName, &catenapb.DescribeStreamRequest{Stream: name}); err != nil {
 			rt.ErrorCode = kerr.TopicAuthorizationFailed.Code
 			resp.Topics = append(resp.Topics, rt)
@@ -58,10 +65,15 @@ func (cn *conn) metadata(ctx context.Context, r *kmsg.MetadataRequest) kmsg.Resp
 			resp.Topics = append(resp.Topics, rt)
 			continue
 		}
+		// Any broker serves any partition; leadership only spreads
+		// clients' requests over the brokers, partition by partition,
+		// starting at a broker the topic's name picks.
+		first := int(groups.PeerID(name)) % len(brokers)
 		for i := range info.Partitions {
+			leader := brokers[(first+i)%len(brokers)].id
 			p := kmsg.NewMetadataResponseTopicPartition()
-			p.Partition, p.Leader, p.LeaderEpoch = int32(i), brokerID, -1
-			p.Replicas, p.ISR = []int32{brokerID}, []int32{brokerID}
+			p.Partition, p.Leader, p.LeaderEpoch = int32(i), leader, -1
+			p.Replicas, p.ISR = []int32{leader}, []int32{leader}
 			if len(info.Chains[i]) == 0 {
 				// No chain known yet: clients retry.
 				p.ErrorCode, p.Leader = kerr.LeaderNotAvailable.Code, -1
@@ -236,7 +248,7 @@ func (cn *conn) deleteTopics(ctx context.Context, r *kmsg.DeleteTopicsRequest) k
 		out.Topic = kmsg.StringPtr(name)
 		req := &catenapb.DeleteStreamRequest{Stream: name}
 		err := cn.authorize(ctx, catenapb.Ingest_DeleteStream_FullMethodName, req)
-		if err == nil && name == groups.DefaultOffsetsStream {
+		if err == nil && name == cn.srv.offsetsStream {
 			out.ErrorCode = kerr.InvalidTopicException.Code
 			out.ErrorMessage = errString(fmt.Sprintf("stream %q holds every consumer group's committed offsets: not deleted", name))
 			resp.Topics = append(resp.Topics, out)

@@ -47,13 +47,22 @@ func (c *cluster) goGroupMember(t *testing.T, name, group string) *goMember {
 	m.cancel = cancel
 	m.gc, err = m.cl.JoinGroup(ctx, client.GroupOptions{Group: group, Stream: "s", ClientID: name, SessionTimeout: 6 * time.Second, HeartbeatInterval: 300 * time.Millisecond})
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		cancel()
+		<-m.done
+	})
 	go func() {
 		defer close(m.done)
 		for ctx.Err() == nil {
 			msgs, err := m.gc.Poll(ctx)
 			if err != nil {
+				if ctx.Err() == nil {
+					t.Logf("%s: poll: %v", name, err)
+					time.Sleep(100 * time.Millisecond)
+				}
 				continue
 			}
 			m.mu.Lock()

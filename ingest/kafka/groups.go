@@ -16,9 +16,11 @@ import (
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
-// The consumer-group APIs: the listener is the coordinator of every group
-// it is asked about (FindCoordinator names its own broker), and
-// groups.Coordinator decides. Joining, syncing and heartbeats reveal no
+// The consumer-group APIs: FindCoordinator names the broker coordinating
+// a group (this one, or with Options.Membership the group's owner among
+// the nodes), and groups.Coordinator decides; a node asked about a group
+// it does not coordinate answers NOT_COORDINATOR and the client asks
+// again. Joining, syncing and heartbeats reveal no
 // records and need only a connection the listener accepted; committing
 // and fetching a group's offsets in a stream is consuming it, and is
 // authorized per stream as Ingest.CommitConsumerOffset and
@@ -53,6 +55,8 @@ func groupCode(err error) *kerr.Error {
 		return kerr.UnknownTopicOrPartition
 	case groups.GroupMaxSizeReached:
 		return kerr.GroupMaxSizeReached
+	case groups.NotCoordinator:
+		return kerr.NotCoordinator
 	}
 	var auth *authError
 	if errors.As(err, &auth) {
@@ -92,7 +96,8 @@ func (cn *conn) findCoordinator(r *kmsg.FindCoordinatorRequest) *kmsg.FindCoordi
 	}
 	for _, key := range keys {
 		c := kmsg.NewFindCoordinatorResponseCoordinator()
-		c.Key, c.NodeID, c.Host, c.Port = key, brokerID, cn.srv.host, cn.srv.port
+		b := cn.srv.coordinator(key)
+		c.Key, c.NodeID, c.Host, c.Port = key, b.id, b.host, b.port
 		switch {
 		case r.CoordinatorType == 1:
 			// Transactions are not served.

@@ -73,6 +73,12 @@ func (c *cluster) groupMember(t *testing.T, name, group string, balancer kgo.Gro
 		kgo.FetchMaxWait(200*time.Millisecond), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	ctx, cancel := context.WithCancel(context.Background())
 	m.cancel = cancel
+	// Stopped before the client closes (cleanups run last first): a
+	// closed client's poll returns at once, and the loop would spin.
+	t.Cleanup(func() {
+		cancel()
+		<-m.done
+	})
 	go func() {
 		defer close(m.done)
 		for ctx.Err() == nil {

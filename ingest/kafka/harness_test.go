@@ -32,6 +32,8 @@ type cluster struct {
 	grpcAddr string
 	groups   *groups.Coordinator
 	members  []*catenapb.Member
+	// seeds, when set, are the brokers clients start from instead of addr.
+	seeds []string
 }
 
 // configure creates stream on every replica with cfg, at epoch 1, tail
@@ -129,7 +131,11 @@ func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluste
 // client is a franz-go client of the listener.
 func (c *cluster) client(opts ...kgo.Opt) *kgo.Client {
 	c.t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.addr), kgo.RetryTimeout(20 * time.Second)}, opts...)...)
+	seeds := c.seeds
+	if len(seeds) == 0 {
+		seeds = []string{c.addr}
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.RetryTimeout(20 * time.Second)}, opts...)...)
 	if err != nil {
 		c.t.Fatal(err)
 	}

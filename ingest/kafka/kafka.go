@@ -11,6 +11,7 @@ package kafka
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -71,9 +72,29 @@ type Options struct {
 	// authorization error and stores nothing.
 	Authorize func(ctx context.Context, method string, req any) error
 	// Groups coordinates the consumer groups (nil: a coordinator storing
-	// committed offsets in the internal stream groups.DefaultOffsetsStream
-	// through Ingest).
+	// committed offsets in the internal stream OffsetsStream through
+	// Ingest).
 	Groups *groups.Coordinator
+	// OffsetsStream is the stream Groups stores committed offsets in
+	// (groups.DefaultOffsetsStream when empty): internal, as Kafka's
+	// __consumer_offsets, so Kafka clients may not produce to it or
+	// delete it.
+	OffsetsStream string
+	// Membership, when set, is the ingestion nodes serving the same
+	// deployment, this one among them, each advertised as a broker at its
+	// host and this listener's port (every node listens on the same one):
+	// Metadata lists them all and spreads partition leadership over them,
+	// and FindCoordinator names each group's coordinator among them. The
+	// same Membership must be Groups' (groups.Options.Membership), and its
+	// Self this listener's advertised host. Nil: the listener is the one
+	// broker (node 0), leader of every partition and coordinator of every
+	// group.
+	Membership *groups.Membership
+	// BrokerHost, with Membership, is the name a node is advertised under,
+	// from its host among the peers (nil: that host). On Kubernetes the
+	// peers are pod IPs and a client checking the broker's TLS name needs
+	// a name: the pod's under a headless Service.
+	BrokerHost func(peer string) string
 }
 
 // Server is a Kafka listener.
@@ -91,6 +112,8 @@ type Server struct {
 	listeners  []net.Listener
 	conns      map[net.Conn]struct{}
 	groups     *groups.Coordinator
+	// offsetsStream is Options.OffsetsStream or its default.
+	offsetsStream string
 }
 
 // New returns a listener for opts; Serve starts it.
@@ -103,9 +126,10 @@ func New(opts Options) (*Server, error) {
 	if s.maxRequest <= 0 {
 		s.maxRequest = DefaultMaxRequestBytes
 	}
+	s.offsetsStream = cmp.Or(opts.OffsetsStream, groups.DefaultOffsetsStream)
 	s.groups = opts.Groups
 	if s.groups == nil {
-		s.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: opts.Ingest, Logger: opts.Logger.WithName("groups")}, Logger: opts.Logger.WithName("groups")})
+		s.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: opts.Ingest, Stream: s.offsetsStream, Logger: opts.Logger.WithName("groups")}, Logger: opts.Logger.WithName("groups")})
 	}
 	s.wg.Add(1)
 	go func() {
@@ -114,8 +138,13 @@ func New(opts Options) (*Server, error) {
 	}()
 	if opts.Advertise != "" {
 		if err := s.setAdvertised(opts.Advertise); err != nil {
+			cancel()
 			return nil, fmt.Errorf("--kafka-advertise %q: %w", opts.Advertise, err)
 		}
+	}
+	if m := opts.Membership; m != nil && (opts.Advertise == "" || s.brokerHost(m.Self().Host) != s.host) {
+		cancel()
+		return nil, fmt.Errorf("the listener advertises %q but is %q among the group coordinators: a listener with peers advertises its own host", s.host, s.brokerHost(m.Self().Host))
 	}
 	return s, nil
 }
@@ -136,6 +165,47 @@ func (s *Server) setAdvertised(hostport string) error {
 	}
 	s.host, s.port = host, int32(p)
 	return nil
+}
+
+// broker is one broker the listener advertises.
+type broker struct {
+	id   int32
+	host string
+	port int32
+}
+
+// brokers are the brokers the listener advertises, this one first.
+func (s *Server) brokers() []broker {
+	self := broker{id: brokerID, host: s.host, port: s.port}
+	m := s.opts.Membership
+	if m == nil {
+		return []broker{self}
+	}
+	self.id = m.Self().ID
+	all := []broker{self}
+	for _, p := range m.Peers() {
+		if p.ID != self.id {
+			all = append(all, broker{id: p.ID, host: s.brokerHost(p.Host), port: s.port})
+		}
+	}
+	return all
+}
+
+// brokerHost is the name the node at peer is advertised under.
+func (s *Server) brokerHost(peer string) string {
+	if s.opts.BrokerHost == nil {
+		return peer
+	}
+	return s.opts.BrokerHost(peer)
+}
+
+// coordinator is the broker coordinating group.
+func (s *Server) coordinator(group string) broker {
+	if s.opts.Membership == nil {
+		return broker{id: brokerID, host: s.host, port: s.port}
+	}
+	p, _ := s.opts.Membership.Owner(group)
+	return broker{id: p.ID, host: s.brokerHost(p.Host), port: s.port}
 }
 
 // Advertised is the broker address clients are told to use.

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/catena-streams/catena/ingest"
-	"github.com/catena-streams/catena/ingest/groups"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -197,7 +196,7 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 				fail(kerr.TransactionalIDAuthorizationFailed, "Kafka transactions are not supported by Catena")
 				continue
 			}
-			if t.Topic == groups.DefaultOffsetsStream {
+			if t.Topic == cn.srv.offsetsStream {
 				// Written by the group coordinator only, as Kafka's
 				// __consumer_offsets is.
 				fail(kerr.InvalidTopicException, fmt.Sprintf("stream %q is the consumer groups' internal offsets stream", t.Topic))

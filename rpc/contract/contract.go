@@ -75,6 +75,10 @@ const (
 	// GroupCoordinatorLoading: the coordinator is loading the committed
 	// offsets; retry.
 	GroupCoordinatorLoading = "COORDINATOR_LOAD_IN_PROGRESS"
+	// GroupNotCoordinator: another ingestion node coordinates the group
+	// and the request could not be forwarded to it (the nodes' lists
+	// differ for a moment while one comes or goes); retry.
+	GroupNotCoordinator = "NOT_COORDINATOR"
 )
 
 // Features a replica reports in Status (StatusResponse.features).
