@@ -24,6 +24,10 @@ const (
 	ingestPortName        = "grpc"
 	ingestContainer       = "ingest"
 	componentIngest       = "ingest"
+	// kafkaPort serves Kafka clients (spec.ingestion.kafka), on the pods,
+	// the ingestion Service and the headless Service naming the brokers.
+	kafkaPort     int32 = 9092
+	kafkaPortName       = "kafka"
 )
 
 // ingestSelectorLabels select the ingestion pods of a Stream. They are the
@@ -47,9 +51,23 @@ func ingestEndpoint(stream *streamsv1alpha1.Stream) string {
 	return fmt.Sprintf("%s.%s.svc:%d", stream.IngestServiceName(), stream.Namespace, ingestPort)
 }
 
+// kafkaEndpoint is the in-cluster bootstrap address of a Stream's Kafka
+// listener.
+func kafkaEndpoint(stream *streamsv1alpha1.Stream) string {
+	return fmt.Sprintf("%s.%s.svc:%d", stream.IngestServiceName(), stream.Namespace, kafkaPort)
+}
+
+// kafkaBrokerDomain is the domain under which each ingestion pod is a
+// broker: <pod IP with dashes>.<domain>, a name the headless Service
+// gives each ready pod.
+func kafkaBrokerDomain(stream *streamsv1alpha1.Stream) string {
+	return stream.KafkaServiceName() + "." + stream.Namespace + ".svc"
+}
+
 // ingestion is a Stream's ingestion tier: a Deployment of `catena ingest`
 // pods, the ClusterIP Service clients connect to, and a
-// PodDisruptionBudget.
+// PodDisruptionBudget; with Kafka, the headless Service of the brokers and
+// the Stream of the consumer groups' offsets.
 type ingestion struct {
 	// Deployment is nil while the pool hosting the Stream is unknown: its
 	// pods need the address of every replica.
@@ -59,6 +77,11 @@ type ingestion struct {
 	// External is the Service clients outside the cluster use (nil: the
 	// Stream has no external listener).
 	External *corev1.Service
+	// Brokers is the headless Service naming the ingestion pods as Kafka
+	// brokers and group coordinators, and Groups the Stream holding the
+	// groups' committed offsets (both nil: no Kafka listener).
+	Brokers *corev1.Service
+	Groups  *streamsv1alpha1.Stream
 }
 
 // desiredIngestion builds a Stream's ingestion tier from its spec and the
@@ -67,6 +90,10 @@ type ingestion struct {
 // are set by the caller.
 func desiredIngestion(stream *streamsv1alpha1.Stream, pool *streamsv1alpha1.ReplicaPool, image string) ingestion {
 	out := ingestion{Service: desiredIngestService(stream), PDB: desiredIngestPDB(stream), External: desiredExternalService(stream)}
+	if stream.HasKafka() {
+		out.Brokers = desiredKafkaBrokersService(stream)
+		out.Groups = desiredGroupsStream(stream)
+	}
 	if pool != nil {
 		out.Deployment = desiredIngestDeployment(stream, pool, image)
 	}
@@ -103,8 +130,22 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 		},
 		Resources:       resources,
 		ReadinessProbe:  tcpProbe(ingestPortName),
+		Env:             kafkaEnv(stream),
 		LivenessProbe:   tcpProbe(ingestPortName),
 		SecurityContext: restrictedContainer(),
+	}
+
+	if stream.HasKafka() {
+		container.Args = append(container.Args,
+			fmt.Sprintf("--kafka-listen=0.0.0.0:%d", kafkaPort),
+			// Each pod is its own broker, at its own address: a group's
+			// members must all reach its coordinator.
+			fmt.Sprintf("--kafka-advertise=$(%s):%d", podIPEnv, kafkaPort),
+			// The headless Service resolves to the ready pods: the
+			// nodes the groups are shared by.
+			"--peers="+kafkaBrokerDomain(stream),
+			"--groups-stream="+stream.GroupsStreamName())
+		container.Ports = append(container.Ports, corev1.ContainerPort{Name: kafkaPortName, ContainerPort: kafkaPort, Protocol: corev1.ProtocolTCP})
 	}
 
 	podSpec := corev1.PodSpec{
@@ -149,8 +190,103 @@ func desiredIngestService(stream *streamsv1alpha1.Stream) *corev1.Service {
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeClusterIP,
 			Selector: ingestSelectorLabels(stream),
-			Ports:    []corev1.ServicePort{namedPort(ingestPortName, ingestPort)},
+			Ports:    ingestServicePorts(stream),
 		},
+	}
+}
+
+func ingestServicePorts(stream *streamsv1alpha1.Stream) []corev1.ServicePort {
+	ports := []corev1.ServicePort{namedPort(ingestPortName, ingestPort)}
+	if stream.HasKafka() {
+		// The bootstrap address: any pod answers Metadata, which names
+		// every pod as a broker.
+		ports = append(ports, namedPort(kafkaPortName, kafkaPort))
+	}
+	return ports
+}
+
+// podIPEnv is the variable an ingestion pod's own IP is in (downward
+// API): it advertises itself as a broker at that address.
+const podIPEnv = "POD_IP"
+
+func kafkaEnv(stream *streamsv1alpha1.Stream) []corev1.EnvVar {
+	if !stream.HasKafka() {
+		return nil
+	}
+	return []corev1.EnvVar{{Name: podIPEnv, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}}
+}
+
+// desiredKafkaBrokersService is the headless Service of a Stream's
+// ingestion pods when they serve Kafka. Its name resolves to the ready
+// pods' IPs (the nodes that share the groups: a pod that is not ready is
+// not given groups), and names each of them
+// <IP with dashes>.<service>.<namespace>.svc, the broker name clients
+// are told with TLS (the pods' certificate holds *.<service>...).
+func desiredKafkaBrokersService(stream *streamsv1alpha1.Stream) *corev1.Service {
+	return &corev1.Service{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      stream.KafkaServiceName(),
+			Namespace: stream.Namespace,
+			Labels:    ingestLabels(stream),
+		},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: corev1.ClusterIPNone,
+			Selector:  ingestSelectorLabels(stream),
+			Ports:     []corev1.ServicePort{namedPort(kafkaPortName, kafkaPort)},
+		},
+	}
+}
+
+// desiredGroupsStream is the Stream the consumer groups of a Stream's
+// Kafka listener keep their committed offsets in: one partition (every
+// commit in order), on the same pool with as many copies, fsynced, and no
+// retention (a group that has not committed for a while keeps its
+// offsets). Only Catena's own components reach it (empty access): the
+// ingestion pods write it in-process. Its records share the Stream's
+// fate: deleting the Stream deletes it, with the Stream's reclaim policy.
+// Turning Kafka off later keeps it, so that turning it on again finds
+// every group's offsets.
+func desiredGroupsStream(stream *streamsv1alpha1.Stream) *streamsv1alpha1.Stream {
+	pool := stream.Status.Pool
+	if pool == "" {
+		pool = stream.PoolName()
+	}
+	return &streamsv1alpha1.Stream{
+		TypeMeta: metav1.TypeMeta{APIVersion: streamsv1alpha1.GroupVersion.String(), Kind: "Stream"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      stream.GroupsStreamName(),
+			Namespace: stream.Namespace,
+			Labels:    map[string]string{labelName: appName, labelManagedBy: fieldOwner, labelGroupsOf: stream.Name},
+		},
+		Spec: streamsv1alpha1.StreamSpec{
+			Pool:                pool,
+			Partitions:          1,
+			ReplicationFactor:   stream.Spec.ReplicationFactor,
+			MinChainLength:      stream.Spec.MinChainLength,
+			Durability:          streamsv1alpha1.DurabilitySpec{Mode: streamsv1alpha1.DurabilityFsync},
+			Ingestion:           streamsv1alpha1.IngestionSpec{Replicas: 1},
+			Access:              &streamsv1alpha1.StreamAccess{},
+			VolumeReclaimPolicy: stream.Spec.VolumeReclaimPolicy,
+		},
+	}
+}
+
+// labelGroupsOf marks a Stream of consumer group offsets with the Stream
+// whose Kafka listener it serves.
+const labelGroupsOf = "streams.catena.io/groups-of"
+
+// ingestKafkaTLSArgs are the Kafka flags of ingestion pods with
+// certificates: brokers are advertised under names the certificate holds,
+// and a pod checks a peer it forwards a group's request to against the
+// name the pods share.
+func ingestKafkaTLSArgs(stream *streamsv1alpha1.Stream) []string {
+	if !stream.HasKafka() {
+		return nil
+	}
+	return []string{
+		"--kafka-broker-domain=" + kafkaBrokerDomain(stream),
+		"--peer-server-name=" + stream.IngestServiceName() + "." + stream.Namespace + ".svc",
 	}
 }
 

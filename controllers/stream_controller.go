@@ -173,7 +173,8 @@ func (r *StreamReconciler) Reconcile(ctx context.Context, req reconcile.Request)
 	}
 	if c := r.Certificates; c != nil {
 		if ingest.Deployment != nil {
-			mountTLS(&ingest.Deployment.Spec.Template.Spec, stream.IngestTLSSecretName(), c.podArgs(ingestAccessArgs(stream, c.OperatorIdentity())...)...)
+			args := append(ingestAccessArgs(stream, c.OperatorIdentity()), ingestKafkaTLSArgs(stream)...)
+			mountTLS(&ingest.Deployment.Spec.Template.Spec, stream.IngestTLSSecretName(), c.podArgs(args...)...)
 		}
 	} else if stream.Spec.Access != nil && obs.reapply {
 		r.event(stream, corev1.EventTypeWarning, "AccessNotEnforced", "Run",
@@ -379,7 +380,35 @@ func (r *StreamReconciler) reconcileIngestion(ctx context.Context, stream *strea
 	if _, err = r.applyUnlessTaken(ctx, stream, want.PDB, &policyv1.PodDisruptionBudget{}, obs); err != nil {
 		return err
 	}
+	if err := r.reconcileKafka(ctx, stream, want, obs); err != nil {
+		return err
+	}
 	return r.reconcileExternal(ctx, stream, want.External, obs)
+}
+
+// reconcileKafka applies the brokers' headless Service and the groups'
+// offsets Stream of a Stream with a Kafka listener; without one, it
+// deletes the Service the Stream made and keeps the offsets Stream (the
+// groups' offsets are there when Kafka is turned on again).
+func (r *StreamReconciler) reconcileKafka(ctx context.Context, stream *streamsv1alpha1.Stream, want ingestion, obs *streamObservation) error {
+	if want.Brokers == nil {
+		svc := &corev1.Service{}
+		key := types.NamespacedName{Namespace: stream.Namespace, Name: stream.KafkaServiceName()}
+		if err := r.Client.Get(ctx, key, svc); err != nil {
+			return client.IgnoreNotFound(err)
+		}
+		if !metav1.IsControlledBy(svc, stream) {
+			return nil
+		}
+		log.FromContext(ctx).Info("Deleting the Stream's Kafka brokers Service: spec.ingestion.kafka is off", "name", key.Name)
+		return client.IgnoreNotFound(r.Client.Delete(ctx, svc))
+	}
+	if _, err := r.applyUnlessTaken(ctx, stream, want.Brokers, &corev1.Service{}, obs); err != nil {
+		return err
+	}
+	ok, err := r.applyUnlessTaken(ctx, stream, want.Groups, &streamsv1alpha1.Stream{}, obs)
+	obs.KafkaReady = ok && obs.IngestServiceFound
+	return err
 }
 
 // reconcileExternal applies the Stream's external Service and reads the

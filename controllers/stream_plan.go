@@ -97,6 +97,9 @@ type streamObservation struct {
 	// External is the address clients outside the cluster use ("":
 	// none, or none yet).
 	External string
+	// KafkaReady is whether the Kafka listener's Services and offsets
+	// Stream exist under the Stream's control.
+	KafkaReady bool
 	// IngestionConflict names the ingestion object ("Service orders")
 	// whose name is taken by one the Stream does not control; "" when
 	// none is.
@@ -123,6 +126,9 @@ func streamStatus(stream *streamsv1alpha1.Stream, obs streamObservation) streams
 		status.Endpoints.Consumers = ingestEndpoint(stream)
 	}
 	status.Endpoints.External = obs.External
+	if stream.HasKafka() && obs.KafkaReady {
+		status.Endpoints.Kafka = kafkaEndpoint(stream)
+	}
 
 	gen := stream.Generation
 	want := stream.Spec.Partitions

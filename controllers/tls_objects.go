@@ -75,6 +75,10 @@ func poolLeaf(pool *streamsv1alpha1.ReplicaPool) pki.Leaf {
 // replicas.
 func ingestLeaf(stream *streamsv1alpha1.Stream) pki.Leaf {
 	l := pki.Leaf{Identity: ingestIdentity(stream), DNSNames: append(serviceNames(stream.IngestServiceName(), stream.Namespace), transport.MetricsServerName)}
+	if stream.HasKafka() {
+		// Each pod is a broker under <IP with dashes>.<brokers Service>.
+		l.DNSNames = append(l.DNSNames, podNames(stream.KafkaServiceName(), stream.Namespace)...)
+	}
 	var hosts []string
 	if ext := stream.Spec.Ingestion.External; ext != nil {
 		hosts = append(hosts, ext.AdvertisedHost)
@@ -171,8 +175,9 @@ func replicaAccessArgs(pool *streamsv1alpha1.ReplicaPool, operator string) []str
 
 // ingestAccessArgs are a Stream's ingestion --stream and --allow-* flags,
 // from its spec.access: nil is open to anyone; otherwise each user may do
-// what it lists, the namespace's aggregation workers and the operator may
-// consume and describe, and requests about any other Stream of the pool
+// what it lists, the namespace's aggregation workers and the operator (and,
+// with Kafka, the ingestion pods forwarding group requests) may consume
+// and describe, and requests about any other Stream of the pool
 // (workers write their checkpoint Streams through their source's
 // ingestion) are allowed to the workers and the operator only.
 func ingestAccessArgs(stream *streamsv1alpha1.Stream, operator string) []string {
@@ -183,6 +188,13 @@ func ingestAccessArgs(stream *streamsv1alpha1.Stream, operator string) []string 
 	if stream.Spec.Access != nil {
 		consume = append(consume, internal...)
 		metadata = append(metadata, internal...)
+		if stream.HasKafka() {
+			// A pod forwards a request about a consumer group to the
+			// pod coordinating it, with its own identity, once it has
+			// admitted the caller.
+			consume = append(consume, ingestIdentity(stream))
+			metadata = append(metadata, ingestIdentity(stream))
+		}
 	}
 	return []string{
 		"--stream=" + stream.Name,

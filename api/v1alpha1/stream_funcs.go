@@ -50,6 +50,21 @@ func (s *Stream) IngestName() string { return s.Name + ingestSuffix }
 // Stream's own, so that clients address a Stream by its name.
 func (s *Stream) IngestServiceName() string { return s.Name }
 
+// HasKafka reports whether the Stream's ingestion pods serve Kafka
+// (spec.ingestion.kafka.enabled).
+func (s *Stream) HasKafka() bool {
+	return s.Spec.Ingestion.Kafka != nil && s.Spec.Ingestion.Kafka.Enabled
+}
+
+// KafkaServiceName is the name of the headless Service of the Stream's
+// ingestion pods when they serve Kafka: it names each ready pod (the
+// brokers) and lets the pods find one another (the group coordinators).
+func (s *Stream) KafkaServiceName() string { return s.Name + "-kafka" }
+
+// GroupsStreamName is the name of the Stream the consumer groups of the
+// Stream's Kafka listener keep their committed offsets in.
+func (s *Stream) GroupsStreamName() string { return s.Name + "-groups" }
+
 // VolumesFinalizer holds a Stream whose volumeReclaimPolicy is Delete until
 // the operator has deleted the PersistentVolumeClaims of its own pool.
 const VolumesFinalizer = "streams.catena.io/volumes"

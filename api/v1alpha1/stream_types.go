@@ -296,6 +296,24 @@ type IngestionSpec struct {
 	// all they need.
 	// +optional
 	External *ExternalListener `json:"external,omitempty"`
+
+	// kafka serves the Kafka wire protocol on the ingestion pods beside
+	// Catena's own, for unchanged Kafka clients (docs/kafka.md).
+	// +optional
+	Kafka *KafkaListener `json:"kafka,omitempty"`
+}
+
+// KafkaListener is the Kafka listener of a Stream's ingestion pods.
+type KafkaListener struct {
+	// enabled serves Kafka on port 9092 of the ingestion Service (the
+	// bootstrap address status.endpoints.kafka reports): each ingestion
+	// pod is a broker, advertised under its own name, and coordinates a
+	// share of the consumer groups, whose committed offsets the operator
+	// keeps in a Stream <stream>-groups on the same pool. Topics are the
+	// Streams of the pool. In the cluster only: the external Service does
+	// not carry it.
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
 }
 
 // ExternalListener is how a Stream's ingestion is reached from outside the
@@ -360,6 +378,12 @@ type StreamEndpoints struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	External string `json:"external,omitempty"`
+
+	// kafka is the bootstrap host:port of the Stream's Kafka listener
+	// (spec.ingestion.kafka).
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Kafka string `json:"kafka,omitempty"`
 }
 
 // StreamStatus is the observed state of a Stream.
@@ -410,6 +434,7 @@ type StreamStatus struct {
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 47",message="Stream names must be at most 47 characters: the Stream's own pool is named <stream>-pool and a pool's name is at most 52"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.ingestion) || !has(self.spec.ingestion.kafka) || !self.spec.ingestion.kafka.enabled || size(self.metadata.name) <= 40",message="a Stream with a Kafka listener has a name of at most 40 characters: its consumer groups' offsets are kept in a Stream named <stream>-groups"
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="Stream names must start with a letter and contain only lowercase letters, digits and '-': they name Services"
 type Stream struct {
 	metav1.TypeMeta `json:",inline"`

@@ -39,6 +39,11 @@ var _ = Describe("Stream", func() {
 		Expect(k8s.Create(ctx, manifest(ns, "Stream", name, `partitions: 1`))).To(Succeed())
 	})
 
+	It("accepts a Kafka listener on a Stream with the longest name it allows", func() {
+		name := "k" + strings.Repeat("x", streamsv1alpha1.MaxStreamNameLength-len("-groups")-1)
+		Expect(k8s.Create(ctx, manifest(ns, "Stream", name, "partitions: 1\ningestion: {kafka: {enabled: true}}"))).To(Succeed())
+	})
+
 	It("accepts a Stream on a shared pool and one with its own pool spelled out", func() {
 		Expect(k8s.Create(ctx, manifest(ns, "Stream", "shared", `
 pool: common
@@ -123,6 +128,8 @@ placement: {nodeSpread: Required, zoneSpread: None, nodeSelector: {disk: nvme}}`
 			"advertisedHost must be a name clients outside the cluster resolve"),
 		Entry("an advertised host of a single label", "ext-label", "partitions: 3\ningestion: {external: {type: NodePort, advertisedHost: payments}}",
 			"advertisedHost must be a name clients outside the cluster resolve"),
+		Entry("a Kafka listener on a Stream whose groups Stream's name would be too long", "k"+strings.Repeat("x", streamsv1alpha1.MaxStreamNameLength-len("-groups")), "partitions: 3\ningestion: {kafka: {enabled: true}}",
+			"a Stream with a Kafka listener has a name of at most 40 characters"),
 	)
 
 	DescribeTable("rejects an invalid change to a Stream, keeping what was stored",
