@@ -100,7 +100,7 @@ func TestKafkaPeersAdmitEachOther(t *testing.T) {
 	s.Spec.Ingestion.Kafka = &streamsv1alpha1.KafkaListener{Enabled: true}
 	self := ingestIdentity(s)
 	for _, a := range ingestAccessArgs(s, testOperator) {
-		if (strings.HasPrefix(a, "--allow-consume=") || strings.HasPrefix(a, "--allow-metadata=")) && !strings.Contains(a, self) {
+		if (strings.HasPrefix(a, "--allow-consume=") || strings.HasPrefix(a, "--allow-metadata=") || strings.HasPrefix(a, "--allow-other-streams=")) && !strings.Contains(a, self) {
 			t.Errorf("%s does not admit the ingestion pods' own identity %s: a forwarded group request would be refused", a, self)
 		}
 		if strings.HasPrefix(a, "--allow-produce=") && strings.Contains(a, self) {

@@ -182,19 +182,18 @@ func replicaAccessArgs(pool *streamsv1alpha1.ReplicaPool, operator string) []str
 // ingestion) are allowed to the workers and the operator only.
 func ingestAccessArgs(stream *streamsv1alpha1.Stream, operator string) []string {
 	internal := []string{allWorkers(stream.Namespace), operator}
+	if stream.HasKafka() {
+		// A pod forwards a request about a consumer group to the pod
+		// coordinating it, and asks every pod for their groups, with its
+		// own identity, once it has admitted the caller.
+		internal = append(internal, ingestIdentity(stream))
+	}
 	produce := streamUsers(stream, streamsv1alpha1.OperationProduce)
 	consume := streamUsers(stream, streamsv1alpha1.OperationConsume)
 	metadata := streamUsers(stream, "")
 	if stream.Spec.Access != nil {
 		consume = append(consume, internal...)
 		metadata = append(metadata, internal...)
-		if stream.HasKafka() {
-			// A pod forwards a request about a consumer group to the
-			// pod coordinating it, with its own identity, once it has
-			// admitted the caller.
-			consume = append(consume, ingestIdentity(stream))
-			metadata = append(metadata, ingestIdentity(stream))
-		}
 	}
 	return []string{
 		"--stream=" + stream.Name,
