@@ -110,3 +110,39 @@ func TestLogFormats(t *testing.T) {
 		t.Errorf("a bad --log-format: %v", err)
 	}
 }
+
+func TestGroupPeersFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		peers      []string
+		advertise  string
+		wantSelf   string
+		wantErrSub string
+	}{
+		{"no peers: every group is this node's", nil, "", "", ""},
+		{"an IP among the peers", []string{"orders-kafka.shop.svc"}, "10.244.1.5:9092", "10.244.1.5", ""},
+		{"no advertised address", []string{"orders-kafka.shop.svc"}, "", "", "--peers needs --kafka-advertise"},
+		{"an unspecified address", []string{"orders-kafka.shop.svc"}, "0.0.0.0:9092", "", "not an unspecified one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := groupPeers(tc.peers, tc.advertise)
+			switch {
+			case tc.wantErrSub != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantErrSub) {
+					t.Fatalf("err %v, want one saying %q", err, tc.wantErrSub)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case tc.wantSelf == "" && m != nil:
+				t.Fatalf("membership %v without peers", m)
+			case tc.wantSelf != "" && (m == nil || m.Self().Host != tc.wantSelf):
+				t.Fatalf("membership %v, want this node at %s", m, tc.wantSelf)
+			}
+		})
+	}
+	for ip, want := range map[string]string{"10.244.1.5": "10-244-1-5", "fd00::1": "fd00--1"} {
+		if got := podDNSLabel(ip); got != want {
+			t.Errorf("podDNSLabel(%s) = %s, want %s", ip, got, want)
+		}
+	}
+}
