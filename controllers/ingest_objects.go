@@ -248,10 +248,6 @@ func desiredKafkaBrokersService(stream *streamsv1alpha1.Stream) *corev1.Service 
 // Turning Kafka off later keeps it, so that turning it on again finds
 // every group's offsets.
 func desiredGroupsStream(stream *streamsv1alpha1.Stream) *streamsv1alpha1.Stream {
-	pool := stream.Status.Pool
-	if pool == "" {
-		pool = stream.PoolName()
-	}
 	return &streamsv1alpha1.Stream{
 		TypeMeta: metav1.TypeMeta{APIVersion: streamsv1alpha1.GroupVersion.String(), Kind: "Stream"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -260,7 +256,8 @@ func desiredGroupsStream(stream *streamsv1alpha1.Stream) *streamsv1alpha1.Stream
 			Labels:    map[string]string{labelName: appName, labelManagedBy: fieldOwner, labelGroupsOf: stream.Name},
 		},
 		Spec: streamsv1alpha1.StreamSpec{
-			Pool:                pool,
+			// spec.pool or the Stream's own: immutable either way.
+			Pool:                stream.PoolName(),
 			Partitions:          1,
 			ReplicationFactor:   stream.Spec.ReplicationFactor,
 			MinChainLength:      stream.Spec.MinChainLength,
