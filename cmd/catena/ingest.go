@@ -81,6 +81,7 @@ func newIngestCommand() *cobra.Command {
 				return err
 			}
 			coord := newGroupCoordinator(srv, offsetsStream, membership, logger)
+			go coord.Run(ctx, groups.TickInterval)
 			svc := &groups.Service{Coordinator: coord, Ingest: srv}
 			if membership != nil {
 				go groups.Discover(ctx, membership, peers, peerResolveInterval, logger.WithName("groups"))

@@ -345,7 +345,14 @@ func New(opts Options) *Coordinator {
 	return &Coordinator{opts: opts, now: opts.Now, groups: map[string]*group{}}
 }
 
-// Run applies the deadlines every interval until ctx ends.
+// TickInterval is how often Run applies the deadlines (session expiry,
+// rebalance timeouts, the initial rebalance delay).
+const TickInterval = 100 * time.Millisecond
+
+// Run applies the deadlines every interval until ctx ends. Whoever makes
+// a Coordinator runs it, whether a Kafka listener, the Groups service or
+// both serve it: without it no first generation starts and no session
+// expires.
 func (c *Coordinator) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()

@@ -101,6 +101,7 @@ func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluste
 	// One coordinator for the Kafka listener and the Groups gRPC service,
 	// as catena ingest has.
 	c.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: c.ing}, Logger: testr.New(t).WithName("groups")})
+	runCoordinator(t, c.groups)
 	gs := grpc.NewServer(transport.ServerOptions(nil)...)
 	c.ing.Register(gs)
 	(&groups.Service{Coordinator: c.groups, Ingest: c.ing}).Register(gs)
@@ -126,6 +127,20 @@ func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluste
 	t.Cleanup(c.kafka.Close)
 	c.addr = lis.Addr().String()
 	return c
+}
+
+// runCoordinator runs coord until the test ends, as catena ingest does.
+func runCoordinator(t *testing.T, coord *groups.Coordinator) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		coord.Run(ctx, groups.TickInterval)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 }
 
 // client is a franz-go client of the listener.

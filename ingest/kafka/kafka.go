@@ -43,9 +43,6 @@ const (
 	maxInFlight = 64
 	// brokerID is the node id of the one broker the listener advertises.
 	brokerID = 0
-	// groupTick is how often the group coordinator applies its deadlines
-	// (session expiry, rebalance timeouts).
-	groupTick = 100 * time.Millisecond
 	// ClusterID is what Metadata reports as the cluster's id.
 	ClusterID = "catena"
 )
@@ -71,9 +68,10 @@ type Options struct {
 	// (transport.Policy.Check). A refusal answers the operation with an
 	// authorization error and stores nothing.
 	Authorize func(ctx context.Context, method string, req any) error
-	// Groups coordinates the consumer groups (nil: a coordinator storing
+	// Groups coordinates the consumer groups; whoever made it runs it
+	// (Coordinator.Run). Nil: the listener's own coordinator, storing
 	// committed offsets in the internal stream OffsetsStream through
-	// Ingest).
+	// Ingest, run until Close.
 	Groups *groups.Coordinator
 	// OffsetsStream is the stream Groups stores committed offsets in
 	// (groups.DefaultOffsetsStream when empty): internal, as Kafka's
@@ -130,12 +128,12 @@ func New(opts Options) (*Server, error) {
 	s.groups = opts.Groups
 	if s.groups == nil {
 		s.groups = groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: opts.Ingest, Stream: s.offsetsStream, Logger: opts.Logger.WithName("groups")}, Logger: opts.Logger.WithName("groups")})
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.groups.Run(ctx, groups.TickInterval)
+		}()
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.groups.Run(ctx, groupTick)
-	}()
 	if opts.Advertise != "" {
 		if err := s.setAdvertised(opts.Advertise); err != nil {
 			cancel()

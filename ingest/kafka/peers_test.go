@@ -89,6 +89,7 @@ func (c *cluster) startNodes(hosts ...string) []*node {
 			})
 		}
 		coord := groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: n.ing}, Membership: n.membership, Logger: testr.New(t).WithName(host)})
+		runCoordinator(t, coord)
 		n.pool = transport.NewPool(nil)
 		n.grpc = grpc.NewServer(transport.ServerOptions(nil)...)
 		n.ing.Register(n.grpc)

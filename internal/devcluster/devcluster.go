@@ -236,6 +236,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	// (catenactl group); their offsets go to groups.DefaultOffsetsStream,
 	// which the first commit creates.
 	coord := groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: ing, Logger: log.WithValues("role", "groups")}, Logger: log.WithValues("role", "groups")})
+	go coord.Run(ctx, groups.TickInterval)
 	(&groups.Service{Coordinator: coord, Ingest: ing}).Register(g)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- g.Serve(ingestLis) }()

@@ -238,3 +238,35 @@ func regexpLine(out, pattern string) bool {
 	}
 	return false
 }
+
+// TestConsumeGroupWithoutKafkaListener: consumer groups are Catena's own
+// too, so catena dev without a Kafka listener runs them: the group's
+// first generation starts (after the initial rebalance delay, which only
+// the coordinator's clock ends) and catenactl consume --group reads.
+func TestConsumeGroupWithoutKafkaListener(t *testing.T) {
+	d := startDev(t, t.TempDir(), "--stream", "plain:1")
+	addr := d.state.Ingest
+	for i := range 3 {
+		if out, code := ctl(t, addr, "produce", "--stream", "plain", "--value", fmt.Sprintf("v%d", i)); code != 0 {
+			t.Fatalf("produce: exit %d\n%s", code, out)
+		}
+	}
+	cmd := exec.Command(catenactlBin, "--server", addr, "consume", "--stream", "plain", "--group", "plain-readers", "--count", "3")
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() {
+		defer close(done)
+		out, err = cmd.CombinedOutput()
+	}()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("consume --group read nothing in 90 s: the group never got a generation\n%s", out)
+	}
+	if err != nil || strings.Count(string(out), `"offset"`) != 3 {
+		t.Fatalf("consume --group: %v\n%s", err, out)
+	}
+}
