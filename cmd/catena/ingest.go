@@ -30,6 +30,7 @@ func newIngestCommand() *cobra.Command {
 		peers                          []string
 		peerServerName, brokerDomain   string
 		offsetsStream                  string
+		offsetsRetention               time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest",
@@ -80,7 +81,7 @@ func newIngestCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			coord := newGroupCoordinator(srv, offsetsStream, membership, logger)
+			coord := newGroupCoordinator(srv, offsetsStream, offsetsRetention, membership, logger)
 			go coord.Run(ctx, groups.TickInterval)
 			svc := &groups.Service{Coordinator: coord, Ingest: srv}
 			if membership != nil {
@@ -127,6 +128,7 @@ func newIngestCommand() *cobra.Command {
 	cmd.Flags().StringVar(&kafkaAdvertise, "kafka-advertise", "", "host:port Kafka clients are told to connect to (empty: the --kafka-listen address, with this host's name for an unspecified host)")
 	cmd.Flags().StringSliceVar(&peers, "peers", nil, "the ingestion nodes that share consumer groups, this one among them (comma-separated names or IPs; a name, such as a headless Service's, stands for every address it resolves to, resolved again every few seconds); needs --kafka-advertise, whose host is this node's address among them (empty: this node coordinates every group)")
 	cmd.Flags().StringVar(&offsetsStream, "groups-stream", groups.DefaultOffsetsStream, "the internal stream consumer groups' committed offsets are kept in (on Kubernetes, the Stream <stream>-groups the operator creates)")
+	cmd.Flags().DurationVar(&offsetsRetention, "group-offsets-retention", groups.DefaultOffsetsRetention, "how long a consumer group without members keeps its committed offsets and retention holds after it last had members or committed (Kafka's offsets.retention.minutes; 0: until deleted)")
 	cmd.Flags().StringVar(&brokerDomain, "kafka-broker-domain", "", "with --peers: advertise each node to Kafka clients as <its IP, dots and colons as dashes>.<this domain> (a headless Service's domain names each ready pod so), a name its TLS certificate can hold (empty: as its address)")
 	cmd.Flags().StringVar(&peerServerName, "peer-server-name", "", "with --peers and TLS: the name the peers' certificate is checked against (the nodes share one certificate; empty: the peer's address)")
 	_ = cmd.MarkFlagRequired("replicas")
@@ -198,6 +200,10 @@ func serveKafka(listen, advertise, brokerDomain, offsetsStream string, srv *inge
 // groups' committed offsets in the internal stream
 // offsetsStream; with a membership, it coordinates the
 // groups it owns among the peers.
-func newGroupCoordinator(srv *ingest.Server, offsetsStream string, membership *groups.Membership, logger logr.Logger) *groups.Coordinator {
-	return groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: srv, Stream: offsetsStream, Logger: logger.WithName("groups")}, Membership: membership, Logger: logger.WithName("groups")})
+func newGroupCoordinator(srv *ingest.Server, offsetsStream string, offsetsRetention time.Duration, membership *groups.Membership, logger logr.Logger) *groups.Coordinator {
+	if offsetsRetention == 0 {
+		offsetsRetention = -1 // the flag's 0 is never; the option's is the default
+	}
+	return groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: srv, Stream: offsetsStream, Logger: logger.WithName("groups")},
+		Membership: membership, OffsetsRetention: offsetsRetention, Logger: logger.WithName("groups")})
 }

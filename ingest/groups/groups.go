@@ -224,6 +224,13 @@ type Options struct {
 	InitialRebalanceDelay time.Duration
 	// MaxSize bounds a group's members (0: no bound).
 	MaxSize int
+	// OffsetsRetention is how long a group without members keeps its
+	// committed offsets, and so its retention holds, after it was last
+	// seen with members or last committed, whichever is later (Kafka's
+	// offsets.retention.minutes; 0: DefaultOffsetsRetention; negative:
+	// until deleted). An ad-hoc group (a console consumer, kcat -G) would
+	// otherwise hold its partitions from retention for ever.
+	OffsetsRetention time.Duration
 	// Logger is told of each generation and of each member whose
 	// session expired.
 	Logger logr.Logger
@@ -246,6 +253,7 @@ const (
 	DefaultMinSessionTimeout     = 6 * time.Second
 	DefaultMaxSessionTimeout     = 30 * time.Minute
 	DefaultInitialRebalanceDelay = 3 * time.Second
+	DefaultOffsetsRetention      = 7 * 24 * time.Hour
 )
 
 type member struct {
@@ -299,6 +307,9 @@ type group struct {
 	// members (InitialRebalanceDelay).
 	delayUntil time.Time
 	offsets    map[TopicPartition]Committed
+	// activeAt is when the group was last seen with members (by
+	// ExpireOffsets), or loaded.
+	activeAt time.Time
 	// commitMu orders a group's commits: one at a time reaches the store,
 	// so the store's order is the order they are applied in.
 	commitMu sync.Mutex
@@ -336,6 +347,9 @@ func New(opts Options) *Coordinator {
 	if opts.MaxSessionTimeout == 0 {
 		opts.MaxSessionTimeout = DefaultMaxSessionTimeout
 	}
+	if opts.OffsetsRetention == 0 {
+		opts.OffsetsRetention = DefaultOffsetsRetention
+	}
 	switch {
 	case opts.InitialRebalanceDelay == 0:
 		opts.InitialRebalanceDelay = DefaultInitialRebalanceDelay
@@ -356,14 +370,100 @@ const TickInterval = 100 * time.Millisecond
 func (c *Coordinator) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	expire := time.NewTicker(expireInterval)
+	defer expire.Stop()
+	var expiring sync.WaitGroup
+	defer expiring.Wait()
+	busy := false
+	done := make(chan struct{}, 1)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			c.Tick()
+		case <-done:
+			busy = false
+		case <-expire.C:
+			if busy {
+				continue // the last sweep is still deleting
+			}
+			busy = true
+			expiring.Add(1)
+			go func() {
+				defer expiring.Done()
+				if _, err := c.ExpireOffsets(ctx); err != nil && ctx.Err() == nil {
+					c.opts.Logger.V(1).Info("Could not expire consumer groups' offsets", "err", err.Error())
+				}
+				done <- struct{}{}
+			}()
 		}
 	}
+}
+
+// expireInterval is how often Run looks for groups whose offsets expired.
+const expireInterval = time.Minute
+
+// ExpireOffsets deletes the groups this node coordinates that have had no
+// members, and no commit, for OffsetsRetention: their offsets are
+// forgotten and their retention holds released, as a deletion does. A
+// group without offsets is only forgotten. It returns the groups whose
+// offsets it deleted.
+func (c *Coordinator) ExpireOffsets(ctx context.Context) ([]string, error) {
+	if c.opts.OffsetsRetention < 0 {
+		return nil, nil
+	}
+	if err := c.Load(ctx); err != nil {
+		return nil, err
+	}
+	now := c.now()
+	var due []string
+	c.mu.Lock()
+	for name, g := range c.groups {
+		if len(g.members) > 0 || len(g.pending) > 0 || g.state != Empty {
+			g.activeAt = now
+			continue
+		}
+		if !c.owns(name) {
+			continue
+		}
+		last := g.activeAt
+		for _, o := range g.offsets {
+			last = maxTime(last, time.UnixMilli(o.At))
+		}
+		if now.Sub(last) < c.opts.OffsetsRetention {
+			continue
+		}
+		if len(g.offsets) == 0 {
+			delete(c.groups, name)
+			continue
+		}
+		due = append(due, name)
+	}
+	c.mu.Unlock()
+	sort.Strings(due)
+	var expired []string
+	for _, name := range due {
+		err := c.Delete(ctx, name)
+		switch CodeOf(err) {
+		case NonEmptyGroup, GroupIDNotFound, NotCoordinator:
+			// A member joined, someone deleted it or it moved meanwhile.
+			continue
+		}
+		if err != nil && !errors.Is(err, ErrHoldsRemain) {
+			return expired, fmt.Errorf("expire the offsets of group %q: %w", name, err)
+		}
+		c.opts.Logger.Info("consumer group's offsets expired", "group", name, "retention", c.opts.OffsetsRetention, "holdsRemain", err != nil)
+		expired = append(expired, name)
+	}
+	return expired, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // Load loads the committed offsets, once, and again whenever the
@@ -396,6 +496,7 @@ func (c *Coordinator) Load(ctx context.Context) error {
 			g.offsets[tp] = o
 		}
 	}
+	now := c.now()
 	for name, offs := range all {
 		if c.groups[name] != nil || !c.owns(name) {
 			continue
@@ -404,6 +505,10 @@ func (c *Coordinator) Load(ctx context.Context) error {
 		for tp, o := range offs {
 			g.offsets[tp] = o
 		}
+		// Whether it had members before this load is not stored: it is
+		// given a full retention from now, so that its members have
+		// rejoined before its offsets can expire.
+		g.activeAt = now
 	}
 	c.mu.Unlock()
 	c.loaded, c.loadedAt = true, version

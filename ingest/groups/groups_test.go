@@ -576,3 +576,91 @@ func TestDeleteThatLeavesHoldsStillDeletes(t *testing.T) {
 		t.Fatalf("after a stored deletion the group is %s, want gone", d.State)
 	}
 }
+
+func TestOffsetsOfGroupsWithoutMembersExpire(t *testing.T) {
+	tp := TopicPartition{"orders", 0}
+	commit := func(f *fixture, group, member string, gen int32) {
+		t.Helper()
+		errs, err := f.c.CommitOffsets(ctx, group, member, gen, []Commit{{TopicPartition: tp, Committed: Committed{Offset: 7}}})
+		if err != nil || errs[0] != nil {
+			t.Fatalf("commit: %v %v", errs, err)
+		}
+	}
+	expire := func(f *fixture, want ...string) {
+		t.Helper()
+		got, err := f.c.ExpireOffsets(ctx)
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("expired %v (%v), want %v", got, err, want)
+		}
+	}
+
+	t.Run("a group that only commits, after the retention from its last commit", func(t *testing.T) {
+		f := newFixture(t)
+		commit(f, "adhoc", "", -1)
+		f.clock.advance(DefaultOffsetsRetention - time.Minute)
+		expire(f)
+		commit(f, "adhoc", "", -1) // unchanged: writes nothing, and is no sign of life
+		f.clock.advance(2 * time.Minute)
+		expire(f, "adhoc")
+		if offs, _ := f.c.FetchOffsets(ctx, "adhoc", nil); len(offs) != 0 || len(f.store.deleted) != 1 {
+			t.Fatalf("after expiry: offsets %v, store deletions %v", offs, f.store.deleted)
+		}
+		expire(f)
+	})
+
+	t.Run("a group with members keeps its offsets however old its commits", func(t *testing.T) {
+		f := newFixture(t)
+		ids, gen := f.stable(1)
+		commit(f, "g", ids[0], gen)
+		f.clock.advance(2 * DefaultOffsetsRetention)
+		expire(f) // seen with a member now
+		if _, err := f.c.Leave(ctx, "g", ids); err != nil {
+			t.Fatal(err)
+		}
+		f.clock.advance(DefaultOffsetsRetention - time.Minute)
+		expire(f)
+		f.clock.advance(2 * time.Minute)
+		expire(f, "g")
+	})
+
+	t.Run("a group without offsets is only forgotten", func(t *testing.T) {
+		f := newFixture(t)
+		ids, _ := f.stable(1)
+		if _, err := f.c.Leave(ctx, "g", ids); err != nil {
+			t.Fatal(err)
+		}
+		f.clock.advance(DefaultOffsetsRetention + time.Minute)
+		expire(f)
+		if gs, _ := f.c.List(ctx); len(gs) != 0 || len(f.store.deleted) != 0 {
+			t.Fatalf("groups %v, store deletions %v", gs, f.store.deleted)
+		}
+	})
+
+	t.Run("never, with a negative retention", func(t *testing.T) {
+		clk := &clock{t: time.Unix(1_700_000_000, 0)}
+		store := &memOffsets{}
+		c := New(Options{Offsets: store, Now: clk.now, OffsetsRetention: -1})
+		f := &fixture{t: t, c: c, clock: clk, store: store}
+		commit(f, "kept", "", -1)
+		f.clock.advance(100 * DefaultOffsetsRetention)
+		expire(f)
+	})
+}
+
+// TestLoadedGroupsGetAFullRetention: after a restart a coordinator does
+// not know whether a group had members; one whose commits are old is not
+// expired before its members had the time to rejoin.
+func TestLoadedGroupsGetAFullRetention(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	store := &memOffsets{stored: map[string]map[TopicPartition]Committed{
+		"idle": {{"orders", 0}: {Offset: 7, At: clk.now().Add(-30 * 24 * time.Hour).UnixMilli()}},
+	}}
+	c := New(Options{Offsets: store, Now: clk.now})
+	if got, err := c.ExpireOffsets(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("expired %v (%v) right after the load", got, err)
+	}
+	clk.advance(DefaultOffsetsRetention)
+	if got, err := c.ExpireOffsets(ctx); err != nil || fmt.Sprint(got) != "[idle]" {
+		t.Fatalf("expired %v (%v) a retention after the load, want [idle]", got, err)
+	}
+}
