@@ -129,7 +129,7 @@ func (cn *conn) listOffsets(ctx context.Context, r *kmsg.ListOffsetsRequest) kms
 			} else {
 				out.Offset = int64(res.GetOffset())
 				if req.Spec == catenapb.OffsetSpec_OFFSET_SPEC_TIMESTAMP {
-					out.Timestamp = p.Timestamp
+					out.Offset, out.Timestamp = cn.recordAtOrAfter(ctx, req, res.GetOffset())
 				}
 			}
 			rt.Partitions = append(rt.Partitions, out)
@@ -138,6 +138,37 @@ func (cn *conn) listOffsets(ctx context.Context, r *kmsg.ListOffsetsRequest) kms
 	}
 	return resp
 }
+
+// recordAtOrAfter answers a lookup by timestamp as Kafka does: the offset
+// and timestamp of the first record at or after the time; -1 and -1 when
+// no committed record is, which clients take for "the end". Catena's
+// ListOffsets found offset, the start of the first batch whose newest
+// record is at or after the time: the records from there are read to
+// find the first that is. A record that cannot be read now leaves the
+// offset found with the time asked for.
+func (cn *conn) recordAtOrAfter(ctx context.Context, req *catenapb.ListOffsetsRequest, offset uint64) (int64, int64) {
+	end, err := cn.srv.ing.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: req.GetStream(), Partition: req.GetPartition(), Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST})
+	if err != nil {
+		return int64(offset), req.GetTimestampMs()
+	}
+	if offset >= end.GetOffset() {
+		return -1, -1
+	}
+	res, err := cn.srv.ing.Fetch(ctx, &catenapb.FetchRequest{Stream: req.GetStream(), Partition: req.GetPartition(), Offset: offset, MaxBytes: timeLookupBytes})
+	if err != nil {
+		return int64(offset), req.GetTimestampMs()
+	}
+	for _, r := range res.GetRecords() {
+		if r.GetOffset() >= offset && r.GetTimestampMs() >= req.GetTimestampMs() {
+			return int64(r.GetOffset()), r.GetTimestampMs()
+		}
+	}
+	return int64(offset), req.GetTimestampMs()
+}
+
+// timeLookupBytes is how much a lookup by timestamp reads from the batch
+// the index found: a batch, whole, is at most a few MiB.
+const timeLookupBytes = 4 << 20
 
 // initProducerID gives an idempotent producer its id. Catena keeps no
 // producer state to allocate from: ids are random, 62 bits, and the epoch

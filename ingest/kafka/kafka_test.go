@@ -529,3 +529,46 @@ func fetchRequest(topic string, partition int32, offset int64) *kmsg.FetchReques
 	req.Topics = append(req.Topics, ft)
 	return req
 }
+
+// TestListOffsetsByTimestamp answers as Kafka: the first record at or
+// after the time, with its own timestamp; -1 and -1 after every record.
+func TestListOffsetsByTimestamp(t *testing.T) {
+	c := startCluster(t, 1)
+	cl := c.client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	ctx := ctxT(t, 30*time.Second)
+	t0 := time.UnixMilli(1_760_000_000_000)
+	// One batch of three records 10 s apart: the index finds the batch,
+	// the records in it are read to find the first at or after the time.
+	var recs []*kgo.Record
+	for i := range 3 {
+		recs = append(recs, &kgo.Record{Topic: "s", Partition: 0, Value: []byte{byte(i)}, Timestamp: t0.Add(time.Duration(i) * 10 * time.Second)})
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		at         time.Time
+		offset, ts int64
+	}{
+		{t0.Add(-time.Hour), 0, t0.UnixMilli()},
+		{t0.Add(5 * time.Second), 1, t0.Add(10 * time.Second).UnixMilli()},
+		{t0.Add(20 * time.Second), 2, t0.Add(20 * time.Second).UnixMilli()},
+		{t0.Add(time.Hour), -1, -1},
+	} {
+		req := kmsg.NewPtrListOffsetsRequest()
+		rt := kmsg.NewListOffsetsRequestTopic()
+		rt.Topic = "s"
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.Timestamp = 0, tc.at.UnixMilli()
+		rt.Partitions = append(rt.Partitions, rp)
+		req.Topics = append(req.Topics, rt)
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := resp.Topics[0].Partitions[0]
+		if p.ErrorCode != 0 || p.Offset != tc.offset || p.Timestamp != tc.ts {
+			t.Errorf("at %v: error %d, offset %d, timestamp %d; want offset %d, timestamp %d", tc.at, p.ErrorCode, p.Offset, p.Timestamp, tc.offset, tc.ts)
+		}
+	}
+}
