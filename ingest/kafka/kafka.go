@@ -290,6 +290,10 @@ type conn struct {
 	// lastCommit is closed when the connection's latest OffsetCommit is
 	// done (read and written by the reader goroutine only).
 	lastCommit chan struct{}
+	// working counts the goroutines computing answers (later), which the
+	// connection waits for before it ends, so that Close returns only
+	// once nothing uses the ingestion server on a client's behalf.
+	working sync.WaitGroup
 }
 
 func (s *Server) serveConn(nc net.Conn) {
@@ -321,6 +325,7 @@ func (s *Server) serveConn(nc net.Conn) {
 	cancel()
 	close(cn.answers)
 	<-writerDone
+	cn.working.Wait()
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && ctx.Err() == nil {
 		cn.log.Info("Closed a Kafka connection", "reason", err.Error())
 	}
@@ -473,7 +478,9 @@ func skipTags(b []byte) ([]byte, error) {
 func (cn *conn) later(h header, fn func(ctx context.Context) kmsg.Response) {
 	a := &answer{done: make(chan struct{})}
 	cn.answers <- a
+	cn.working.Add(1)
 	go func() {
+		defer cn.working.Done()
 		defer close(a.done)
 		if resp := fn(cn.ctx); resp != nil {
 			a.bytes = encode(h, resp)
