@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log"
 	"maps"
 	"net"
 	"regexp"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/IBM/sarama"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -29,6 +31,9 @@ import (
 
 // kafkaStream has a Kafka listener on two ingestion pods, and a user that
 // may produce and consume.
+// kafkaNamespace is the namespace of the specs' Stream.
+var kafkaNamespace string
+
 const (
 	kafkaStream     = "kevents"
 	kafkaPartitions = 6
@@ -43,6 +48,8 @@ var _ = Describe("A Stream with a Kafka listener", Ordered, func() {
 
 	BeforeAll(func() {
 		ns = newNamespace("e2e-kafka")
+		kafkaNamespace = ns
+		sarama.Logger = log.New(GinkgoWriter, "[sarama] ", log.LstdFlags)
 		manifest := fmt.Sprintf(`apiVersion: streams.catena.io/v1alpha1
 kind: Stream
 metadata:
@@ -89,12 +96,17 @@ spec:
 
 		By("listing each ingestion pod as a broker under its name")
 		adm := kadm.NewClient(newClient())
-		brokers, err := adm.ListBrokers(ctx)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(brokers).To(HaveLen(2))
-		for _, b := range brokers {
-			Expect(b.Host).To(HaveSuffix(fmt.Sprintf(".%s-kafka.%s.svc", kafkaStream, ns)))
-		}
+		// A pod counts another once the headless Service lists it and its
+		// next resolution (every 2 s) sees it: moments after both are
+		// ready.
+		Eventually(func(g Gomega) {
+			brokers, err := adm.ListBrokers(ctx)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(brokers).To(HaveLen(2))
+			for _, b := range brokers {
+				g.Expect(b.Host).To(HaveSuffix(fmt.Sprintf(".%s-kafka.%s.svc", kafkaStream, ns)))
+			}
+		}).WithTimeout(time.Minute).Should(Succeed())
 
 		By("producing idempotently, with headers, and reading the headers back")
 		producer := newClient(kgo.RecordPartitioner(kgo.ManualPartitioner()))
@@ -214,7 +226,207 @@ spec:
 		held := regexp.MustCompile(`(?m)^\d+\s+` + regexp.QuoteMeta(groups.HoldName(group)) + `\s+120\s`)
 		Expect(held.FindAllString(out, -1)).To(HaveLen(kafkaPartitions), "every partition held at its end by the group:\n%s", out)
 	})
+
+	// Pending: in about one run of five here, the survivor given the killed
+	// member's partitions in the new generation never reads them (it reads
+	// its other partition). sarama drops a partition from a session when
+	// creating its claim fails (consumerGroupSession.consume: the error goes
+	// to handleError and the partition is not consumed until the next
+	// rebalance), so the listener answered something sarama took for
+	// fatal; sarama.Logger (set in BeforeAll) will name it. Against catena
+	// dev (one broker) the same group passes (test/integration).
+	PIt("runs a sarama producer and consumer group through a member kill, skipping no record", func() {
+		newConfig := func() *sarama.Config {
+			cfg := sarama.NewConfig()
+			cfg.Version = sarama.V2_8_0_0
+			cfg.Net.TLS.Enable, cfg.Net.TLS.Config = true, dialer.tls.Clone()
+			cfg.Producer.RequiredAcks = sarama.WaitForAll
+			cfg.Producer.Return.Successes = true
+			cfg.Producer.Idempotent, cfg.Net.MaxOpenRequests = true, 1
+			cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+			cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
+			cfg.Consumer.Group.Session.Timeout = 10 * time.Second
+			cfg.Consumer.Group.Heartbeat.Interval = time.Second
+			cfg.Consumer.MaxWaitTime = 500 * time.Millisecond
+			return cfg
+		}
+		seeds := dialer.seeds()
+		pcfg := newConfig()
+		pd := &cutProxy{d: dialer}
+		pcfg.Net.Proxy.Enable, pcfg.Net.Proxy.Dialer = true, pd
+		prod, err := sarama.NewSyncProducer(seeds, pcfg)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(prod.Close)
+		const topic = kafkaStream
+		var all []string
+		produce := func(n int) {
+			var msgs []*sarama.ProducerMessage
+			for i := range n {
+				msgs = append(msgs, &sarama.ProducerMessage{Topic: topic, Key: sarama.StringEncoder(fmt.Sprintf("k%d", i)), Value: sarama.StringEncoder(fmt.Sprintf("sarama-%d", i))})
+			}
+			Expect(prod.SendMessages(msgs)).To(Succeed())
+			for _, m := range msgs {
+				all = append(all, fmt.Sprintf("%d/%d", m.Partition, m.Offset))
+			}
+		}
+		produce(300)
+
+		const group = "e2e-sarama"
+		var members []*saramaMember
+		for i := range 3 {
+			cfg := newConfig()
+			cfg.ClientID = fmt.Sprintf("sarama-%d", i)
+			m := &saramaMember{proxy: &cutProxy{d: dialer}, done: make(chan struct{}), consumed: map[string]bool{}}
+			cfg.Net.Proxy.Enable, cfg.Net.Proxy.Dialer = true, m.proxy
+			m.group, err = sarama.NewConsumerGroup(seeds, group, cfg)
+			Expect(err).NotTo(HaveOccurred())
+			mctx, cancel := context.WithCancel(ctx)
+			m.cancel = cancel
+			go func() {
+				defer close(m.done)
+				for mctx.Err() == nil {
+					_ = m.group.Consume(mctx, []string{topic}, m)
+				}
+			}()
+			DeferCleanup(func() {
+				cancel()
+				<-m.done
+				m.group.Close()
+			})
+			members = append(members, m)
+		}
+		// Records of the earlier spec are in the stream too: the group
+		// starts at the oldest, so it reads them as well.
+		covers := func(sets ...map[string]bool) func(Gomega) {
+			return func(g Gomega) {
+				var missing []string
+				for _, k := range all {
+					found := false
+					for _, s := range sets {
+						found = found || s[k]
+					}
+					if !found {
+						missing = append(missing, k)
+					}
+				}
+				g.Expect(missing).To(BeEmpty(), "records no member read")
+			}
+		}
+		Eventually(func(g Gomega) {
+			covers(members[0].read(), members[1].read(), members[2].read())(g)
+			for _, m := range members {
+				g.Expect(m.read()).NotTo(BeEmpty(), "a member with no partitions")
+			}
+		}).WithTimeout(2 * time.Minute).Should(Succeed())
+
+		victim := members[2]
+		victim.mu.Lock()
+		victim.noCommit = true
+		victim.mu.Unlock()
+		readByVictim := victim.read() // committed by sarama's auto-commit, or read again
+		produce(300)
+		Eventually(func() int { return len(victim.read()) }).WithTimeout(time.Minute).Should(BeNumerically(">", len(readByVictim)))
+		victim.proxy.cut()
+		victim.cancel()
+		produce(300)
+		Eventually(func(g Gomega) {
+			covers(members[0].read(), members[1].read(), readByVictim)(g)
+		}).WithTimeout(3*time.Minute).Should(Succeed(), func() string {
+			return "the survivors read every record the victim did not commit; the group: " + describeGroup(group)
+		})
+	})
 })
+
+// describeGroup is what a new franz-go admin client sees of group: its
+// members' partitions and its committed offsets, for a failure's message.
+func describeGroup(group string) string {
+	d := newBrokerDialer(kafkaNamespace, kafkaStream, kafkaUser)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(d.seeds()...), kgo.Dialer(d.dial))
+	if err != nil {
+		return err.Error()
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	dg, err := adm.DescribeGroups(ctx, group)
+	offs, ferr := adm.FetchOffsets(ctx, group)
+	ends, eerr := adm.ListEndOffsets(ctx, kafkaStream)
+	var b strings.Builder
+	fmt.Fprintf(&b, "described %+v (%v)\n", dg[group], err)
+	for _, m := range dg[group].Members {
+		a, _ := m.Assigned.AsConsumer()
+		fmt.Fprintf(&b, "member %s: %+v\n", m.ClientID, a)
+	}
+	fmt.Fprintf(&b, "committed (%v):", ferr)
+	offs.Each(func(o kadm.OffsetResponse) { fmt.Fprintf(&b, " %d@%d", o.Partition, o.At) })
+	fmt.Fprintf(&b, "\nends (%v):", eerr)
+	ends.Each(func(o kadm.ListedOffset) { fmt.Fprintf(&b, " %d@%d", o.Partition, o.Offset) })
+	return b.String()
+}
+
+// cutProxy is sarama's dialer to the brokers (sarama does the TLS); cut
+// closes every connection it made and refuses new ones, as a dead
+// process's.
+type cutProxy struct {
+	d     *brokerDialer
+	mu    sync.Mutex
+	dead  bool
+	conns []net.Conn
+}
+
+func (p *cutProxy) Dial(network, addr string) (net.Conn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead {
+		return nil, errors.New("killed")
+	}
+	c, err := p.d.rawDial(ctx, network, addr)
+	if err == nil {
+		p.conns = append(p.conns, c)
+	}
+	return c, err
+}
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dead = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+// saramaMember is a sarama member of a group: it marks what it reads
+// (sarama's auto-commit commits it) unless told not to.
+type saramaMember struct {
+	proxy    *cutProxy
+	group    sarama.ConsumerGroup
+	cancel   context.CancelFunc
+	done     chan struct{}
+	mu       sync.Mutex
+	consumed map[string]bool
+	noCommit bool
+}
+
+func (m *saramaMember) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (m *saramaMember) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+func (m *saramaMember) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	for msg := range claim.Messages() {
+		m.mu.Lock()
+		m.consumed[fmt.Sprintf("%d/%d", msg.Partition, msg.Offset)] = true
+		noCommit := m.noCommit
+		m.mu.Unlock()
+		if !noCommit {
+			sess.MarkMessage(msg, "")
+		}
+	}
+	return nil
+}
+
+func (m *saramaMember) read() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.consumed)
+}
 
 func podRef(ns, name string) *corev1.Pod {
 	p := &corev1.Pod{}
@@ -275,7 +487,8 @@ func (d *brokerDialer) podOf(host string) string {
 	return ""
 }
 
-func (d *brokerDialer) dial(ctx context.Context, network, hostport string) (net.Conn, error) {
+// rawDial connects to the pod a broker name stands for, without TLS.
+func (d *brokerDialer) rawDial(ctx context.Context, network, hostport string) (net.Conn, error) {
 	host, port, err := net.SplitHostPort(hostport)
 	if err != nil {
 		return nil, err
@@ -284,7 +497,17 @@ func (d *brokerDialer) dial(ctx context.Context, network, hostport string) (net.
 		return nil, fmt.Errorf("broker %s is not named under %s", host, d.domain())
 	}
 	ip := strings.ReplaceAll(strings.TrimSuffix(host, d.domain()), "-", ".")
-	raw, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, net.JoinHostPort(ip, port))
+	return (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, net.JoinHostPort(ip, port))
+}
+
+// dial connects to a broker over TLS, checking its certificate against its
+// name.
+func (d *brokerDialer) dial(ctx context.Context, network, hostport string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := d.rawDial(ctx, network, hostport)
 	if err != nil {
 		return nil, err
 	}
