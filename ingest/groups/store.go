@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
@@ -283,6 +284,11 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 		return nil, fmt.Errorf("store the offsets of group %q: %w", group, err)
 	}
 	consumer := HoldName(group)
+	// The record is stored: its holds are moved even if the client that
+	// committed goes away meanwhile (its request's context ends), so that
+	// they do not stay behind until the group's next commit.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdTimeout)
+	defer cancel()
 	var wg sync.WaitGroup
 	for i, c := range commits {
 		if errs[i] != nil || c.Offset < 0 || s.heldAt(group, c.TopicPartition) == c.Offset {
@@ -294,7 +300,7 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := s.Ingest.CommitConsumerOffset(ctx, &catenapb.CommitConsumerOffsetRequest{Stream: c.Topic, Partition: uint32(c.Partition), Consumer: consumer, Offset: uint64(c.Offset)})
+			_, err := s.Ingest.CommitConsumerOffset(hctx, &catenapb.CommitConsumerOffsetRequest{Stream: c.Topic, Partition: uint32(c.Partition), Consumer: consumer, Offset: uint64(c.Offset)})
 			if err != nil {
 				errs[i] = fmt.Errorf("hold %s/%d at offset %d for group %q: %w", c.Topic, c.Partition, c.Offset, group, err)
 				return
@@ -305,6 +311,9 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 	wg.Wait()
 	return errs, nil
 }
+
+// holdTimeout bounds moving a commit's holds once its record is stored.
+const holdTimeout = 30 * time.Second
 
 func (s *StreamOffsets) heldAt(group string, tp TopicPartition) int64 {
 	s.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	"maps"
 	"net"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -223,8 +224,15 @@ spec:
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: kafkaStream}, &s)).To(Succeed())
 		out := runPod(ns, "group-holds", clientSecret(kafkaStream, kafkaUser),
 			"--server", s.Status.Endpoints.Producers, "consumers", "list", "--stream", kafkaStream)
-		held := regexp.MustCompile(`(?m)^\d+\s+` + regexp.QuoteMeta(groups.HoldName(group)) + `\s+120\s`)
-		Expect(held.FindAllString(out, -1)).To(HaveLen(kafkaPartitions), "every partition held at its end by the group:\n%s", out)
+		// A hold is moved after the commit's record is stored, so a
+		// coordinator lost in between leaves it behind (retention keeps
+		// more), never ahead: every partition is held, at most at 120.
+		held := regexp.MustCompile(`(?m)^\d+\s+` + regexp.QuoteMeta(groups.HoldName(group)) + `\s+(\d+)\s`)
+		holds := held.FindAllStringSubmatch(out, -1)
+		Expect(holds).To(HaveLen(kafkaPartitions), "every partition held by the group:\n%s", out)
+		for _, h := range holds {
+			Expect(strconv.Atoi(h[1])).To(BeNumerically("<=", 120), "a hold ahead of the committed offset:\n%s", out)
+		}
 	})
 
 	// Pending: in about one run of five here, the survivor given the killed
