@@ -24,6 +24,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -206,6 +207,15 @@ type Offsets interface {
 	// wrapping ErrHoldsRemain means the deletion is stored but holds
 	// remain; any other, that nothing changed.
 	Delete(ctx context.Context, group string, topics []string) error
+	// Holds returns where the groups' retention holds are on the
+	// partitions of topics: per group, the offset every member of a
+	// partition's chain holds it at. A partition whose members lack the
+	// hold or do not agree is absent, as is a topic that does not exist.
+	Holds(ctx context.Context, groups, topics []string) (map[string]map[TopicPartition]int64, error)
+	// MoveHolds moves the group's hold on each commit's partition to its
+	// offset, backward too; one error per commit (nil: moved, or the
+	// partition no longer exists).
+	MoveHolds(ctx context.Context, group string, commits []Commit) []error
 }
 
 // Options configure a Coordinator.
@@ -334,6 +344,9 @@ type Coordinator struct {
 	groups map[string]*group
 	// sortedAt is the Membership version whose lost groups Tick dropped.
 	sortedAt uint64
+	// holdsDue is set by a load: the groups it gave this node may have
+	// holds their former coordinator left elsewhere, which Run reasserts.
+	holdsDue bool
 }
 
 // New returns a Coordinator; nothing is loaded until it is first used.
@@ -370,39 +383,160 @@ const TickInterval = 100 * time.Millisecond
 func (c *Coordinator) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	expire := time.NewTicker(expireInterval)
-	defer expire.Stop()
-	var expiring sync.WaitGroup
-	defer expiring.Wait()
+	sweep := time.NewTicker(sweepInterval)
+	defer sweep.Stop()
+	var sweeping sync.WaitGroup
+	defer sweeping.Wait()
 	busy := false
 	done := make(chan struct{}, 1)
+	start := func(expire bool) {
+		busy = true
+		sweeping.Add(1)
+		go func() {
+			defer sweeping.Done()
+			c.sweep(ctx, expire)
+			done <- struct{}{}
+		}()
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			c.Tick()
+			if !busy && c.takeHoldsDue() {
+				start(false)
+			}
 		case <-done:
 			busy = false
-		case <-expire.C:
-			if busy {
-				continue // the last sweep is still deleting
+		case <-sweep.C:
+			if !busy { // else the last sweep is still at work
+				start(true)
 			}
-			busy = true
-			expiring.Add(1)
-			go func() {
-				defer expiring.Done()
-				if _, err := c.ExpireOffsets(ctx); err != nil && ctx.Err() == nil {
-					c.opts.Logger.V(1).Info("Could not expire consumer groups' offsets", "err", err.Error())
-				}
-				done <- struct{}{}
-			}()
 		}
 	}
 }
 
-// expireInterval is how often Run looks for groups whose offsets expired.
-const expireInterval = time.Minute
+// sweepInterval is how often Run expires offsets and reasserts holds.
+const sweepInterval = time.Minute
+
+// sweep is Run's background work: expiring idle groups' offsets (when
+// expire is set), then reasserting the holds of the groups left.
+func (c *Coordinator) sweep(ctx context.Context, expire bool) {
+	if expire {
+		if _, err := c.ExpireOffsets(ctx); err != nil && ctx.Err() == nil {
+			c.opts.Logger.V(1).Info("Could not expire consumer groups' offsets", "err", err.Error())
+		}
+	}
+	moved, err := c.ReassertHolds(ctx)
+	if err != nil && ctx.Err() == nil {
+		c.opts.Logger.Info("Could not reassert every consumer group's retention holds; the next sweep tries again", "err", err.Error())
+	}
+	if moved > 0 {
+		c.opts.Logger.Info("Moved consumer groups' retention holds that were not at their committed offsets", "partitions", moved)
+	}
+}
+
+func (c *Coordinator) takeHoldsDue() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	due := c.holdsDue
+	c.holdsDue = false
+	return due
+}
+
+// ReassertHolds makes the retention holds of the groups this node
+// coordinates equal their committed offsets wherever a chain member's
+// differ or are missing, and returns how many partitions' holds it moved.
+// A commit moves its holds after its record is stored, so a hold can be
+// left behind: its move failed, or a former coordinator's move landed
+// after the group had moved on (during a membership change), and a
+// consumer that commits nothing new never moves it again. Run calls it
+// after every load and every sweepInterval.
+func (c *Coordinator) ReassertHolds(ctx context.Context) (int, error) {
+	if err := c.Load(ctx); err != nil {
+		return 0, err
+	}
+	var names []string
+	topicSet := map[string]bool{}
+	c.mu.Lock()
+	for name, g := range c.groups {
+		if g.state == Dead || len(g.offsets) == 0 || !c.owns(name) {
+			continue
+		}
+		names = append(names, name)
+		for tp := range g.offsets {
+			topicSet[tp.Topic] = true
+		}
+	}
+	c.mu.Unlock()
+	if len(names) == 0 {
+		return 0, nil
+	}
+	sort.Strings(names)
+	topics := slices.Sorted(maps.Keys(topicSet))
+	held, err := c.opts.Offsets.Holds(ctx, names, topics)
+	if err != nil {
+		return 0, fmt.Errorf("list the groups' holds: %w", err)
+	}
+	moved := 0
+	var errs []error
+	for _, name := range names {
+		n, err := c.reassertGroupHolds(ctx, name, held[name])
+		moved += n
+		errs = append(errs, err)
+	}
+	return moved, errors.Join(errs...)
+}
+
+// reassertGroupHolds moves the holds of one group that are not where held
+// says to its committed offsets. held was listed before the group's
+// commits were stopped: a commit since moved its holds to where this moves
+// them again.
+func (c *Coordinator) reassertGroupHolds(ctx context.Context, name string, held map[TopicPartition]int64) (int, error) {
+	c.mu.Lock()
+	g := c.groups[name]
+	c.mu.Unlock()
+	if g == nil {
+		return 0, nil
+	}
+	// As a commit does: no other commit of the group, and no load, while
+	// its holds move, so a move never takes a hold back past a commit.
+	g.commitMu.Lock()
+	defer g.commitMu.Unlock()
+	c.storeMu.RLock()
+	defer c.storeMu.RUnlock()
+	c.mu.Lock()
+	if g.state == Dead || c.groups[name] != g || !c.owns(name) {
+		c.mu.Unlock()
+		return 0, nil
+	}
+	var moves []Commit
+	for tp, o := range g.offsets {
+		if at, ok := held[tp]; o.Offset >= 0 && (!ok || at != o.Offset) {
+			moves = append(moves, Commit{TopicPartition: tp, Committed: o})
+		}
+	}
+	c.mu.Unlock()
+	if len(moves) == 0 {
+		return 0, nil
+	}
+	sort.Slice(moves, func(i, j int) bool {
+		a, b := moves[i].TopicPartition, moves[j].TopicPartition
+		return a.Topic < b.Topic || a.Topic == b.Topic && a.Partition < b.Partition
+	})
+	moved := 0
+	var errs []error
+	for i, err := range c.opts.Offsets.MoveHolds(ctx, name, moves) {
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		moved++
+		c.opts.Logger.V(1).Info("Moved a consumer group's retention hold to its committed offset", "group", name, "topic", moves[i].Topic, "partition", moves[i].Partition, "offset", moves[i].Offset)
+	}
+	return moved, errors.Join(errs...)
+}
 
 // ExpireOffsets deletes the groups this node coordinates that have had no
 // members, and no commit, for OffsetsRetention: their offsets are
@@ -510,6 +644,9 @@ func (c *Coordinator) Load(ctx context.Context) error {
 		// rejoined before its offsets can expire.
 		g.activeAt = now
 	}
+	// A load is a start or a change of the nodes: groups may have been
+	// gained, with holds a former coordinator left behind.
+	c.holdsDue = true
 	c.mu.Unlock()
 	c.loaded, c.loadedAt = true, version
 	return nil

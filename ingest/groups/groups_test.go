@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,10 @@ type memOffsets struct {
 	fail    error
 	commits int
 	deleted []string
+	// held is each group's retention holds; moved counts MoveHolds'
+	// moves.
+	held  map[string]map[TopicPartition]int64
+	moved int
 }
 
 func (m *memOffsets) Load(context.Context) (map[string]map[TopicPartition]Committed, error) {
@@ -57,8 +62,54 @@ func (m *memOffsets) Commit(_ context.Context, group string, commits []Commit) (
 			continue
 		}
 		m.stored[group][c.TopicPartition] = c.Committed
+		m.holdLocked(group, c.TopicPartition, c.Offset)
 	}
 	return errs, nil
+}
+
+func (m *memOffsets) holdLocked(group string, tp TopicPartition, offset int64) {
+	if m.held == nil {
+		m.held = map[string]map[TopicPartition]int64{}
+	}
+	if m.held[group] == nil {
+		m.held[group] = map[TopicPartition]int64{}
+	}
+	m.held[group][tp] = offset
+}
+
+func (m *memOffsets) Holds(_ context.Context, groups, topics []string) (map[string]map[TopicPartition]int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return nil, m.fail
+	}
+	out := map[string]map[TopicPartition]int64{}
+	for _, g := range groups {
+		for tp, o := range m.held[g] {
+			if slices.Contains(topics, tp.Topic) {
+				if out[g] == nil {
+					out[g] = map[TopicPartition]int64{}
+				}
+				out[g][tp] = o
+			}
+		}
+	}
+	return out, nil
+}
+
+func (m *memOffsets) MoveHolds(_ context.Context, group string, commits []Commit) []error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	errs := make([]error, len(commits))
+	for i, c := range commits {
+		if m.fail != nil {
+			errs[i] = m.fail
+			continue
+		}
+		m.holdLocked(group, c.TopicPartition, c.Offset)
+		m.moved++
+	}
+	return errs
 }
 
 func (m *memOffsets) Delete(_ context.Context, group string, _ []string) error {
@@ -68,6 +119,7 @@ func (m *memOffsets) Delete(_ context.Context, group string, _ []string) error {
 		return m.fail
 	}
 	delete(m.stored, group)
+	delete(m.held, group)
 	m.deleted = append(m.deleted, group)
 	return nil
 }
@@ -662,5 +714,75 @@ func TestLoadedGroupsGetAFullRetention(t *testing.T) {
 	clk.advance(DefaultOffsetsRetention)
 	if got, err := c.ExpireOffsets(ctx); err != nil || fmt.Sprint(got) != "[idle]" {
 		t.Fatalf("expired %v (%v) a retention after the load, want [idle]", got, err)
+	}
+}
+
+func TestReassertHoldsMovesTheHoldsNotAtTheCommittedOffsets(t *testing.T) {
+	a0, a1, b0 := TopicPartition{"orders", 0}, TopicPartition{"orders", 1}, TopicPartition{"audit", 0}
+	store := &memOffsets{stored: map[string]map[TopicPartition]Committed{
+		"behind":  {a0: {Offset: 50}, a1: {Offset: 40}},
+		"missing": {b0: {Offset: 9}},
+		"level":   {a0: {Offset: 7}},
+	}, held: map[string]map[TopicPartition]int64{
+		"behind": {a0: 20, a1: 40}, // a former coordinator's late move
+		"level":  {a0: 7},
+	}}
+	c := New(Options{Offsets: store})
+	if c.takeHoldsDue() {
+		t.Fatal("holds due before any load")
+	}
+	moved, err := c.ReassertHolds(ctx)
+	if err != nil || moved != 2 {
+		t.Fatalf("reasserted %d holds (%v), want 2 (behind's partition 0, missing's only one)", moved, err)
+	}
+	want := map[string]map[TopicPartition]int64{"behind": {a0: 50, a1: 40}, "missing": {b0: 9}, "level": {a0: 7}}
+	if fmt.Sprint(store.held) != fmt.Sprint(want) {
+		t.Fatalf("holds %v, want %v", store.held, want)
+	}
+	if !c.takeHoldsDue() || c.takeHoldsDue() {
+		t.Fatal("the load did not leave the holds due once for Run")
+	}
+	if moved, err := c.ReassertHolds(ctx); err != nil || moved != 0 {
+		t.Fatalf("a second pass moved %d (%v), want none", moved, err)
+	}
+
+	// A move that fails is reported, and done by the next pass.
+	store.mu.Lock()
+	store.held["level"][a0] = 3
+	store.fail = errors.New("chain unavailable")
+	store.mu.Unlock()
+	if _, err := c.ReassertHolds(ctx); err == nil {
+		t.Fatal("a pass whose store failed reported no error")
+	}
+	store.mu.Lock()
+	store.fail = nil
+	store.mu.Unlock()
+	if moved, err := c.ReassertHolds(ctx); err != nil || moved != 1 || store.held["level"][a0] != 7 {
+		t.Fatalf("after the failure: moved %d (%v), hold %d, want 1 and 7", moved, err, store.held["level"][a0])
+	}
+}
+
+func TestReassertHoldsLeavesGroupsOfOtherNodes(t *testing.T) {
+	tp := TopicPartition{"orders", 0}
+	store := &memOffsets{stored: map[string]map[TopicPartition]Committed{}, held: map[string]map[TopicPartition]int64{}}
+	for i := range 20 {
+		g := fmt.Sprintf("g%d", i)
+		store.stored[g] = map[TopicPartition]Committed{tp: {Offset: 10}}
+		store.held[g] = map[TopicPartition]int64{tp: 1}
+	}
+	m := NewMembership("a:9092")
+	m.Set([]string{"a:9092", "b:9092"})
+	c := New(Options{Offsets: store, Membership: m})
+	moved, err := c.ReassertHolds(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g, h := range store.held {
+		if _, self := m.Owner(g); self != (h[tp] == 10) {
+			t.Errorf("group %s (this node's: %v) held at %d", g, self, h[tp])
+		}
+	}
+	if moved == 0 || moved == 20 {
+		t.Fatalf("moved %d of 20 groups' holds: want this node's only", moved)
 	}
 }

@@ -283,17 +283,34 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 	if err := s.append(ctx, rec); err != nil {
 		return nil, fmt.Errorf("store the offsets of group %q: %w", group, err)
 	}
-	consumer := HoldName(group)
 	// The record is stored: its holds are moved even if the client that
 	// committed goes away meanwhile (its request's context ends), so that
 	// they do not stay behind until the group's next commit.
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdTimeout)
-	defer cancel()
-	var wg sync.WaitGroup
+	var moves []Commit
+	var at []int
 	for i, c := range commits {
 		if errs[i] != nil || c.Offset < 0 || s.heldAt(group, c.TopicPartition) == c.Offset {
 			continue
 		}
+		moves, at = append(moves, c), append(at, i)
+	}
+	for i, err := range s.MoveHolds(ctx, group, moves) {
+		errs[at[i]] = err
+	}
+	return errs, nil
+}
+
+// MoveHolds moves the group's hold on each commit's partition to its
+// offset on every member of the partition's chain, all partitions at
+// once, each bounded by holdTimeout even when ctx ends first. A partition
+// that no longer exists has no hold to keep (nil).
+func (s *StreamOffsets) MoveHolds(ctx context.Context, group string, commits []Commit) []error {
+	errs := make([]error, len(commits))
+	consumer := HoldName(group)
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, c := range commits {
 		// Forgotten until stored: a hold call that fails may have moved
 		// the hold on some members, so the next commit asks again.
 		s.forgetHeld(group, c.TopicPartition)
@@ -301,15 +318,54 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 		go func() {
 			defer wg.Done()
 			_, err := s.Ingest.CommitConsumerOffset(hctx, &catenapb.CommitConsumerOffsetRequest{Stream: c.Topic, Partition: uint32(c.Partition), Consumer: consumer, Offset: uint64(c.Offset)})
-			if err != nil {
+			switch {
+			case status.Code(err) == codes.NotFound:
+			case err != nil:
 				errs[i] = fmt.Errorf("hold %s/%d at offset %d for group %q: %w", c.Topic, c.Partition, c.Offset, group, err)
-				return
+			default:
+				s.setHeldAt(group, c.TopicPartition, c.Offset)
 			}
-			s.setHeldAt(group, c.TopicPartition, c.Offset)
 		}()
 	}
 	wg.Wait()
-	return errs, nil
+	return errs
+}
+
+// Holds lists the groups' holds on topics, one ListConsumers per topic:
+// per group, the offset its hold is at on every member of a partition's
+// chain. A partition whose members do not all hold the same is left out
+// (its holds are moved again), as is a stream that no longer exists.
+func (s *StreamOffsets) Holds(ctx context.Context, groups, topics []string) (map[string]map[TopicPartition]int64, error) {
+	byHold := make(map[string]string, len(groups))
+	for _, g := range groups {
+		byHold[HoldName(g)] = g
+	}
+	out := map[string]map[TopicPartition]int64{}
+	for _, t := range topics {
+		resp, err := s.Ingest.ListConsumers(ctx, &catenapb.ListConsumersRequest{Stream: t})
+		if status.Code(err) == codes.NotFound {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list the holds on stream %q: %w", t, err)
+		}
+		for _, p := range resp.GetPartitions() {
+			if len(p.GetDisagreeing()) > 0 {
+				continue
+			}
+			for _, h := range p.GetHolds() {
+				g, ok := byHold[h.GetConsumer()]
+				if !ok {
+					continue
+				}
+				if out[g] == nil {
+					out[g] = map[TopicPartition]int64{}
+				}
+				out[g][TopicPartition{Topic: t, Partition: int32(p.GetPartition())}] = int64(h.GetOffset())
+			}
+		}
+	}
+	return out, nil
 }
 
 // holdTimeout bounds moving a commit's holds once its record is stored.

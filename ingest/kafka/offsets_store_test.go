@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/catena-streams/catena/ingest/groups"
@@ -106,4 +107,44 @@ func TestPipelinedCommitsOfOneConnectionApplyInOrder(t *testing.T) {
 	if o := offs[groups.TopicPartition{Topic: "s", Partition: 0}].Offset; o != n {
 		t.Fatalf("after %d pipelined commits the group is at %d, want %d", n, o, n)
 	}
+}
+
+// TestACoordinatorThatGainsAGroupReassertsItsHolds: a group's holds can be
+// left behind its committed offsets (a hold move that failed, or a former
+// coordinator's late move during a membership change) and a consumer that
+// only commits what it committed before changes nothing, so nothing moved
+// them again: retention kept more than the group needs for as long as the
+// group lived. A coordinator that gains a group makes its holds equal its
+// committed offsets.
+func TestACoordinatorThatGainsAGroupReassertsItsHolds(t *testing.T) {
+	c := startCluster(t, 2)
+	c.produceN(t, 2, 100)
+	ctx := ctxT(t, 60*time.Second)
+	tp0, tp1 := groups.TopicPartition{Topic: "s", Partition: 0}, groups.TopicPartition{Topic: "s", Partition: 1}
+	// The harness's coordinator commits the group's offsets and holds them.
+	if _, err := c.groups.CommitOffsets(ctx, "inherited", "", -1, []groups.Commit{
+		{TopicPartition: tp0, Committed: groups.Committed{Offset: 50, LeaderEpoch: -1}},
+		{TopicPartition: tp1, Committed: groups.Committed{Offset: 40, LeaderEpoch: -1}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	hold := groups.HoldName("inherited")
+	if h := holdsOf(t, c, hold); h[0] != 50 || h[1] != 40 {
+		t.Fatalf("holds after the commit: %v, want 0:50 1:40", h)
+	}
+	// A former coordinator's late move leaves partition 0 behind.
+	if _, err := c.ing.CommitConsumerOffset(ctx, &catenapb.CommitConsumerOffsetRequest{Stream: "s", Partition: 0, Consumer: hold, Offset: 20}); err != nil {
+		t.Fatal(err)
+	}
+	// A new coordinator gains the group; its consumer commits what it
+	// committed before (an idle auto-commit).
+	next := groups.New(groups.Options{Offsets: &groups.StreamOffsets{Ingest: c.ing}, Logger: testr.New(t).WithName("next")})
+	runCoordinator(t, next)
+	if _, err := next.CommitOffsets(ctx, "inherited", "", -1, []groups.Commit{{TopicPartition: tp0, Committed: groups.Committed{Offset: 50, LeaderEpoch: -1}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the new coordinator to move the hold it inherited to the committed offset", func() bool {
+		h := holdsOf(t, c, hold)
+		return h[0] == 50 && h[1] == 40
+	})
 }
