@@ -12,6 +12,7 @@ import (
 	"maps"
 	"net"
 	"regexp"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -222,28 +223,32 @@ spec:
 		}).WithTimeout(2 * time.Minute).Should(Succeed())
 		var s streamsv1alpha1.Stream
 		Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: kafkaStream}, &s)).To(Succeed())
-		out := runPod(ns, "group-holds", clientSecret(kafkaStream, kafkaUser),
-			"--server", s.Status.Endpoints.Producers, "consumers", "list", "--stream", kafkaStream)
 		// A hold is moved after the commit's record is stored, so a
-		// coordinator lost in between leaves it behind (retention keeps
-		// more), never ahead: every partition is held, at most at 120.
+		// coordinator lost in between can leave one behind; the new
+		// coordinator reasserts the holds it gains (after its load, and
+		// every minute): every partition ends held at 120.
 		held := regexp.MustCompile(`(?m)^\d+\s+` + regexp.QuoteMeta(groups.HoldName(group)) + `\s+(\d+)\s`)
-		holds := held.FindAllStringSubmatch(out, -1)
-		Expect(holds).To(HaveLen(kafkaPartitions), "every partition held by the group:\n%s", out)
-		for _, h := range holds {
-			Expect(strconv.Atoi(h[1])).To(BeNumerically("<=", 120), "a hold ahead of the committed offset:\n%s", out)
-		}
+		attempt := 0
+		Eventually(func(g Gomega) {
+			attempt++
+			out := runPod(ns, fmt.Sprintf("group-holds-%d", attempt), clientSecret(kafkaStream, kafkaUser),
+				"--server", s.Status.Endpoints.Producers, "consumers", "list", "--stream", kafkaStream)
+			holds := held.FindAllStringSubmatch(out, -1)
+			g.Expect(holds).To(HaveLen(kafkaPartitions), "every partition held by the group:\n%s", out)
+			for _, h := range holds {
+				g.Expect(strconv.Atoi(h[1])).To(BeEquivalentTo(120), "a hold not at the committed offset:\n%s", out)
+			}
+		}).WithTimeout(3 * time.Minute).WithPolling(15 * time.Second).Should(Succeed())
 	})
 
-	// Pending: in about one run of five here, the survivor given the killed
-	// member's partitions in the new generation never reads them (it reads
-	// its other partition). sarama drops a partition from a session when
-	// creating its claim fails (consumerGroupSession.consume: the error goes
-	// to handleError and the partition is not consumed until the next
-	// rebalance), so the listener answered something sarama took for
-	// fatal; sarama.Logger (set in BeforeAll) will name it. Against catena
-	// dev (one broker) the same group passes (test/integration).
-	PIt("runs a sarama producer and consumer group through a member kill, skipping no record", func() {
+	// Seen to fail once (in the first 14 runs, with an earlier build): the
+	// survivor given the killed member's partitions in the new generation
+	// never read them, and no later generation came. Every sarama path
+	// that fails a claim ends the session (a new generation), so sarama
+	// was waiting somewhere; were it to happen again, the failure names
+	// each member's generations and claims, the group as the coordinator
+	// has it, and the stacks of sarama's goroutines.
+	It("runs a sarama producer and consumer group through a member kill, skipping no record", func() {
 		newConfig := func() *sarama.Config {
 			cfg := sarama.NewConfig()
 			cfg.Version = sarama.V2_8_0_0
@@ -340,7 +345,15 @@ spec:
 		Eventually(func(g Gomega) {
 			covers(members[0].read(), members[1].read(), readByVictim)(g)
 		}).WithTimeout(3*time.Minute).Should(Succeed(), func() string {
-			return "the survivors read every record the victim did not commit; the group: " + describeGroup(group)
+			var told []string
+			for i, m := range members {
+				m.mu.Lock()
+				told = append(told, fmt.Sprintf("member %d: %s", i, strings.Join(m.sessions, "; ")))
+				m.mu.Unlock()
+			}
+			return "the survivors read every record the victim did not commit; the group: " + describeGroup(group) +
+				"\nwhat sarama told the members:\n" + strings.Join(told, "\n") +
+				"\nsarama's goroutines:\n" + saramaGoroutines()
 		})
 	})
 })
@@ -369,6 +382,20 @@ func describeGroup(group string) string {
 	fmt.Fprintf(&b, "\nends (%v):", eerr)
 	ends.Each(func(o kadm.ListedOffset) { fmt.Fprintf(&b, " %d@%d", o.Partition, o.Offset) })
 	return b.String()
+}
+
+// saramaGoroutines is the stacks of the goroutines running sarama's code,
+// for a failure's message: where a member waits that reads nothing.
+func saramaGoroutines() string {
+	var b strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+	var out []string
+	for _, g := range strings.Split(b.String(), "\n\n") {
+		if strings.Contains(g, "IBM/sarama") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
 
 // cutProxy is sarama's dialer to the brokers (sarama does the TLS); cut
@@ -413,11 +440,22 @@ type saramaMember struct {
 	mu       sync.Mutex
 	consumed map[string]bool
 	noCommit bool
+	// sessions is what sarama told it of each generation, for a
+	// failure's message.
+	sessions []string
 }
 
-func (m *saramaMember) Setup(sarama.ConsumerGroupSession) error   { return nil }
+func (m *saramaMember) Setup(sess sarama.ConsumerGroupSession) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sessions = append(m.sessions, fmt.Sprintf("generation %d claims %v", sess.GenerationID(), sess.Claims()))
+	return nil
+}
 func (m *saramaMember) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 func (m *saramaMember) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	m.mu.Lock()
+	m.sessions = append(m.sessions, fmt.Sprintf("generation %d consumes %d from %d", sess.GenerationID(), claim.Partition(), claim.InitialOffset()))
+	m.mu.Unlock()
 	for msg := range claim.Messages() {
 		m.mu.Lock()
 		m.consumed[fmt.Sprintf("%d/%d", msg.Partition, msg.Offset)] = true
