@@ -1,0 +1,5 @@
+//go:build !linux
+
+package hugepages
+
+func advise(addr, n uintptr) {}
