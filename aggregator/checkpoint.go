@@ -8,6 +8,9 @@ import (
 	"sort"
 	"sync"
 	"time"
+	"unsafe"
+
+	"github.com/catena-streams/catena/internal/hugepages"
 )
 
 // Log is one partition of the checkpoint stream, as checkpoints use it:
@@ -133,14 +136,14 @@ func (c *Checkpointer) Capture(st *State, sourceOffset, lost uint64, now time.Ti
 			add(k, e)
 		}
 	} else {
-		for k := range st.dirty {
-			add(k, st.get(k))
+		for _, e := range st.dirty {
+			add(e.key, e)
 		}
 	}
 	if n > 0 {
 		flush()
 	}
-	clear(st.dirty)
+	st.takeDirty()
 	return cp
 }
 
@@ -361,30 +364,76 @@ func chainOf(m seenManifest, byOffset map[uint64]*manifest, chunks map[uint64]se
 func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State, error) {
 	st := NewState(plan, int(chain[len(chain)-1].m.Groups))
 	var refs []chunkRef
+	entries := 0
 	for _, c := range chain {
 		refs = append(refs, c.m.Chunks...)
+		for _, r := range c.m.Chunks {
+			entries += int(r.Entries)
+		}
 	}
-	// One string copy of each chunk: every key is a substring of it.
+	// One copy of every chunk's bytes, made one string: each key is a
+	// substring of it. The large arrays of the load are advised for huge
+	// pages before they are first written (internal/hugepages: a fresh
+	// process otherwise pays a page fault per 4 KiB of them).
+	size := 0
+	for _, ref := range refs {
+		size += len(chunks[ref.Offset].payload)
+	}
+	buf := make([]byte, size)
+	hugepages.Advise(buf)
 	strs := make([]string, len(refs))
+	at := 0
 	for i, ref := range refs {
-		strs[i] = string(chunks[ref.Offset].payload)
+		n := copy(buf[at:], chunks[ref.Offset].payload)
+		strs[i] = unsafe.String(unsafe.SliceData(buf[at:]), n) // buf is never written again
+		at += n
 	}
 	workers := runtime.GOMAXPROCS(0)
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
-			sl := &slab{na: len(plan.aggregates)}
-			own := func(key string) (int, bool) {
-				p := st.partOf(key)
-				return p, p%workers == w
+			owned := 0
+			for p := range stateParts {
+				if p%workers == w {
+					owned++
+				}
 			}
-			put := func(p int, k entryKey, e *entry) { st.parts[p][k] = e }
+			// This worker's share of the entries (keys hash evenly over
+			// the parts), with room to spare.
+			share := entries/stateParts*owned + entries/(8*stateParts)*owned + 64
+			sl := &slab{na: len(plan.aggregates)}
+			sl.reserve(share)
+			own := func(k entryKey) (int, uint64, bool) {
+				p, h := st.hash(k)
+				return p, h, p%workers == w
+			}
+			// Decoded first, inserted after in slot order: inserting
+			// as decoded touched a random slot of a table of tens of
+			// megabytes each time (two thirds of the decode's time, in
+			// cache and TLB misses). Each part's list is a piece of one
+			// array; one that outgrows its piece moves out of it.
+			var pending [stateParts][]pendingGroup
+			room := make([]pendingGroup, share)
+			hugepages.Advise(room)
+			per := share / owned
+			for p, i := 0, 0; p < stateParts; p++ {
+				if p%workers == w {
+					pending[p] = room[i*per : i*per : (i+1)*per]
+					i++
+				}
+			}
+			put := func(p int, h uint64, e *entry) { pending[p] = append(pending[p], pendingGroup{h, e}) }
 			for i, ref := range refs {
 				if err := plan.decodeOwned(chunks[ref.Offset].payload, strs[i], ref.Entries, sl, own, put); err != nil {
 					errs[w] = fmt.Errorf("checkpoint chunk at %d does not decode: %w", ref.Offset, err)
 					return
 				}
+			}
+			var scratch []pendingGroup
+			for p := range pending {
+				scratch = st.parts[p].fill(pending[p], scratch)
+				pending[p] = nil
 			}
 		})
 	}

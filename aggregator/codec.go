@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+
+	"github.com/catena-streams/catena/internal/hugepages"
 )
 
 // The checkpoint format (docs/aggregations.md has the full description).
@@ -294,10 +296,23 @@ type slab struct {
 	accs []acc
 }
 
+// reserve makes the next n entries come from one array each for entries
+// and accumulators, advised for huge pages (a restore knows how many it
+// will decode).
+func (s *slab) reserve(n int) {
+	s.ents = make([]entry, 0, n)
+	s.accs = make([]acc, 0, n*s.na)
+	hugepages.Advise(s.ents[:n])
+	hugepages.Advise(s.accs[:n*s.na])
+}
+
 func (s *slab) next() (*entry, []acc) {
 	if len(s.ents) == cap(s.ents) {
-		s.ents = make([]entry, 0, 4096)
-		s.accs = make([]acc, 0, 4096*s.na)
+		// Arrays double from 16 to 4096 entries: a state of a few groups
+		// does not take a large one.
+		n := min(max(2*cap(s.ents), 16), 4096)
+		s.ents = make([]entry, 0, n)
+		s.accs = make([]acc, 0, n*s.na)
 	}
 	s.ents = s.ents[:len(s.ents)+1]
 	n := len(s.accs)
@@ -309,21 +324,22 @@ func (s *slab) next() (*entry, []acc) {
 // string copy of the payload), calling put for the groups own accepts and
 // passing over the others: the cores of a restore each read every chunk
 // and keep their share of the groups.
-func (p *Plan) decodeOwned(payload []byte, all string, n uint32, sl *slab, own func(string) (int, bool), put func(int, entryKey, *entry)) error {
+func (p *Plan) decodeOwned(payload []byte, all string, n uint32, sl *slab, own func(entryKey) (int, uint64, bool), put func(int, uint64, *entry)) error {
 	if uint64(n) > uint64(len(payload)) {
 		return fmt.Errorf("%d entries cannot fit in %d bytes: %w", n, len(payload), errCorrupt)
 	}
 	d := &decoder{b: payload, all: all, n: len(payload)}
 	for range n {
 		k := d.key()
-		part, mine := own(k.key)
+		part, h, mine := own(k)
 		if !mine || d.err != nil {
 			d.skipAccs(p)
 		} else {
 			e, accs := sl.next()
+			e.key = k
 			d.accs(p, e, accs)
 			if d.err == nil {
-				put(part, k, e)
+				put(part, h, e)
 			}
 		}
 		if d.err != nil {
@@ -353,6 +369,7 @@ func (p *Plan) decodeEntries(payload []byte, n uint32, put func(entryKey, *entry
 		if d.err != nil {
 			return d.err
 		}
+		ents[i].key = k
 		put(k, &ents[i])
 	}
 	if len(d.b) != 0 {

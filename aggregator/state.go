@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/catena-streams/catena/internal/hugepages"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -25,15 +26,17 @@ type acc struct {
 	set map[string]struct{}
 }
 
-// entry is the state of one group: an accumulator per aggregate, in the
-// plan's order.
+// entry is the state of one group: its key, an accumulator per aggregate,
+// in the plan's order, and whether it changed since the last checkpoint.
 type entry struct {
-	accs []acc
+	key   entryKey
+	dirty bool
+	accs  []acc
 }
 
-// stateParts is the number of maps a State's groups are spread over (by
+// stateParts is the number of tables a State's groups are spread over (by
 // key hash), so that a restore fills them from several cores at once.
-const stateParts = 16
+const stateParts = 1 << partBits
 
 // State is one shard's per-key aggregates, the changes since its last
 // checkpoint, and the counters that are part of the state (so a restored
@@ -41,37 +44,64 @@ const stateParts = 16
 type State struct {
 	plan  *Plan
 	seed  maphash.Seed
-	parts [stateParts]map[entryKey]*entry
-	dirty map[entryKey]struct{}
+	parts [stateParts]table
+	// dirty are the groups changed since the last checkpoint (each with
+	// its dirty flag set), in the order they first changed.
+	dirty []*entry
+	slab  slab
 	found []span // Fold's scratch
 	// Skipped counts records that were not folded: no key, or a value that
 	// is not a JSON object where the plan reads fields.
 	Skipped uint64
 }
 
-// NewState makes an empty state for plan; sizeHint pre-sizes the maps.
+// NewState makes an empty state for plan; sizeHint pre-sizes the tables.
 func NewState(plan *Plan, sizeHint int) *State {
-	s := &State{plan: plan, seed: maphash.MakeSeed(), dirty: map[entryKey]struct{}{}, found: make([]span, 1+len(plan.aggregates))}
+	s := &State{plan: plan, seed: maphash.MakeSeed(), slab: slab{na: len(plan.aggregates)}, found: make([]span, 1+len(plan.aggregates))}
+	// One array for every part's slots, advised for huge pages (a
+	// restore's tables are tens of megabytes).
+	size := tableSize(sizeHint / stateParts)
+	slots := make([]slot, stateParts*size)
+	hugepages.Advise(slots)
 	for i := range s.parts {
-		s.parts[i] = make(map[entryKey]*entry, sizeHint/stateParts)
+		s.parts[i].slots = slots[i*size : (i+1)*size : (i+1)*size]
 	}
 	return s
 }
 
-// partOf is the map holding the groups of key.
-func (s *State) partOf(key string) int { return int(maphash.String(s.seed, key) % stateParts) }
+// hash is a group's part and its hash, computed once per lookup: the part
+// is picked by the key alone (so every window of a key is in one part),
+// the slot by the key and the window.
+func (s *State) hash(k entryKey) (int, uint64) {
+	h := maphash.String(s.seed, k.key)
+	part := int(h % stateParts)
+	if k.window != 0 {
+		h = mixWindow(h, k.window)
+	}
+	return part, h
+}
 
-func (s *State) get(k entryKey) *entry { return s.parts[s.partOf(k.key)][k] }
+// mixWindow combines a key's hash with a window start (a finalizer from
+// SplitMix64, so windows a fixed step apart spread over the slots).
+func mixWindow(h uint64, window int64) uint64 {
+	x := h ^ uint64(window)*0x9e3779b97f4a7c15
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
 
-func (s *State) put(k entryKey, e *entry) { s.parts[s.partOf(k.key)][k] = e }
+func (s *State) get(k entryKey) *entry {
+	p, h := s.hash(k)
+	return s.parts[p].find(h, k)
+}
 
 // all yields every group.
 func (s *State) all(yield func(entryKey, *entry) bool) {
-	for _, m := range s.parts {
-		for k, e := range m {
-			if !yield(k, e) {
-				return
-			}
+	for i := range s.parts {
+		if !s.parts[i].each(func(e *entry) bool { return yield(e.key, e) }) {
+			return
 		}
 	}
 }
@@ -79,8 +109,8 @@ func (s *State) all(yield func(entryKey, *entry) bool) {
 // Len is the number of groups (keys, or key-window pairs).
 func (s *State) Len() int {
 	n := 0
-	for _, m := range s.parts {
-		n += len(m)
+	for i := range s.parts {
+		n += s.parts[i].n
 	}
 	return n
 }
@@ -88,8 +118,15 @@ func (s *State) Len() int {
 // Dirty is the number of groups changed since the last checkpoint.
 func (s *State) Dirty() int { return len(s.dirty) }
 
-func (s *State) newEntry() *entry {
-	return &entry{accs: make([]acc, len(s.plan.aggregates))}
+// takeDirty returns the groups changed since the last checkpoint and
+// starts a new set.
+func (s *State) takeDirty() []*entry {
+	out := s.dirty
+	for _, e := range out {
+		e.dirty = false
+	}
+	s.dirty = nil
+	return out
 }
 
 // Fold adds one record. It reports whether the record was folded (false:
@@ -126,11 +163,13 @@ func (s *State) Fold(key, value []byte, timestampMs int64) bool {
 	if w := s.plan.windowMs; w > 0 {
 		ek.window = timestampMs - mod(timestampMs, w)
 	}
-	m := s.parts[s.partOf(ek.key)]
-	e := m[ek]
+	p, h := s.hash(ek)
+	e := s.parts[p].find(h, ek)
 	if e == nil {
-		e = s.newEntry()
-		m[ek] = e
+		ne, accs := s.slab.next()
+		ne.key, ne.accs = ek, accs
+		s.parts[p].set(h, ne)
+		e = ne
 	}
 	for i, a := range s.plan.aggregates {
 		ac := &e.accs[i]
@@ -165,7 +204,10 @@ func (s *State) Fold(key, value []byte, timestampMs int64) bool {
 			ac.n = int64(len(ac.set))
 		}
 	}
-	s.dirty[ek] = struct{}{}
+	if !e.dirty {
+		e.dirty = true
+		s.dirty = append(s.dirty, e)
+	}
 	return true
 }
 
@@ -242,11 +284,13 @@ func (s *State) groups(key string, fromMs, toMs int64) []entryKey {
 		return nil
 	}
 	var out []entryKey
-	for ek := range s.parts[s.partOf(key)] {
-		if ek.key == key && ek.window >= fromMs && (toMs == 0 || ek.window < toMs) {
+	p, _ := s.hash(entryKey{key: key})
+	s.parts[p].each(func(e *entry) bool {
+		if ek := e.key; ek.key == key && ek.window >= fromMs && (toMs == 0 || ek.window < toMs) {
 			out = append(out, ek)
 		}
-	}
+		return true
+	})
 	sort.Slice(out, func(i, j int) bool { return out[i].window < out[j].window })
 	return out
 }
