@@ -1,9 +1,25 @@
 package hugepages
 
-import "golang.org/x/sys/unix"
+import (
+	"bytes"
+	"os"
+	"sync"
 
-func advise(addr, n uintptr) {
-	// Errors are ignored: the advice is an optimization (EINVAL where the
-	// kernel has no THP).
+	"golang.org/x/sys/unix"
+)
+
+// madviseMode reports whether the kernel gives huge pages only to memory
+// advised so.
+var madviseMode = sync.OnceValue(func() bool {
+	b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled")
+	return err == nil && bytes.Contains(b, []byte("[madvise]"))
+})
+
+// Errors are ignored: the advice is an optimization.
+func adviseHuge(addr, n uintptr) {
 	_, _, _ = unix.Syscall(unix.SYS_MADVISE, addr, n, unix.MADV_HUGEPAGE)
+}
+
+func adviseNoHuge(addr, n uintptr) {
+	_, _, _ = unix.Syscall(unix.SYS_MADVISE, addr, n, unix.MADV_NOHUGEPAGE)
 }

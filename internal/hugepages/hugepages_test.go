@@ -8,48 +8,68 @@ import (
 	"unsafe"
 )
 
-// TestAdviseMarksOnlyWholeHugePagesInside: the advised range is the huge
-// pages inside the slice (the kernel shows it as its own mapping with
-// "hg" among its VmFlags), and what the slice holds is unchanged.
-func TestAdviseMarksOnlyWholeHugePagesInside(t *testing.T) {
+// TestAdviseThenDone: the advised range is the huge pages inside the
+// slice (the kernel shows it as its own mapping, "hg" among its VmFlags);
+// Done turns it to "nh" (khugepaged leaves it alone); what the slice holds
+// is unchanged. Run where THP is in "madvise" mode (elsewhere nothing is
+// advised, by design).
+func TestAdviseThenDone(t *testing.T) {
 	if _, err := os.Stat("/proc/self/smaps"); err != nil {
 		t.Skip("no /proc/self/smaps here (Linux has it):", err)
 	}
-	if b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled"); err != nil || strings.Contains(string(b), "[never]") {
-		t.Skip("transparent huge pages are off here:", string(b), err)
+	if !madviseMode() {
+		t.Skip("transparent huge pages are not in madvise mode here: Advise does nothing")
 	}
 	s := make([]uint64, 5*Size/8)
-	Advise(s)
+	r := Advise(s)
+	start := uintptr(unsafe.Pointer(&s[0]))
+	beg := (start + Size - 1) &^ (Size - 1)
+	if r.addr != beg || r.n < 4*Size || r.addr+r.n > start+5*Size {
+		t.Fatalf("advised [%#x, +%#x) for a slice at %#x of 5 huge pages", r.addr, r.n, start)
+	}
 	for i := range s {
 		s[i] = uint64(i)
 	}
-	start := uintptr(unsafe.Pointer(&s[0]))
-	beg := (start + Size - 1) &^ (Size - 1)
-	smaps, err := os.ReadFile("/proc/self/smaps")
-	if err != nil {
-		t.Fatal(err)
+	if f := vmFlags(t, beg); !strings.Contains(f, " hg") {
+		t.Fatalf("the mapping holding %#x is not advised for huge pages: %s", beg, f)
 	}
-	var inRange, flagged bool
-	for _, line := range strings.Split(string(smaps), "\n") {
-		if lo, hi, ok := mapping(line); ok {
-			inRange = lo <= beg && beg < hi
-			continue
-		}
-		if inRange && strings.HasPrefix(line, "VmFlags:") {
-			flagged = strings.Contains(line, " hg")
-			break
-		}
-	}
-	if !flagged {
-		t.Fatalf("the mapping holding %#x is not advised for huge pages", beg)
+	r.Done()
+	if f := vmFlags(t, beg); strings.Contains(f, " hg") || !strings.Contains(f, " nh") {
+		t.Fatalf("after Done the mapping holding %#x is still advised: %s", beg, f)
 	}
 	for i := range s {
 		if s[i] != uint64(i) {
 			t.Fatalf("element %d is %d after the advice", i, s[i])
 		}
 	}
-	Advise([]byte(nil))        // nothing to advise
-	Advise(make([]byte, Size)) // too small to hold a whole huge page surely: left alone
+	if r := Advise([]byte(nil)); r.n != 0 {
+		t.Fatal("advised an empty slice")
+	}
+	if r := Advise(make([]byte, Size)); r.n != 0 {
+		t.Fatal("advised a slice that may hold no whole huge page")
+	}
+	Region{}.Done() // nothing to undo
+}
+
+// vmFlags is the VmFlags line of the mapping holding addr.
+func vmFlags(t *testing.T, addr uintptr) string {
+	t.Helper()
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inRange := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		if lo, hi, ok := mapping(line); ok {
+			inRange = lo <= addr && addr < hi
+			continue
+		}
+		if inRange && strings.HasPrefix(line, "VmFlags:") {
+			return line
+		}
+	}
+	t.Fatalf("no mapping holds %#x", addr)
+	return ""
 }
 
 // mapping parses the address range of a mapping's first line in smaps
