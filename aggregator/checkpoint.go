@@ -362,7 +362,22 @@ func chainOf(m seenManifest, byOffset map[uint64]*manifest, chunks map[uint64]se
 // of a group wins) and fills its own share of the state's maps, decoding
 // only the groups that fall in them: no intermediate copies, no locks.
 func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State, error) {
-	st := NewState(plan, int(chain[len(chain)-1].m.Groups))
+	groups := int(chain[len(chain)-1].m.Groups)
+	st, slots := newState(plan, groups, true)
+	var advised sync.Mutex
+	regions := []hugepages.Region{slots}
+	advise := func(r ...hugepages.Region) {
+		advised.Lock()
+		regions = append(regions, r...)
+		advised.Unlock()
+	}
+	// Once written, the arrays keep the huge pages they got, and are no
+	// longer advised (see internal/hugepages).
+	defer func() {
+		for _, r := range regions {
+			r.Done()
+		}
+	}()
 	var refs []chunkRef
 	entries := 0
 	for _, c := range chain {
@@ -380,7 +395,7 @@ func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State
 		size += len(chunks[ref.Offset].payload)
 	}
 	buf := make([]byte, size)
-	hugepages.Advise(buf)
+	advise(hugepages.Advise(buf))
 	strs := make([]string, len(refs))
 	at := 0
 	for i, ref := range refs {
@@ -388,7 +403,9 @@ func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State
 		strs[i] = unsafe.String(unsafe.SliceData(buf[at:]), n) // buf is never written again
 		at += n
 	}
-	workers := runtime.GOMAXPROCS(0)
+	// At most one core per part: a worker owns the parts p%workers ==
+	// its number.
+	workers := min(runtime.GOMAXPROCS(0), stateParts)
 	errs := make([]error, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -399,11 +416,14 @@ func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State
 					owned++
 				}
 			}
-			// This worker's share of the entries (keys hash evenly over
-			// the parts), with room to spare.
-			share := entries/stateParts*owned + entries/(8*stateParts)*owned + 64
+			// This worker's share of the entries and of the groups (keys
+			// hash evenly over the parts), with room to spare. The
+			// entries' arrays are sized for the groups: an entry that a
+			// later checkpoint's replaces is garbage, and one beyond the
+			// share comes from the slab's small arrays.
+			share := func(n int) int { return n/stateParts*owned + n/(8*stateParts)*owned + 64 }
 			sl := &slab{na: len(plan.aggregates)}
-			sl.reserve(share)
+			advise(sl.reserve(share(groups)))
 			own := func(k entryKey) (int, uint64, bool) {
 				p, h := st.hash(k)
 				return p, h, p%workers == w
@@ -414,9 +434,9 @@ func load(plan *Plan, chain []seenManifest, chunks map[uint64]seenChunk) (*State
 			// cache and TLB misses). Each part's list is a piece of one
 			// array; one that outgrows its piece moves out of it.
 			var pending [stateParts][]pendingGroup
-			room := make([]pendingGroup, share)
-			hugepages.Advise(room)
-			per := share / owned
+			room := make([]pendingGroup, share(entries))
+			advise(hugepages.Advise(room))
+			per := len(room) / owned
 			for p, i := 0, 0; p < stateParts; p++ {
 				if p%workers == w {
 					pending[p] = room[i*per : i*per : (i+1)*per]

@@ -297,13 +297,12 @@ type slab struct {
 }
 
 // reserve makes the next n entries come from one array each for entries
-// and accumulators, advised for huge pages (a restore knows how many it
-// will decode).
-func (s *slab) reserve(n int) {
+// and accumulators, advised for huge pages (a restore knows about how many
+// it will decode); the caller ends the advice once they are written.
+func (s *slab) reserve(n int) (entries, accs hugepages.Region) {
 	s.ents = make([]entry, 0, n)
 	s.accs = make([]acc, 0, n*s.na)
-	hugepages.Advise(s.ents[:n])
-	hugepages.Advise(s.accs[:n*s.na])
+	return hugepages.Advise(s.ents[:n]), hugepages.Advise(s.accs[:n*s.na])
 }
 
 func (s *slab) next() (*entry, []acc) {

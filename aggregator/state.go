@@ -57,16 +57,25 @@ type State struct {
 
 // NewState makes an empty state for plan; sizeHint pre-sizes the tables.
 func NewState(plan *Plan, sizeHint int) *State {
+	s, _ := newState(plan, sizeHint, false)
+	return s
+}
+
+// newState is NewState, with every part's slots in one array, advised for
+// huge pages when advise is set (a restore's tables are tens of megabytes,
+// filled at once); the caller ends the advice once they are written.
+func newState(plan *Plan, sizeHint int, advise bool) (*State, hugepages.Region) {
 	s := &State{plan: plan, seed: maphash.MakeSeed(), slab: slab{na: len(plan.aggregates)}, found: make([]span, 1+len(plan.aggregates))}
-	// One array for every part's slots, advised for huge pages (a
-	// restore's tables are tens of megabytes).
 	size := tableSize(sizeHint / stateParts)
 	slots := make([]slot, stateParts*size)
-	hugepages.Advise(slots)
+	var r hugepages.Region
+	if advise {
+		r = hugepages.Advise(slots)
+	}
 	for i := range s.parts {
 		s.parts[i].slots = slots[i*size : (i+1)*size : (i+1)*size]
 	}
-	return s
+	return s, r
 }
 
 // hash is a group's part and its hash, computed once per lookup: the part

@@ -129,11 +129,10 @@ func (t *table) fill(groups, scratch []pendingGroup) []pendingGroup {
 	if len(groups) == 0 {
 		return scratch
 	}
-	if need := t.n + len(groups); need*4 > len(t.slots)*3 {
-		// Sized for all of them (an upper bound: a key may repeat), so
-		// that no growth reorders the slots midway.
-		t.resize(tableSize(need))
-	}
+	// The table is sized for the groups it will hold (a restore knows
+	// them from the manifest), not for len(groups): a key repeats in
+	// every checkpoint that changed it. Should it grow midway, the rest
+	// is set in the old size's order: slower, not wrong.
 	slotBits := bits.Len(uint(len(t.slots) - 1))
 	shift := max(slotBits-fillBits, 0)
 	mask := uint64(len(t.slots) - 1)

@@ -1,9 +1,11 @@
 package aggregator
 
 import (
+	"context"
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -164,3 +166,37 @@ func TestFillIsSetInOrder(t *testing.T) {
 func maphashOf(s string) uint64 { return maphash.String(testSeed, s) }
 
 var testSeed = maphash.MakeSeed()
+
+// TestRestoreOnMoreCoresThanParts: a restore's workers each own the parts
+// p%workers; with more cores than parts (a 32-core node) a worker owned
+// none and the load divided by zero.
+func TestRestoreOnMoreCoresThanParts(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(stateParts + 4))
+	p := mustCompile(t, streamsv1alpha1.AggregationSpec{Source: "s", Aggregates: []streamsv1alpha1.AggregateSpec{{Name: "n", Function: streamsv1alpha1.AggregateCount}}})
+	st := NewState(p, 0)
+	for i := range 1000 {
+		st.Fold(fmt.Appendf(nil, "k%d", i%300), nil, 0)
+	}
+	log := newMemLog()
+	cp := &Checkpointer{Plan: p, Log: log, Writer: 1}
+	if _, err := cp.Write(context.Background(), cp.Capture(st, 1, 0, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Restore(context.Background(), log, p, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State.Len() != 300 {
+		t.Fatalf("restored %d groups, want 300", r.State.Len())
+	}
+	for i := range 300 {
+		k := entryKey{key: fmt.Sprintf("k%d", i)}
+		want := int64(4)
+		if i >= 1000%300 {
+			want = 3
+		}
+		if e := r.State.get(k); e == nil || e.accs[0].n != want {
+			t.Fatalf("group %s restored as %+v, want a count of %d", k.key, e, want)
+		}
+	}
+}
