@@ -213,8 +213,8 @@ type Offsets interface {
 	// hold or do not agree is absent, as is a topic that does not exist.
 	Holds(ctx context.Context, groups, topics []string) (map[string]map[TopicPartition]int64, error)
 	// MoveHolds moves the group's hold on each commit's partition to its
-	// offset, backward too; one error per commit (nil: moved, or the
-	// partition no longer exists).
+	// offset, backward too; one error per commit (nil: moved; one
+	// wrapping ErrPartitionGone: the partition no longer exists).
 	MoveHolds(ctx context.Context, group string, commits []Commit) []error
 }
 
@@ -457,6 +457,7 @@ func (c *Coordinator) ReassertHolds(ctx context.Context) (int, error) {
 	if err := c.Load(ctx); err != nil {
 		return 0, err
 	}
+	c.takeHoldsDue() // this pass is the one a load asks for
 	var names []string
 	topicSet := map[string]bool{}
 	c.mu.Lock()
@@ -482,6 +483,9 @@ func (c *Coordinator) ReassertHolds(ctx context.Context) (int, error) {
 	moved := 0
 	var errs []error
 	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return moved, err
+		}
 		n, err := c.reassertGroupHolds(ctx, name, held[name])
 		moved += n
 		errs = append(errs, err)
@@ -528,6 +532,9 @@ func (c *Coordinator) reassertGroupHolds(ctx context.Context, name string, held 
 	moved := 0
 	var errs []error
 	for i, err := range c.opts.Offsets.MoveHolds(ctx, name, moves) {
+		if errors.Is(err, ErrPartitionGone) {
+			continue // its stream was deleted (or shrunk): nothing to hold
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue

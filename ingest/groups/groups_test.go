@@ -106,6 +106,10 @@ func (m *memOffsets) MoveHolds(_ context.Context, group string, commits []Commit
 			errs[i] = m.fail
 			continue
 		}
+		if c.Topic == "gone" {
+			errs[i] = fmt.Errorf("stream %q: %w", c.Topic, ErrPartitionGone)
+			continue
+		}
 		m.holdLocked(group, c.TopicPartition, c.Offset)
 		m.moved++
 	}
@@ -731,6 +735,17 @@ func TestReassertHoldsMovesTheHoldsNotAtTheCommittedOffsets(t *testing.T) {
 	if c.takeHoldsDue() {
 		t.Fatal("holds due before any load")
 	}
+	// A load (here the first call about a group) leaves the holds due for
+	// Run, which reasserts them.
+	if _, err := c.FetchOffsets(ctx, "level", nil); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	due := c.holdsDue
+	c.mu.Unlock()
+	if !due {
+		t.Fatal("the load did not leave the holds due")
+	}
 	moved, err := c.ReassertHolds(ctx)
 	if err != nil || moved != 2 {
 		t.Fatalf("reasserted %d holds (%v), want 2 (behind's partition 0, missing's only one)", moved, err)
@@ -739,8 +754,8 @@ func TestReassertHoldsMovesTheHoldsNotAtTheCommittedOffsets(t *testing.T) {
 	if fmt.Sprint(store.held) != fmt.Sprint(want) {
 		t.Fatalf("holds %v, want %v", store.held, want)
 	}
-	if !c.takeHoldsDue() || c.takeHoldsDue() {
-		t.Fatal("the load did not leave the holds due once for Run")
+	if c.takeHoldsDue() {
+		t.Fatal("holds still due after a pass")
 	}
 	if moved, err := c.ReassertHolds(ctx); err != nil || moved != 0 {
 		t.Fatalf("a second pass moved %d (%v), want none", moved, err)
@@ -784,5 +799,22 @@ func TestReassertHoldsLeavesGroupsOfOtherNodes(t *testing.T) {
 	}
 	if moved == 0 || moved == 20 {
 		t.Fatalf("moved %d of 20 groups' holds: want this node's only", moved)
+	}
+}
+
+// TestReassertHoldsPassesOverDeletedStreams: a group keeps offsets on a
+// stream deleted since; it has no hold to move there, which is neither an
+// error nor a move (else every sweep would report it).
+func TestReassertHoldsPassesOverDeletedStreams(t *testing.T) {
+	store := &memOffsets{stored: map[string]map[TopicPartition]Committed{
+		"g": {{"gone", 0}: {Offset: 5}, {"orders", 0}: {Offset: 3}},
+	}}
+	c := New(Options{Offsets: store})
+	moved, err := c.ReassertHolds(ctx)
+	if err != nil || moved != 1 {
+		t.Fatalf("moved %d (%v), want 1 (orders/0) and no error", moved, err)
+	}
+	if moved, err := c.ReassertHolds(ctx); err != nil || moved != 0 {
+		t.Fatalf("a second pass moved %d (%v), want none", moved, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -122,6 +123,12 @@ func HoldName(group string) string {
 func (s *StreamOffsets) Load(ctx context.Context) (map[string]map[TopicPartition]Committed, error) {
 	s.loadMu.Lock()
 	defer s.loadMu.Unlock()
+	// A load is a start or a change of the nodes: holds this process
+	// moved may have been moved since by another node, so none is taken
+	// for known any more (a commit moves its holds again).
+	s.mu.Lock()
+	s.held = nil
+	s.mu.Unlock()
 	if _, err := s.Ingest.Stream(ctx, s.stream()); status.Code(err) == codes.NotFound {
 		_, cerr := s.Ingest.CreateStream(ctx, &catenapb.CreateStreamRequest{Stream: s.stream(), Partitions: 1})
 		switch status.Code(cerr) {
@@ -294,21 +301,26 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 		}
 		moves, at = append(moves, c), append(at, i)
 	}
-	for i, err := range s.MoveHolds(ctx, group, moves) {
-		errs[at[i]] = err
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdTimeout)
+	defer cancel()
+	for i, err := range s.MoveHolds(hctx, group, moves) {
+		if !errors.Is(err, ErrPartitionGone) {
+			errs[at[i]] = err
+		}
 	}
 	return errs, nil
 }
 
+// ErrPartitionGone is MoveHolds' error for a partition that no longer
+// exists: it has no hold to keep.
+var ErrPartitionGone = errors.New("the partition no longer exists")
+
 // MoveHolds moves the group's hold on each commit's partition to its
 // offset on every member of the partition's chain, all partitions at
-// once, each bounded by holdTimeout even when ctx ends first. A partition
-// that no longer exists has no hold to keep (nil).
+// once. A partition that no longer exists is ErrPartitionGone.
 func (s *StreamOffsets) MoveHolds(ctx context.Context, group string, commits []Commit) []error {
 	errs := make([]error, len(commits))
 	consumer := HoldName(group)
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdTimeout)
-	defer cancel()
 	var wg sync.WaitGroup
 	for i, c := range commits {
 		// Forgotten until stored: a hold call that fails may have moved
@@ -317,9 +329,10 @@ func (s *StreamOffsets) MoveHolds(ctx context.Context, group string, commits []C
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := s.Ingest.CommitConsumerOffset(hctx, &catenapb.CommitConsumerOffsetRequest{Stream: c.Topic, Partition: uint32(c.Partition), Consumer: consumer, Offset: uint64(c.Offset)})
+			_, err := s.Ingest.CommitConsumerOffset(ctx, &catenapb.CommitConsumerOffsetRequest{Stream: c.Topic, Partition: uint32(c.Partition), Consumer: consumer, Offset: uint64(c.Offset)})
 			switch {
 			case status.Code(err) == codes.NotFound:
+				errs[i] = fmt.Errorf("hold %s/%d for group %q: %w", c.Topic, c.Partition, group, ErrPartitionGone)
 			case err != nil:
 				errs[i] = fmt.Errorf("hold %s/%d at offset %d for group %q: %w", c.Topic, c.Partition, c.Offset, group, err)
 			default:
