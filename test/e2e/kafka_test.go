@@ -231,8 +231,9 @@ spec:
 		attempt := 0
 		Eventually(func(g Gomega) {
 			attempt++
-			out := runPod(ns, fmt.Sprintf("group-holds-%d", attempt), clientSecret(kafkaStream, kafkaUser),
+			out, phase := runPodToEnd(ns, fmt.Sprintf("group-holds-%d", attempt), clientSecret(kafkaStream, kafkaUser),
 				"--server", s.Status.Endpoints.Producers, "consumers", "list", "--stream", kafkaStream)
+			g.Expect(phase).To(Equal(corev1.PodSucceeded), "catenactl consumers list:\n%s", out)
 			holds := held.FindAllStringSubmatch(out, -1)
 			g.Expect(holds).To(HaveLen(kafkaPartitions), "every partition held by the group:\n%s", out)
 			for _, h := range holds {
