@@ -210,7 +210,8 @@ type Offsets interface {
 	// Holds returns where the groups' retention holds are on the
 	// partitions of topics: per group, the offset every member of a
 	// partition's chain holds it at. A partition whose members lack the
-	// hold or do not agree is absent, as is a topic that does not exist.
+	// hold or do not agree is absent, as is a topic that does not exist,
+	// and one that could not be listed (with an error, beside what was).
 	Holds(ctx context.Context, groups, topics []string) (map[string]map[TopicPartition]int64, error)
 	// MoveHolds moves the group's hold on each commit's partition to its
 	// offset, backward too; one error per commit (nil: moved; one
@@ -476,12 +477,13 @@ func (c *Coordinator) ReassertHolds(ctx context.Context) (int, error) {
 	}
 	sort.Strings(names)
 	topics := slices.Sorted(maps.Keys(topicSet))
+	// What could not be listed is absent from held, and moved again.
 	held, err := c.opts.Offsets.Holds(ctx, names, topics)
-	if err != nil {
-		return 0, fmt.Errorf("list the groups' holds: %w", err)
-	}
 	moved := 0
 	var errs []error
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list the groups' holds: %w", err))
+	}
 	for _, name := range names {
 		if err := ctx.Err(); err != nil {
 			return moved, err

@@ -347,20 +347,25 @@ func (s *StreamOffsets) MoveHolds(ctx context.Context, group string, commits []C
 // Holds lists the groups' holds on topics, one ListConsumers per topic:
 // per group, the offset its hold is at on every member of a partition's
 // chain. A partition whose members do not all hold the same is left out
-// (its holds are moved again), as is a stream that no longer exists.
+// (its holds are moved again), as is a stream that no longer exists; a
+// stream that cannot be listed too, with an error naming it.
 func (s *StreamOffsets) Holds(ctx context.Context, groups, topics []string) (map[string]map[TopicPartition]int64, error) {
 	byHold := make(map[string]string, len(groups))
 	for _, g := range groups {
 		byHold[HoldName(g)] = g
 	}
 	out := map[string]map[TopicPartition]int64{}
+	var errs []error
 	for _, t := range topics {
 		resp, err := s.Ingest.ListConsumers(ctx, &catenapb.ListConsumersRequest{Stream: t})
 		if status.Code(err) == codes.NotFound {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("list the holds on stream %q: %w", t, err)
+			// The other streams are still listed: one stream that cannot
+			// be leaves its partitions out (their holds are moved again).
+			errs = append(errs, fmt.Errorf("list the holds on stream %q: %w", t, err))
+			continue
 		}
 		for _, p := range resp.GetPartitions() {
 			if len(p.GetDisagreeing()) > 0 {
@@ -378,7 +383,7 @@ func (s *StreamOffsets) Holds(ctx context.Context, groups, topics []string) (map
 			}
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // holdTimeout bounds moving a commit's holds once its record is stored.
