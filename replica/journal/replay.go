@@ -1,0 +1,268 @@
+// Package journal is the replica process's journal (docs/journal.md): the
+// records it holds and, first, the plan that recovery makes from them.
+// Only the plan is built so far; nothing writes a journal yet.
+package journal
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Kind is a journal record's kind.
+type Kind uint8
+
+const (
+	// Create: a partition incarnation starts, empty at Base.
+	Create Kind = iota + 1
+	// Frame: a frame of offsets [Base, End) under Epoch, appended.
+	Frame
+	// Truncate: the log was cut to End (its records are synced before
+	// the cut takes effect).
+	Truncate
+	// Reset: the log was emptied to start at Base (catch-up below a
+	// source).
+	Reset
+	// Flushed: the segment files hold [.., End) durably on their own (a
+	// catch-up copy fsynced them; its frames are not journalled).
+	Flushed
+	// Drop: the partition incarnation is gone.
+	Drop
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Create:
+		return "create"
+	case Frame:
+		return "frame"
+	case Truncate:
+		return "truncate"
+	case Reset:
+		return "reset"
+	case Flushed:
+		return "flushed"
+	case Drop:
+		return "drop"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// PartitionID names a partition of a stream.
+type PartitionID struct {
+	Stream    string
+	Partition uint32
+}
+
+func (p PartitionID) String() string { return fmt.Sprintf("%s/%d", p.Stream, p.Partition) }
+
+// Record is one journal record, as far as recovery's plan needs it (a
+// frame's bytes are not needed to plan, only to apply).
+type Record struct {
+	Kind Kind
+	Part PartitionID
+	// Incarnation tells a partition created again after a drop from its
+	// predecessor; it is written in the partition's directory.
+	Incarnation uint64
+	Epoch       uint64
+	// Base and End: Frame [Base, End); Create and Reset Base; Truncate
+	// and Flushed End.
+	Base, End uint64
+}
+
+// Entry is a checkpoint's record of one partition: the segment files of
+// that incarnation were fsynced up to Flushed.
+type Entry struct {
+	Incarnation uint64
+	Flushed     uint64
+}
+
+// Checkpoint is the last valid checkpoint record: the journal position J
+// it was taken from (records from J on are replayed) and every open
+// partition's flushed offset.
+type Checkpoint struct {
+	Position uint64
+	Entries  map[PartitionID]Entry
+}
+
+// OnDisk is what recovery finds of a partition before replay.
+type OnDisk struct {
+	Incarnation uint64
+	// Start is the log's first offset (retention may have moved it past
+	// a checkpoint's flushed offset).
+	Start uint64
+}
+
+// Plan is what recovery does to one partition: open its log trusting
+// [start, Keep) (cutting whatever lies above), or when ResetTo is set make
+// it empty at that offset (creating its directory if missing), then write
+// the frames of Writes (indexes into the records given to Replay), in
+// order.
+type Plan struct {
+	Incarnation uint64
+	Keep        uint64
+	ResetTo     *uint64
+	Writes      []int
+	// Dropped: the incarnation was dropped; its directory is removed.
+	Dropped bool
+	// Orphan: a directory no checkpoint and no record knows: created, and
+	// crashed before its create record was synced, so it never accepted
+	// a frame. It is removed.
+	Orphan bool
+}
+
+// ErrCorrupt marks a journal whose records cannot be what a crash left.
+var ErrCorrupt = errors.New("journal is corrupt")
+
+// Replay plans recovery from the last checkpoint, the records from its
+// position on (in journal order; a torn last group already cut), and the
+// partitions found on disk. It is pure: the caller opens, cuts, resets,
+// writes and removes as the plans say.
+func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[PartitionID]*Plan, error) {
+	type key struct {
+		id  PartitionID
+		inc uint64
+	}
+	type state struct {
+		plan      *Plan
+		known     bool // a checkpoint entry or a create stands for it
+		onDisk    bool // its directory is there
+		end       uint64
+		lastEpoch uint64
+		writeEnds []uint64 // End of each planned write
+	}
+	parts := map[key]*state{}
+	for id, d := range disk {
+		parts[key{id, d.Incarnation}] = &state{plan: &Plan{Incarnation: d.Incarnation}, onDisk: true}
+	}
+	for id, e := range cp.Entries {
+		k := key{id, e.Incarnation}
+		st := parts[k]
+		if st == nil {
+			// Not on disk: it must be dropped by a record below.
+			st = &state{plan: &Plan{Incarnation: e.Incarnation}}
+			parts[k] = st
+		}
+		st.known = true
+		st.plan.Keep = e.Flushed
+		if d, ok := disk[id]; ok && d.Incarnation == e.Incarnation {
+			st.plan.Keep = max(e.Flushed, d.Start)
+		}
+		st.end = st.plan.Keep
+	}
+	corrupt := func(i int, r Record, format string, a ...any) error {
+		return fmt.Errorf("%w: record %d (%s of %s, incarnation %d): %s", ErrCorrupt, i, r.Kind, r.Part, r.Incarnation, fmt.Sprintf(format, a...))
+	}
+	for i, r := range records {
+		k := key{r.Part, r.Incarnation}
+		st := parts[k]
+		if r.Kind == Create {
+			// A new incarnation: every frame of it is in the records
+			// from here, so it is made again from empty (its directory
+			// may not have reached the disk).
+			base := r.Base
+			parts[k] = &state{plan: &Plan{Incarnation: r.Incarnation, Keep: base, ResetTo: &base}, known: true, onDisk: st != nil && st.onDisk, end: base}
+			continue
+		}
+		switch {
+		case st == nil || !st.known:
+			return nil, corrupt(i, r, "no checkpoint entry and no create record for this incarnation")
+		case st.plan.Dropped:
+			return nil, corrupt(i, r, "a record after the incarnation was dropped")
+		}
+		switch r.Kind {
+		case Frame:
+			if r.Epoch < st.lastEpoch {
+				return nil, corrupt(i, r, "epoch %d after epoch %d", r.Epoch, st.lastEpoch)
+			}
+			st.lastEpoch = r.Epoch
+			switch {
+			case r.End <= st.plan.Keep && st.plan.ResetTo == nil:
+				// Below what the segment files hold durably: journalled
+				// between the checkpoint's position and its snapshot, or
+				// trimmed by retention since.
+			case r.Base == st.end && r.End > r.Base:
+				st.plan.Writes = append(st.plan.Writes, i)
+				st.writeEnds = append(st.writeEnds, r.End)
+				st.end = r.End
+			default:
+				return nil, corrupt(i, r, "frame [%d, %d) does not continue the log at %d", r.Base, r.End, st.end)
+			}
+		case Truncate:
+			if r.End > st.end {
+				return nil, corrupt(i, r, "a truncation to %d above the log's end %d: frames are missing", r.End, st.end)
+			}
+			st.lastEpoch = max(st.lastEpoch, r.Epoch)
+			st.end = r.End
+			if r.End <= st.plan.Keep && st.plan.ResetTo == nil {
+				st.plan.Keep = r.End
+				st.plan.Writes, st.writeEnds = nil, nil
+				continue
+			}
+			// Planned writes past the cut are cut with it.
+			n := sort.Search(len(st.writeEnds), func(k int) bool { return st.writeEnds[k] > r.End })
+			if n < len(st.writeEnds) && records[st.plan.Writes[n]].Base < r.End {
+				return nil, corrupt(i, r, "a truncation to %d inside frame [%d, %d)", r.End, records[st.plan.Writes[n]].Base, st.writeEnds[n])
+			}
+			st.plan.Writes, st.writeEnds = st.plan.Writes[:n], st.writeEnds[:n]
+		case Reset:
+			base := r.Base
+			st.plan.ResetTo, st.plan.Keep, st.end = &base, base, base
+			st.plan.Writes, st.writeEnds = nil, nil
+			st.lastEpoch = 0
+		case Flushed:
+			// The files hold everything below End durably, as the log
+			// was then (a reset and the frames before included): nothing
+			// below it is replayed.
+			if r.End < st.end {
+				n := sort.Search(len(st.writeEnds), func(k int) bool { return st.writeEnds[k] > r.End })
+				if n < len(st.writeEnds) && records[st.plan.Writes[n]].Base < r.End {
+					return nil, corrupt(i, r, "flushed to %d inside frame [%d, %d)", r.End, records[st.plan.Writes[n]].Base, st.writeEnds[n])
+				}
+				st.plan.Writes, st.writeEnds = st.plan.Writes[n:], st.writeEnds[n:]
+			} else {
+				st.plan.Writes, st.writeEnds = nil, nil
+				st.end = r.End
+			}
+			st.plan.Keep, st.plan.ResetTo = r.End, nil
+			st.onDisk = true
+		case Drop:
+			st.plan.Dropped = true
+			st.plan.Writes, st.writeEnds = nil, nil
+		default:
+			return nil, corrupt(i, r, "unknown record kind")
+		}
+	}
+	// One plan per partition: its live incarnation (on disk, or created),
+	// else what is left of a dropped one, else an orphan directory.
+	out := map[PartitionID]*Plan{}
+	rank := func(st *state) int {
+		switch {
+		case st.known && !st.plan.Dropped:
+			return 3
+		case st.plan.Dropped:
+			return 2
+		}
+		return 1
+	}
+	best := map[PartitionID]*state{}
+	for k, st := range parts {
+		switch {
+		case st.known && !st.plan.Dropped && !st.onDisk && st.plan.ResetTo == nil:
+			// In the checkpoint, gone from the disk, and no drop record
+			// said so (a drop is synced before its directory is renamed).
+			return nil, fmt.Errorf("%w: partition %s (incarnation %d) is in the checkpoint but not on disk, and was not dropped", ErrCorrupt, k.id, k.inc)
+		case !st.known:
+			// A directory no checkpoint and no record knows: created,
+			// and crashed before its create record was synced.
+			st.plan.Orphan = true
+		}
+		if b := best[k.id]; b == nil || rank(st) > rank(b) {
+			best[k.id] = st
+		}
+	}
+	for id, st := range best {
+		out[id] = st.plan
+	}
+	return out, nil
+}

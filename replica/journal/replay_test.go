@@ -1,0 +1,212 @@
+package journal
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+var p0, p1 = PartitionID{"orders", 0}, PartitionID{"orders", 1}
+
+func frame(p PartitionID, inc, epoch, base, end uint64) Record {
+	return Record{Kind: Frame, Part: p, Incarnation: inc, Epoch: epoch, Base: base, End: end}
+}
+
+func rec(k Kind, p PartitionID, inc, at uint64) Record {
+	r := Record{Kind: k, Part: p, Incarnation: inc}
+	switch k {
+	case Create, Reset:
+		r.Base = at
+	default:
+		r.End = at
+	}
+	return r
+}
+
+// want is a plan in short: what is kept, the reset, the frames written
+// (as [base,end) of the records), dropped or orphan.
+func show(pl *Plan, records []Record) string {
+	if pl == nil {
+		return "none"
+	}
+	switch {
+	case pl.Orphan:
+		return "orphan"
+	case pl.Dropped:
+		return "dropped"
+	}
+	s := fmt.Sprintf("inc %d keep %d", pl.Incarnation, pl.Keep)
+	if pl.ResetTo != nil {
+		s += fmt.Sprintf(" reset %d", *pl.ResetTo)
+	}
+	for _, i := range pl.Writes {
+		s += fmt.Sprintf(" [%d,%d)", records[i].Base, records[i].End)
+	}
+	return s
+}
+
+func TestReplay(t *testing.T) {
+	cp := Checkpoint{Position: 1000, Entries: map[PartitionID]Entry{p0: {Incarnation: 1, Flushed: 100}}}
+	onDisk := map[PartitionID]OnDisk{p0: {Incarnation: 1}}
+	for _, tc := range []struct {
+		name    string
+		cp      Checkpoint
+		disk    map[PartitionID]OnDisk
+		records []Record
+		want    map[PartitionID]string
+		corrupt string // a substring of the error; "" for none
+	}{
+		{
+			name: "nothing after the checkpoint: keep what it flushed",
+			cp:   cp, disk: onDisk,
+			want: map[PartitionID]string{p0: "inc 1 keep 100"},
+		},
+		{
+			// The flusher takes the journal position before each
+			// partition's end: frames journalled in between are below
+			// the flushed offset and already in the files.
+			name: "frames journalled while the flusher ran are passed over, the rest written",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 90, 100), frame(p0, 1, 3, 100, 110), frame(p0, 1, 3, 110, 125)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 100 [100,110) [110,125)"},
+		},
+		{
+			name: "a truncation cuts planned frames, and frames of a higher epoch follow at the same offsets",
+			cp:   cp, disk: onDisk,
+			records: []Record{
+				frame(p0, 1, 3, 100, 110), frame(p0, 1, 3, 110, 120),
+				{Kind: Truncate, Part: p0, Incarnation: 1, Epoch: 4, End: 110},
+				frame(p0, 1, 4, 110, 115),
+			},
+			want: map[PartitionID]string{p0: "inc 1 keep 100 [100,110) [110,115)"},
+		},
+		{
+			name: "a truncation below the flushed offset cuts the files there",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), {Kind: Truncate, Part: p0, Incarnation: 1, Epoch: 4, End: 80}, frame(p0, 1, 4, 80, 90)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 80 [80,90)"},
+		},
+		{
+			name: "a truncation inside a frame",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), rec(Truncate, p0, 1, 105)},
+			corrupt: "inside frame [100, 110)",
+		},
+		{
+			name: "a truncation above the log's end: frames are missing",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), rec(Truncate, p0, 1, 130)},
+			corrupt: "above the log's end",
+		},
+		{
+			name: "a gap",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), frame(p0, 1, 3, 111, 120)},
+			corrupt: "does not continue the log at 110",
+		},
+		{
+			name: "a frame of a lower epoch",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 4, 100, 110), frame(p0, 1, 3, 110, 120)},
+			corrupt: "epoch 3 after epoch 4",
+		},
+		{
+			name: "retention removed segments past the flushed offset: the log starts there",
+			cp:   cp, disk: map[PartitionID]OnDisk{p0: {Incarnation: 1, Start: 150}},
+			records: []Record{frame(p0, 1, 3, 100, 150), frame(p0, 1, 3, 150, 160)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 150 [150,160)"},
+		},
+		{
+			name: "a reset below a source, then frames from its base",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), rec(Reset, p0, 1, 500), frame(p0, 1, 5, 500, 510)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 500 reset 500 [500,510)"},
+		},
+		{
+			name: "a catch-up copy's flush covers the reset and what it copied",
+			cp:   cp, disk: onDisk,
+			records: []Record{rec(Reset, p0, 1, 500), rec(Flushed, p0, 1, 900), frame(p0, 1, 5, 900, 910)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 900 [900,910)"},
+		},
+		{
+			name: "a flush below planned frames keeps those above it",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), frame(p0, 1, 3, 110, 120), rec(Flushed, p0, 1, 110)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 110 [110,120)"},
+		},
+		{
+			name: "dropped, and created again under a new incarnation",
+			cp:   cp, disk: map[PartitionID]OnDisk{p0: {Incarnation: 2}},
+			records: []Record{frame(p0, 1, 3, 100, 110), rec(Drop, p0, 1, 0), rec(Create, p0, 2, 0), frame(p0, 2, 1, 0, 10)},
+			want:    map[PartitionID]string{p0: "inc 2 keep 0 reset 0 [0,10)"},
+		},
+		{
+			name: "dropped, directory already removed",
+			cp:   cp, disk: map[PartitionID]OnDisk{},
+			records: []Record{rec(Drop, p0, 1, 0)},
+			want:    map[PartitionID]string{p0: "dropped"},
+		},
+		{
+			name: "dropped, directory still there",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), rec(Drop, p0, 1, 0)},
+			want:    map[PartitionID]string{p0: "dropped"},
+		},
+		{
+			name: "created after the checkpoint, its directory lost with the crash",
+			cp:   cp, disk: onDisk,
+			records: []Record{rec(Create, p1, 1, 40), frame(p1, 1, 1, 40, 50)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 100", p1: "inc 1 keep 40 reset 40 [40,50)"},
+		},
+		{
+			name: "a directory no checkpoint and no record knows never took a frame",
+			cp:   cp, disk: map[PartitionID]OnDisk{p0: {Incarnation: 1}, p1: {Incarnation: 7}},
+			want: map[PartitionID]string{p0: "inc 1 keep 100", p1: "orphan"},
+		},
+		{
+			name:    "in the checkpoint, gone from the disk, never dropped",
+			cp:      cp,
+			disk:    map[PartitionID]OnDisk{},
+			corrupt: "in the checkpoint but not on disk",
+		},
+		{
+			name:    "in the checkpoint, its directory holding another incarnation, never dropped",
+			cp:      cp,
+			disk:    map[PartitionID]OnDisk{p0: {Incarnation: 2}},
+			corrupt: "in the checkpoint but not on disk",
+		},
+		{
+			name: "a record of an incarnation never created",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p1, 3, 1, 0, 10)},
+			corrupt: "no checkpoint entry and no create record",
+		},
+		{
+			name: "a record after the drop",
+			cp:   cp, disk: onDisk,
+			records: []Record{rec(Drop, p0, 1, 0), frame(p0, 1, 3, 100, 110)},
+			corrupt: "after the incarnation was dropped",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plans, err := Replay(tc.cp, tc.records, tc.disk)
+			if tc.corrupt != "" {
+				if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.corrupt) {
+					t.Fatalf("error %v, want ErrCorrupt saying %q", err, tc.corrupt)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[PartitionID]string{}
+			for id, pl := range plans {
+				got[id] = show(pl, tc.records)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("plans\n got %v\nwant %v", got, tc.want)
+			}
+		})
+	}
+}
