@@ -38,22 +38,24 @@ func tableSize(n int) int {
 
 func newTable(n int) table { return table{slots: make([]slot, tableSize(n))} }
 
+// probe returns the slot holding k (hash h), or the empty slot where it
+// would go. The table must have an empty slot.
+func (t *table) probe(h uint64, k entryKey) *slot {
+	h |= slotUsed
+	mask := uint64(len(t.slots) - 1)
+	for i := (h >> partBits) & mask; ; i = (i + 1) & mask {
+		if s := &t.slots[i]; s.h == 0 || s.h == h && s.e.key == k {
+			return s
+		}
+	}
+}
+
 // find returns the entry of k, whose hash is h, or nil.
 func (t *table) find(h uint64, k entryKey) *entry {
 	if len(t.slots) == 0 {
 		return nil
 	}
-	h |= slotUsed
-	mask := uint64(len(t.slots) - 1)
-	for i := (h >> partBits) & mask; ; i = (i + 1) & mask {
-		s := &t.slots[i]
-		switch {
-		case s.h == 0:
-			return nil
-		case s.h == h && s.e.key == k:
-			return s.e
-		}
-	}
+	return t.probe(h, k).e // nil in an empty slot
 }
 
 // set stores e (hash h) in place of the entry of the same key, or as a
@@ -62,20 +64,12 @@ func (t *table) set(h uint64, e *entry) {
 	if (t.n+1)*4 > len(t.slots)*3 {
 		t.grow()
 	}
-	h |= slotUsed
-	mask := uint64(len(t.slots) - 1)
-	for i := (h >> partBits) & mask; ; i = (i + 1) & mask {
-		s := &t.slots[i]
-		switch {
-		case s.h == 0:
-			s.h, s.e = h, e
-			t.n++
-			return
-		case s.h == h && s.e.key == e.key:
-			s.e = e
-			return
-		}
+	s := t.probe(h, e.key)
+	if s.h == 0 {
+		s.h = h | slotUsed
+		t.n++
 	}
+	s.e = e
 }
 
 // grow doubles the slots.
