@@ -438,6 +438,21 @@ func (a *appender) currentRoute() *partitionRoute {
 	return sr.partitions[a.partition]
 }
 
+// silence is how long the head at addr has answered nothing, counted from
+// sent (when the oldest unanswered append went to it): a head process that
+// answered any partition's append since is reachable, however long this
+// partition's append waits for its offsets. On a machine loaded past its
+// capacity every append waits, and a per-partition count reported live,
+// busy heads, which the master removed from every chain as soon as one
+// also missed a probe (TestAHeadThatAnswersOtherPartitionsIsNotReported).
+func (a *appender) silence(addr string, sent time.Time) time.Duration {
+	from := sent
+	if heard := a.srv.lastHeard(addr); heard.After(from) {
+		from = heard
+	}
+	return time.Since(from)
+}
+
 // reportHead tells the head's successor in pr that this ingestion node's
 // appends to the head have gone unanswered for down (ReportHeadUnreachable),
 // at most every stallAfter: the chain's master takes it for a second
@@ -582,6 +597,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 				recvErr <- err
 				return
 			}
+			a.srv.heardFrom(head.GetAddr())
 			select {
 			case answers <- resp:
 			case <-sctx.Done():
@@ -691,8 +707,9 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 			// member, a loaded machine), which the master's probes of
 			// the members judge. Reporting it then only cost every
 			// replica a report per partition per stallAfter under load.
+			// So is a head that answers other partitions' appends.
 			if !inflight[0].assigned {
-				a.reportHead(pr, time.Since(inflight[0].at))
+				a.reportHead(pr, a.silence(head.GetAddr(), inflight[0].at))
 			}
 		case <-a.srv.disc.updatedChan():
 			// A head that hangs (paused, partitioned) never fails the

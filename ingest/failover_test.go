@@ -274,6 +274,55 @@ func TestAHeadThatAnswersIsNotReportedWhileItsChainIsSlow(t *testing.T) {
 	}
 }
 
+// TestAHeadThatAnswersOtherPartitionsIsNotReported: whether a head can be
+// reached is a property of its process, which the master's detector
+// judges (Health is per replica). A head that keeps answering appends to
+// its other partitions is reachable, even while one partition's append
+// waits past stallAfter for its offsets, as each does on a machine loaded
+// past its capacity (256 partitions at full speed on two cores). Reporting
+// it then gave the master its second witness the moment the head also
+// missed a probe, and it removed a live, busy head from every chain: a
+// reconfiguration under load, for nothing.
+func TestAHeadThatAnswersOtherPartitionsIsNotReported(t *testing.T) {
+	head, next := &chainMember{id: "head", partitions: 2}, &chainMember{id: "next", partitions: 2}
+	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
+	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
+	head.view(5, both)
+	next.view(5, both)
+	head.hungPartition.Store(0 + 1)
+	s := startIngestion(t, addrs)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stuck := make(chan error, 1)
+	go func() {
+		p := uint32(0)
+		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("waits"), Partition: &p}}})
+		stuck <- err
+	}()
+	// Partition 1's appends go on being answered, one after another.
+	answered := 0
+	for deadline := time.Now().Add(6 * stallAfter); time.Now().Before(deadline); answered++ {
+		p := uint32(1)
+		if _, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("answered"), Partition: &p}}}); err != nil {
+			t.Fatalf("produce to partition 1: %v", err)
+		}
+		time.Sleep(stallAfter / 10)
+	}
+	if r := next.headReports(); len(r) != 0 {
+		t.Fatalf("a head that answered %d appends to another partition meanwhile was reported unreachable: %v", answered, r[0])
+	}
+	// Once it answers nothing at all, it is reported.
+	head.hung.Store(true)
+	if got := firstHeadReport(t, ctx, next); got.GetHeadId() != "head" || got.GetPartition() != 0 {
+		t.Fatalf("report %v: want the head, for partition 0", got)
+	}
+	select {
+	case err := <-stuck:
+		t.Fatalf("the append to the hung partition was answered: %v", err)
+	default:
+	}
+}
+
 // TestAHeadThatNeverConnectsIsReportedAndLeft: a head whose connection
 // never completes (its packets dropped mid-handshake; here a listener that
 // accepts and never speaks HTTP/2) keeps gRPC connecting for its connect

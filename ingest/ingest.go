@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -94,6 +95,11 @@ type Server struct {
 
 	appendersMu sync.Mutex
 	appenders   map[appenderKey]*appender
+
+	// heard is when each head process (by address) last answered an
+	// append on any partition's stream: reachability is the process's,
+	// not a partition's (see appender.silence).
+	heard sync.Map // address -> *atomic.Int64, unix nanoseconds
 
 	// name identifies this ingestion node to replicas (its host name).
 	name string
@@ -554,4 +560,23 @@ func storedBytes(r *catenapb.ProduceRecord) int {
 		n += len(h.GetKey()) + len(h.GetValue())
 	}
 	return n
+}
+
+// heardFrom records that the replica at addr answered an append now.
+func (s *Server) heardFrom(addr string) {
+	v, ok := s.heard.Load(addr)
+	if !ok {
+		v, _ = s.heard.LoadOrStore(addr, new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Store(time.Now().UnixNano())
+}
+
+// lastHeard is when the replica at addr last answered an append on any
+// partition's stream (zero: never).
+func (s *Server) lastHeard(addr string) time.Time {
+	v, ok := s.heard.Load(addr)
+	if !ok {
+		return time.Time{}
+	}
+	return time.Unix(0, v.(*atomic.Int64).Load())
 }

@@ -117,6 +117,7 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 				cancel()
 				return
 			}
+			p.srv.ackedBy(succID)
 			p.mu.Lock()
 			before := p.core.Status().SuccessorAck
 			eff, err := p.core.Acked(ack.GetEpoch(), succID, ack.GetAck())

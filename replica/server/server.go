@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -90,6 +91,11 @@ type Server struct {
 	metrics  *metrics
 	fatalFn  func(error)
 	fs       partlog.FS
+
+	// acked is when each successor process (by replica id) last sent an
+	// acknowledgement on any partition's link: a link's stall counts from
+	// there (partition.successorStalled).
+	acked sync.Map // replica id -> *atomic.Int64, unix nanoseconds
 
 	// committedMu orders writes of committedTableFile; its order is
 	// before mu. committedLoaded is the table read at start-up, until
@@ -579,7 +585,7 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 			ps.SuccessorDownMs = uint64(time.Since(p.linkDownSince).Milliseconds())
 		}
 		if st.Successor != "" && !p.stalledSince.IsZero() {
-			ps.SuccessorStalledMs = uint64(time.Since(p.stalledSince).Milliseconds())
+			ps.SuccessorStalledMs = uint64(p.successorStalled(st.Successor).Milliseconds())
 		}
 		if p.linkErr != nil {
 			ps.SuccessorError = p.linkErr.Error()
@@ -724,4 +730,39 @@ func (p *partition) close() {
 			p.logger.Error(err, "Failed to close partition log")
 		}
 	}
+}
+
+// ackedBy records that the successor process id acknowledged records now,
+// on some partition's link.
+func (s *Server) ackedBy(id string) {
+	v, ok := s.acked.Load(id)
+	if !ok {
+		v, _ = s.acked.LoadOrStore(id, new(atomic.Int64))
+	}
+	v.(*atomic.Int64).Store(time.Now().UnixNano())
+}
+
+// lastAck is when the successor process id last acknowledged records on
+// any partition's link (zero: never).
+func (s *Server) lastAck(id string) time.Time {
+	v, ok := s.acked.Load(id)
+	if !ok {
+		return time.Time{}
+	}
+	return time.Unix(0, v.(*atomic.Int64).Load())
+}
+
+// successorStalled is how long the link to succ has owed acknowledgements
+// (p.stalledSince set) while succ's process acknowledged nothing on any
+// partition's link: whether a successor can be reached is its process's
+// property, which the master judges per replica, and a process that
+// acknowledges the other partitions' records is reachable however long
+// this partition's wait (TestASuccessorThatAcknowledgesOtherPartitionsIsNotStalled).
+// Callers hold p.mu.
+func (p *partition) successorStalled(succ string) time.Duration {
+	from := p.stalledSince
+	if acked := p.srv.lastAck(succ); acked.After(from) {
+		from = acked
+	}
+	return time.Since(from)
 }
