@@ -32,7 +32,9 @@ without it under a new epoch at once, and the replica is restarted on its data d
 back to where it agrees with its chains and re-added at their tails. A replica that does not
 answer for --failure-timeout (paused, hung) is removed the same way and re-added when it
 answers again.
-Chains shorter than --min-chain-length refuse writes until they regrow.`,
+Chains shorter than --min-chain-length refuse writes until they regrow.
+With --pprof-listen, each replica serves Go profiles too, on an address of its own
+(printed once ready, and in dev.json).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -58,6 +60,7 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 			if err := servePprof(ctx, pprofAddr, spec.Logger); err != nil {
 				return err
 			}
+			spec.ReplicaProfiles = pprofAddr != ""
 			spec.Registerer = reg
 			out := cmd.OutOrStdout()
 			return devcluster.Run(ctx, spec, func(st devcluster.State) {
@@ -72,6 +75,9 @@ Chains shorter than --min-chain-length refuse writes until they regrow.`,
 				}
 				for _, r := range st.Replicas {
 					fmt.Fprintf(out, "  replica %s: %s  pid %d  metrics http://%s/metrics  data %s\n", r.ID, r.Addr, r.PID, r.Metrics, r.DataDir)
+					if r.Pprof != "" {
+						fmt.Fprintf(out, "    profiles http://%s/debug/pprof/\n", r.Pprof)
+					}
 				}
 				fmt.Fprintf(out, "Try: bin/catenactl --server %s produce --stream %s --key k1 <<< hello\n", st.Ingest, st.Stream)
 			})

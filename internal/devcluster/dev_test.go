@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -261,7 +263,20 @@ func TestDevRepairsEveryStream(t *testing.T) {
 	streams := map[string]int{"demo": 3, "demo-checkpoints": 2}
 	bin := buildCatena(t)
 	dataDir := t.TempDir()
-	d := startDevProc(t, bin, dataDir, "--stream", "demo", "--stream", "demo-checkpoints:2", "--partitions", "3", "--retention", "1h")
+	d := startDevProc(t, bin, dataDir, "--stream", "demo", "--stream", "demo-checkpoints:2", "--partitions", "3", "--retention", "1h", "--pprof-listen", "127.0.0.1:0")
+	// With --pprof-listen every replica serves Go profiles too, where
+	// dev.json says.
+	for _, r := range d.state.Replicas {
+		resp, err := http.Get("http://" + r.Pprof + "/debug/pprof/goroutine?debug=1")
+		if err != nil || r.Pprof == "" {
+			t.Fatalf("replica %s's profiles at %q: %v", r.ID, r.Pprof, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "replica/server") {
+			t.Fatalf("replica %s's goroutine profile: %s\n%.300s", r.ID, resp.Status, body)
+		}
+	}
 
 	if d.state.Stream != "demo" || !slices.Equal(d.state.Streams, []string{"demo", "demo-checkpoints"}) {
 		t.Fatalf("%s: stream %q streams %q, want demo and [demo demo-checkpoints]", StateFile, d.state.Stream, d.state.Streams)

@@ -84,6 +84,9 @@ type Spec struct {
 	ServeMetrics func(addr string) error
 	// Registerer receives this process's ingestion metrics (nil: none).
 	Registerer prometheus.Registerer
+	// ReplicaProfiles: each replica serves Go profiles (/debug/pprof/) on
+	// an address of its own, given in dev.json (catena dev --pprof-listen).
+	ReplicaProfiles bool
 
 	procs int // GOMAXPROCS of each process, see cpuShare
 }
@@ -119,6 +122,8 @@ type ReplicaState struct {
 	ID      string `json:"id"`
 	Addr    string `json:"addr"`
 	Metrics string `json:"metrics"`
+	// Pprof is where it serves Go profiles (empty: it does not).
+	Pprof   string `json:"pprof,omitempty"`
 	DataDir string `json:"data_dir"`
 	PID     int    `json:"pid"`
 }
@@ -202,7 +207,11 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		}
 		addr := pickAddr(host, want.Addr, basePort+1+i)
 		metrics := pickAddr(host, want.Metrics, basePort+11+i)
-		c, err := startReplica(spec, id, addr, metrics)
+		var profiles string
+		if spec.ReplicaProfiles {
+			profiles = pickAddr(host, want.Pprof, basePort+21+i)
+		}
+		c, err := startReplica(spec, id, addr, metrics, profiles)
 		if err != nil {
 			return err
 		}
@@ -351,7 +360,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 				continue
 			}
 			restartAt[c.ID] = time.Now()
-			nc, err := startReplica(spec, c.ID, c.Addr, c.Metrics)
+			nc, err := startReplica(spec, c.ID, c.Addr, c.Metrics, c.Pprof)
 			if err != nil {
 				log.Error(err, "Failed to restart replica; trying again", "id", c.ID, "backoff", restartBackoff)
 				scheduleRestart(c, restartBackoff)
@@ -489,7 +498,9 @@ func ephemeralPorts() (lo, hi int) {
 	return l, h
 }
 
-func startReplica(spec Spec, id, addr, metrics string) (*child, error) {
+// startReplica starts replica id; profiles, when set, is where it serves
+// Go profiles.
+func startReplica(spec Spec, id, addr, metrics, profiles string) (*child, error) {
 	dir := filepath.Join(spec.DataDir, id)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("failed to create %s: %w", dir, err)
@@ -498,7 +509,11 @@ func startReplica(spec Spec, id, addr, metrics string) (*child, error) {
 	if err != nil {
 		return nil, fmt.Errorf("failed to open replica log: %w", err)
 	}
-	cmd := exec.Command(spec.Binary, "replica", "--id", id, "--listen", addr, "--data-dir", dir, "--metrics-listen", metrics)
+	args := []string{"replica", "--id", id, "--listen", addr, "--data-dir", dir, "--metrics-listen", metrics}
+	if profiles != "" {
+		args = append(args, "--pprof-listen", profiles)
+	}
+	cmd := exec.Command(spec.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if os.Getenv("GOMAXPROCS") == "" {
 		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(spec.procs))
@@ -509,7 +524,7 @@ func startReplica(spec Spec, id, addr, metrics string) (*child, error) {
 		logf.Close()
 		return nil, fmt.Errorf("failed to start replica %s: %w", id, err)
 	}
-	c := &child{ReplicaState: ReplicaState{ID: id, Addr: addr, Metrics: metrics, DataDir: dir, PID: cmd.Process.Pid}, cmd: cmd, done: make(chan struct{})}
+	c := &child{ReplicaState: ReplicaState{ID: id, Addr: addr, Metrics: metrics, Pprof: profiles, DataDir: dir, PID: cmd.Process.Pid}, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		c.err = cmd.Wait()
 		logf.Close()
