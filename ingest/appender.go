@@ -446,11 +446,7 @@ func (a *appender) currentRoute() *partitionRoute {
 // busy heads, which the master removed from every chain as soon as one
 // also missed a probe (TestAHeadThatAnswersOtherPartitionsIsNotReported).
 func (a *appender) silence(addr string, sent time.Time) time.Duration {
-	from := sent
-	if heard := a.srv.lastHeard(addr); heard.After(from) {
-		from = heard
-	}
-	return time.Since(from)
+	return a.srv.heads.SilentSince(addr, sent)
 }
 
 // reportHead tells the head's successor in pr that this ingestion node's
@@ -597,7 +593,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 				recvErr <- err
 				return
 			}
-			a.srv.heardFrom(head.GetAddr())
+			a.srv.heads.Mark(head.GetAddr())
 			select {
 			case answers <- resp:
 			case <-sctx.Done():

@@ -15,7 +15,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -25,6 +24,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/heard"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
@@ -96,10 +96,10 @@ type Server struct {
 	appendersMu sync.Mutex
 	appenders   map[appenderKey]*appender
 
-	// heard is when each head process (by address) last answered an
+	// heads is when each head process (by address) last answered an
 	// append on any partition's stream: reachability is the process's,
 	// not a partition's (see appender.silence).
-	heard sync.Map // address -> *atomic.Int64, unix nanoseconds
+	heads *heard.Table
 
 	// name identifies this ingestion node to replicas (its host name).
 	name string
@@ -135,6 +135,7 @@ func New(opts Options) (*Server, error) {
 		done:        make(chan struct{}),
 		seq:         newSequencer(),
 		appenders:   map[appenderKey]*appender{},
+		heads:       heard.New(),
 		ownProducer: binary.LittleEndian.Uint64(b[:]) | 1,
 	}
 	if host, err := os.Hostname(); err == nil && host != "" {
@@ -560,23 +561,4 @@ func storedBytes(r *catenapb.ProduceRecord) int {
 		n += len(h.GetKey()) + len(h.GetValue())
 	}
 	return n
-}
-
-// heardFrom records that the replica at addr answered an append now.
-func (s *Server) heardFrom(addr string) {
-	v, ok := s.heard.Load(addr)
-	if !ok {
-		v, _ = s.heard.LoadOrStore(addr, new(atomic.Int64))
-	}
-	v.(*atomic.Int64).Store(time.Now().UnixNano())
-}
-
-// lastHeard is when the replica at addr last answered an append on any
-// partition's stream (zero: never).
-func (s *Server) lastHeard(addr string) time.Time {
-	v, ok := s.heard.Load(addr)
-	if !ok {
-		return time.Time{}
-	}
-	return time.Unix(0, v.(*atomic.Int64).Load())
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -60,7 +61,15 @@ With --pprof-listen, each replica serves Go profiles too, on an address of its o
 			if err := servePprof(ctx, pprofAddr, spec.Logger); err != nil {
 				return err
 			}
-			spec.ReplicaProfiles = pprofAddr != ""
+			if pprofAddr != "" {
+				// The replicas' profiles go where dev's were asked for
+				// (a host that is not the ingestion's --listen).
+				host, _, err := net.SplitHostPort(pprofAddr)
+				if err != nil {
+					return fmt.Errorf("--pprof-listen %q: %w", pprofAddr, err)
+				}
+				spec.ReplicaProfiles, spec.ProfilesHost = true, host
+			}
 			spec.Registerer = reg
 			out := cmd.OutOrStdout()
 			return devcluster.Run(ctx, spec, func(st devcluster.State) {

@@ -267,7 +267,7 @@ func TestDevRepairsEveryStream(t *testing.T) {
 	// With --pprof-listen every replica serves Go profiles too, where
 	// dev.json says.
 	for _, r := range d.state.Replicas {
-		resp, err := http.Get("http://" + r.Pprof + "/debug/pprof/goroutine?debug=1")
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + r.Pprof + "/debug/pprof/goroutine?debug=1")
 		if err != nil || r.Pprof == "" {
 			t.Fatalf("replica %s's profiles at %q: %v", r.ID, r.Pprof, err)
 		}

@@ -85,8 +85,10 @@ type Spec struct {
 	// Registerer receives this process's ingestion metrics (nil: none).
 	Registerer prometheus.Registerer
 	// ReplicaProfiles: each replica serves Go profiles (/debug/pprof/) on
-	// an address of its own, given in dev.json (catena dev --pprof-listen).
+	// an address of its own on ProfilesHost (the host of catena dev's
+	// --pprof-listen), given in dev.json.
 	ReplicaProfiles bool
+	ProfilesHost    string
 
 	procs int // GOMAXPROCS of each process, see cpuShare
 }
@@ -209,7 +211,11 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		metrics := pickAddr(host, want.Metrics, basePort+11+i)
 		var profiles string
 		if spec.ReplicaProfiles {
-			profiles = pickAddr(host, want.Pprof, basePort+21+i)
+			prev := want.Pprof
+			if h, _, err := net.SplitHostPort(prev); err != nil || h != spec.ProfilesHost {
+				prev = "" // asked for on another host now
+			}
+			profiles = pickAddr(spec.ProfilesHost, prev, basePort+21+i)
 		}
 		c, err := startReplica(spec, id, addr, metrics, profiles)
 		if err != nil {

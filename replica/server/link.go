@@ -117,11 +117,11 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 				cancel()
 				return
 			}
-			p.srv.ackedBy(succID)
 			p.mu.Lock()
 			before := p.core.Status().SuccessorAck
 			eff, err := p.core.Acked(ack.GetEpoch(), succID, ack.GetAck())
 			if err == nil {
+				p.srv.successors.Mark(succAddr)
 				p.apply(eff)
 				if acked := p.core.Status().SuccessorAck; acked >= p.fwdEnd {
 					p.stalledSince = time.Time{}

@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -26,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/heard"
 	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -92,10 +92,10 @@ type Server struct {
 	fatalFn  func(error)
 	fs       partlog.FS
 
-	// acked is when each successor process (by replica id) last sent an
-	// acknowledgement on any partition's link: a link's stall counts from
-	// there (partition.successorStalled).
-	acked sync.Map // replica id -> *atomic.Int64, unix nanoseconds
+	// successors is when each successor process (by address, as its
+	// pooled connection is) last acknowledged records on any partition's
+	// link: a link's stall counts from there (partition.successorStalled).
+	successors *heard.Table
 
 	// committedMu orders writes of committedTableFile; its order is
 	// before mu. committedLoaded is the table read at start-up, until
@@ -136,6 +136,7 @@ func New(opts Options) (*Server, error) {
 		fs:         opts.FS,
 		partitions: map[partKey]*partition{},
 		stop:       make(chan struct{}),
+		successors: heard.New(),
 	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(partitionCollector{s}); err != nil {
@@ -585,7 +586,10 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 			ps.SuccessorDownMs = uint64(time.Since(p.linkDownSince).Milliseconds())
 		}
 		if st.Successor != "" && !p.stalledSince.IsZero() {
-			ps.SuccessorStalledMs = uint64(p.successorStalled(st.Successor).Milliseconds())
+			// At least 1: something is owed (readers take any value for
+			// "the link onwards is waiting"), however recently the
+			// successor's process was heard.
+			ps.SuccessorStalledMs = uint64(max(p.successorStalled(p.meta.addrOf(st.Successor)).Milliseconds(), 1))
 		}
 		if p.linkErr != nil {
 			ps.SuccessorError = p.linkErr.Error()
@@ -732,37 +736,22 @@ func (p *partition) close() {
 	}
 }
 
-// ackedBy records that the successor process id acknowledged records now,
-// on some partition's link.
-func (s *Server) ackedBy(id string) {
-	v, ok := s.acked.Load(id)
-	if !ok {
-		v, _ = s.acked.LoadOrStore(id, new(atomic.Int64))
-	}
-	v.(*atomic.Int64).Store(time.Now().UnixNano())
-}
+// stallGrace bounds how long acknowledgements of other partitions hide a
+// partition's own stall (successorStalled): past it, one partition wedged
+// at a live successor (its writes hang; the process answers the rest) is
+// reported stalled, and the planner cuts the link as it cuts a silent one.
+// Far above the seconds an append waits on a machine loaded past capacity.
+const stallGrace = 10 * time.Second
 
-// lastAck is when the successor process id last acknowledged records on
-// any partition's link (zero: never).
-func (s *Server) lastAck(id string) time.Time {
-	v, ok := s.acked.Load(id)
-	if !ok {
-		return time.Time{}
-	}
-	return time.Unix(0, v.(*atomic.Int64).Load())
-}
-
-// successorStalled is how long the link to succ has owed acknowledgements
-// (p.stalledSince set) while succ's process acknowledged nothing on any
-// partition's link: whether a successor can be reached is its process's
-// property, which the master judges per replica, and a process that
-// acknowledges the other partitions' records is reachable however long
-// this partition's wait (TestASuccessorThatAcknowledgesOtherPartitionsIsNotStalled).
-// Callers hold p.mu.
-func (p *partition) successorStalled(succ string) time.Duration {
-	from := p.stalledSince
-	if acked := p.srv.lastAck(succ); acked.After(from) {
-		from = acked
-	}
-	return time.Since(from)
+// successorStalled is how long the link to the successor at addr has owed
+// acknowledgements (p.stalledSince set) while that process acknowledged
+// nothing on any partition's link: whether a successor can be reached is
+// its process's property, which the master judges per replica, and a
+// process that acknowledges the other partitions' records is reachable
+// however long this partition waits
+// (TestASuccessorThatAcknowledgesOtherPartitionsIsNotStalled), up to
+// stallGrace. Callers hold p.mu and have seen p.stalledSince set.
+func (p *partition) successorStalled(addr string) time.Duration {
+	silent := p.srv.successors.SilentSince(addr, p.stalledSince)
+	return max(silent, time.Since(p.stalledSince)-stallGrace)
 }

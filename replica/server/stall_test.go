@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/catena-streams/catena/internal/heard"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -70,8 +71,9 @@ func TestASuccessorThatAcknowledgesOtherPartitionsIsNotStalled(t *testing.T) {
 	}
 	seq := uint64(1)
 	appendTo := func(ctx context.Context, part uint32) error {
-		_, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Partition: part, Epoch: 1, Records: records(1, seq, 1)})
+		recs := records(1, seq, 1)
 		seq++
+		_, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Partition: part, Epoch: 1, Records: recs})
 		return err
 	}
 	for part := uint32(0); part < 2; part++ {
@@ -84,7 +86,13 @@ func TestASuccessorThatAcknowledgesOtherPartitionsIsNotStalled(t *testing.T) {
 	stuck := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() { stuck <- appendTo(sctx, 0) }()
+	stuckReq := &catenapb.AppendRequest{Stream: "s", Partition: 0, Epoch: 1, Records: records(1, seq, 1)}
+	seq++
+	ac := client(t, a.addr)
+	go func() {
+		_, err := ac.Append(sctx, stuckReq)
+		stuck <- err
+	}()
 	worst := uint64(0)
 	for deadline := time.Now().Add(800 * time.Millisecond); time.Now().Before(deadline); {
 		if err := appendTo(ctx, 1); err != nil {
@@ -108,4 +116,32 @@ func TestASuccessorThatAcknowledgesOtherPartitionsIsNotStalled(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAWedgedPartitionAtALiveSuccessorIsStalledAfterTheGrace: other
+// partitions' acknowledgements hide one partition's stall for stallGrace at
+// most, so that a partition whose writes hang at a live successor is still
+// cut, later; a silent successor shows from the start.
+func TestAWedgedPartitionAtALiveSuccessorIsStalledAfterTheGrace(t *testing.T) {
+	p := &partition{srv: &Server{successors: heard.New()}}
+	const addr = "successor:1"
+	for _, tc := range []struct {
+		name           string
+		owed           time.Duration
+		heard          bool
+		atLeast, below time.Duration
+	}{
+		{"silent successor", 2 * time.Second, false, 2 * time.Second, 3 * time.Second},
+		{"live successor, within the grace", 2 * time.Second, true, 0, time.Second},
+		{"live successor, past the grace", stallGrace + 3*time.Second, true, 3 * time.Second, 4 * time.Second},
+	} {
+		p.srv.successors = heard.New()
+		if tc.heard {
+			p.srv.successors.Mark(addr)
+		}
+		p.stalledSince = time.Now().Add(-tc.owed)
+		if got := p.successorStalled(addr); got < tc.atLeast || got >= tc.below {
+			t.Errorf("%s: stalled %v, want [%v, %v)", tc.name, got, tc.atLeast, tc.below)
+		}
+	}
 }
