@@ -139,15 +139,36 @@ func (s *Server) Subscribe(req *catenapb.SubscribeRequest, stream catenapb.Inges
 	return nil
 }
 
-// ListOffsets resolves earliest, latest or a timestamp on a member.
+// ListOffsets resolves earliest, latest or a timestamp on a member. The
+// latest offset, the committed end, is never below what this ingestion
+// acknowledged, as a Fetch is not: a member behind (one that learns commits
+// a round trip after the tail's completion answered the producer) is passed
+// over for one that knows more, and what was acknowledged is committed
+// when none does (TestLatestOffsetSeesWhatItAcknowledged).
 func (s *Server) ListOffsets(ctx context.Context, req *catenapb.ListOffsetsRequest) (*catenapb.ListOffsetsResponse, error) {
-	var resp *catenapb.ListOffsetsResponse
+	latest := req.GetSpec() == catenapb.OffsetSpec_OFFSET_SPEC_LATEST
+	seen := s.committedSeen(req.GetStream(), req.GetPartition())
+	var best *catenapb.ListOffsetsResponse
 	err := s.readFrom(ctx, req.GetStream(), req.GetPartition(), 0, func(ctx context.Context, c catenapb.ReplicaClient) error {
-		var err error
-		resp, err = c.ListOffsets(ctx, req)
-		return err
+		resp, err := c.ListOffsets(ctx, req)
+		if err != nil {
+			return err
+		}
+		if best == nil || (latest && resp.GetOffset() > best.GetOffset()) {
+			best = resp
+		}
+		if latest && resp.GetOffset() < seen {
+			return errBehind
+		}
+		return nil
 	})
-	return resp, err
+	if best == nil || (err != nil && !errors.Is(err, errBehind)) {
+		return nil, err
+	}
+	if latest && best.GetOffset() < seen {
+		best = &catenapb.ListOffsetsResponse{Offset: seen}
+	}
+	return best, nil
 }
 
 // DescribeStream reports each partition's chain with fresh member reports.
