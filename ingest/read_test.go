@@ -58,12 +58,11 @@ func (f *fakeMember) reads() []uint32 {
 	return append([]uint32(nil), f.waits...)
 }
 
-// TestFetchSeesWhatItAcknowledged: a read through ingestion never answers
-// with less committed than ingestion acknowledged when a member knows
-// more, and a read of offsets known committed does not long-poll.
-func TestFetchSeesWhatItAcknowledged(t *testing.T) {
-	// Chain [ahead behind]: the tail, read first, is the one behind (as
-	// the old tail is, a moment after a returning member joined behind it).
+// startAheadBehind runs ingestion over the chain [ahead behind], committed 9
+// and 5: the tail, read first, is the one behind (as the old tail is, a
+// moment after a returning member joined behind it).
+func startAheadBehind(t *testing.T) (*Server, *fakeMember, *fakeMember) {
+	t.Helper()
 	ahead := &fakeMember{id: "ahead", committed: 9}
 	behind := &fakeMember{id: "behind", committed: 5}
 	addrs := []string{serveReplica(t, ahead), serveReplica(t, behind)}
@@ -76,6 +75,14 @@ func TestFetchSeesWhatItAcknowledged(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
+	return s, ahead, behind
+}
+
+// TestFetchSeesWhatItAcknowledged: a read through ingestion never answers
+// with less committed than ingestion acknowledged when a member knows
+// more, and a read of offsets known committed does not long-poll.
+func TestFetchSeesWhatItAcknowledged(t *testing.T) {
+	s, ahead, behind := startAheadBehind(t)
 	ctx := context.Background()
 	fetch := func(offset uint64, waitMs uint32) uint64 {
 		t.Helper()
@@ -128,18 +135,7 @@ func (f *fakeMember) ListOffsets(_ context.Context, req *catenapb.ListOffsetsReq
 // took the acknowledged records for not there yet (TestListOffsetsByTimestamp
 // failed that way in CI).
 func TestLatestOffsetSeesWhatItAcknowledged(t *testing.T) {
-	ahead := &fakeMember{id: "ahead", committed: 9}
-	behind := &fakeMember{id: "behind", committed: 5}
-	addrs := []string{serveReplica(t, ahead), serveReplica(t, behind)}
-	chain := func() []*catenapb.Member {
-		return []*catenapb.Member{{Id: "ahead", Addr: addrs[0]}, {Id: "behind", Addr: addrs[1]}}
-	}
-	ahead.chain, behind.chain = chain, chain
-	s, err := New(Options{Replicas: addrs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	s, _, _ := startAheadBehind(t)
 	latest := func() uint64 {
 		t.Helper()
 		resp, err := s.ListOffsets(context.Background(), &catenapb.ListOffsetsRequest{Stream: "s", Partition: 0, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST})
