@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -331,8 +332,12 @@ func desiredExternalService(stream *streamsv1alpha1.Stream) *corev1.Service {
 // externalEndpoint is the host:port clients outside the cluster use, from
 // the external Service as the API server holds it and the host addresses
 // of the ready ingestion pods (sorted): "" until Kubernetes has given a
-// port (NodePort) or an address (LoadBalancer).
-func externalEndpoint(ext *streamsv1alpha1.ExternalListener, svc *corev1.Service, hostIPs []string) string {
+// port (NodePort) or an address (LoadBalancer). previous is the address
+// status reports now: a NodePort listener keeps its node while a ready
+// ingestion pod still runs there, so that the address clients were given
+// (and the certificates issued for it) does not move each time another
+// pod becomes ready on a node that sorts first.
+func externalEndpoint(ext *streamsv1alpha1.ExternalListener, svc *corev1.Service, hostIPs []string, previous string) string {
 	if ext == nil || svc == nil || len(svc.Spec.Ports) == 0 {
 		return ""
 	}
@@ -340,8 +345,12 @@ func externalEndpoint(ext *streamsv1alpha1.ExternalListener, svc *corev1.Service
 	case corev1.ServiceTypeNodePort:
 		port := svc.Spec.Ports[0].NodePort
 		host := ext.AdvertisedHost
-		if host == "" && len(hostIPs) > 0 {
-			host = hostIPs[0]
+		if host == "" {
+			if prev, _, err := net.SplitHostPort(previous); err == nil && slices.Contains(hostIPs, prev) {
+				host = prev
+			} else if len(hostIPs) > 0 {
+				host = hostIPs[0]
+			}
 		}
 		if port == 0 || host == "" {
 			return ""

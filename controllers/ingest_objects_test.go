@@ -203,20 +203,26 @@ func TestExternalListener(t *testing.T) {
 		ext   *streamsv1alpha1.ExternalListener
 		svc   *corev1.Service
 		hosts []string
+		prev  string
 		want  string
 	}{
-		{"node port on the first ready ingestion pod's node", np, nodePort(31070), []string{"10.0.0.5", "10.0.0.9"}, "10.0.0.5:31070"},
-		{"node port, IPv6 node", np, nodePort(31070), []string{"fd00::5"}, "[fd00::5]:31070"},
-		{"node port, advertised host", &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeNodePort, AdvertisedHost: "ingest.example.com"}, nodePort(31070), []string{"10.0.0.5"}, "ingest.example.com:31070"},
-		{"node port not given yet", np, nodePort(0), []string{"10.0.0.5"}, ""},
-		{"no ready ingestion pod yet", np, nodePort(31070), nil, ""},
-		{"load balancer by IP", lbl, lb(corev1.LoadBalancerIngress{IP: "203.0.113.7"}), nil, "203.0.113.7:7070"},
-		{"load balancer by host name", lbl, lb(corev1.LoadBalancerIngress{Hostname: "lb.example.net"}), nil, "lb.example.net:7070"},
-		{"load balancer not provisioned yet", lbl, lb(), []string{"10.0.0.5"}, ""},
-		{"load balancer, advertised host", &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeLoadBalancer, AdvertisedHost: "ingest.example.com"}, lb(), nil, "ingest.example.com:7070"},
-		{"no external listener", nil, nodePort(31070), []string{"10.0.0.5"}, ""},
+		{"node port on the first ready ingestion pod's node", np, nodePort(31070), []string{"10.0.0.5", "10.0.0.9"}, "", "10.0.0.5:31070"},
+		{"node port stays on its node while a ready pod runs there", np, nodePort(31070), []string{"10.0.0.5", "10.0.0.9"}, "10.0.0.9:31070", "10.0.0.9:31070"},
+		{"node port moves when its node has no ready pod", np, nodePort(31070), []string{"10.0.0.5", "10.0.0.7"}, "10.0.0.9:31070", "10.0.0.5:31070"},
+		{"node port follows a new port on the same node", np, nodePort(31071), []string{"10.0.0.5", "10.0.0.9"}, "10.0.0.9:31070", "10.0.0.9:31071"},
+		{"node port, previous address unparsable", np, nodePort(31070), []string{"10.0.0.5"}, "garbage", "10.0.0.5:31070"},
+		{"node port, previous advertised host replaced by a node", np, nodePort(31070), []string{"10.0.0.5"}, "ingest.example.com:31070", "10.0.0.5:31070"},
+		{"node port, IPv6 node", np, nodePort(31070), []string{"fd00::5"}, "", "[fd00::5]:31070"},
+		{"node port, advertised host", &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeNodePort, AdvertisedHost: "ingest.example.com"}, nodePort(31070), []string{"10.0.0.5"}, "", "ingest.example.com:31070"},
+		{"node port not given yet", np, nodePort(0), []string{"10.0.0.5"}, "", ""},
+		{"no ready ingestion pod yet", np, nodePort(31070), nil, "", ""},
+		{"load balancer by IP", lbl, lb(corev1.LoadBalancerIngress{IP: "203.0.113.7"}), nil, "", "203.0.113.7:7070"},
+		{"load balancer by host name", lbl, lb(corev1.LoadBalancerIngress{Hostname: "lb.example.net"}), nil, "", "lb.example.net:7070"},
+		{"load balancer not provisioned yet", lbl, lb(), []string{"10.0.0.5"}, "", ""},
+		{"load balancer, advertised host", &streamsv1alpha1.ExternalListener{Type: corev1.ServiceTypeLoadBalancer, AdvertisedHost: "ingest.example.com"}, lb(), nil, "", "ingest.example.com:7070"},
+		{"no external listener", nil, nodePort(31070), []string{"10.0.0.5"}, "", ""},
 	} {
-		if got := externalEndpoint(tc.ext, tc.svc, tc.hosts); got != tc.want {
+		if got := externalEndpoint(tc.ext, tc.svc, tc.hosts, tc.prev); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}

@@ -447,7 +447,7 @@ func (r *StreamReconciler) reconcileExternal(ctx context.Context, stream *stream
 		}
 	}
 	slices.Sort(hosts)
-	obs.External = externalEndpoint(stream.Spec.Ingestion.External, svc, hosts)
+	obs.External = externalEndpoint(stream.Spec.Ingestion.External, svc, hosts, stream.Status.Endpoints.External)
 	return nil
 }
 

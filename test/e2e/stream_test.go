@@ -66,13 +66,17 @@ var _ = Describe("A Stream on a real node", Ordered, func() {
 
 	It("takes a producer on the node's host network through an external NodePort listener", func() {
 		kubectl("patch", "stream", sampleStream, "-n", ns, "--type=merge", "-p", `{"spec":{"ingestion":{"external":{"type":"NodePort"}}}}`)
-		var addr string
-		Eventually(func(g Gomega) {
+		// The address status reports: it stays on one node while a ready
+		// ingestion pod runs there, but may move (with the certificates
+		// issued for it) while the pods come up; each attempt reads it anew.
+		external := func(g Gomega) string {
 			var s streamsv1alpha1.Stream
 			g.Expect(k8s.Get(ctx, types.NamespacedName{Namespace: ns, Name: sampleStream}, &s)).To(Succeed())
-			addr = s.Status.Endpoints.External
-			g.Expect(addr).NotTo(BeEmpty(), "status.endpoints: %+v", s.Status.Endpoints)
-		}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
+			g.Expect(s.Status.Endpoints.External).NotTo(BeEmpty(), "status.endpoints: %+v", s.Status.Endpoints)
+			return s.Status.Endpoints.External
+		}
+		var addr string
+		Eventually(func(g Gomega) { addr = external(g) }).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Succeed())
 		GinkgoWriter.Printf("external endpoint: %s\n", addr)
 		kubectl("get", "service", sampleStream+"-external", "-n", ns, "-o", "wide")
 
@@ -84,19 +88,21 @@ var _ = Describe("A Stream on a real node", Ordered, func() {
 		catenactl := filepath.Join(repoRoot, "bin", "catenactl")
 		value := fmt.Sprintf("from the host %d", time.Now().UnixNano())
 		var out string
-		Eventually(func() error {
+		Eventually(func(g Gomega) {
+			addr = external(g)
 			var err error
 			out, err = run(catenactl, append(tlsArgs, "produce", "--server", addr, "--stream", sampleStream, "--key", "outside", "--value", value, "--retry-timeout", "10s")...)
-			return err
-		}).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "produce through %s: %s", addr, out)
+			g.Expect(err).NotTo(HaveOccurred(), "produce through %s: %s", addr, out)
+		}).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 		// The other ingestion pod may still serve the certificate from
 		// before the external address was known: kubelet refreshes a
 		// Secret volume within a minute or so.
-		Eventually(func() error {
+		Eventually(func(g Gomega) {
+			addr = external(g)
 			var err error
 			out, err = run(catenactl, append(tlsArgs, "consume", "--server", addr, "--stream", sampleStream, "--from", "earliest", "--no-follow")...)
-			return err
-		}).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(Succeed(), "consume through %s: %s", addr, out)
+			g.Expect(err).NotTo(HaveOccurred(), "consume through %s: %s", addr, out)
+		}).WithTimeout(3 * time.Minute).WithPolling(2 * time.Second).Should(Succeed())
 		Expect(out).To(ContainSubstring(value))
 	})
 
