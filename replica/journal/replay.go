@@ -1,6 +1,7 @@
 // Package journal is the replica process's journal (docs/journal.md): the
-// records it holds and, first, the plan that recovery makes from them.
-// Only the plan is built so far; nothing writes a journal yet.
+// records it holds, the plan that recovery makes from them (Replay), the
+// group-commit writer (New) and the reader (Scan). No replica writes a
+// journal yet: partlog and the replica server are wired to it next.
 package journal
 
 import (

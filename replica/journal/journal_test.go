@@ -1,0 +1,391 @@
+package journal
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/catena-streams/catena/replica/partlog"
+	"github.com/catena-streams/catena/replica/partlog/faultfs"
+)
+
+// loggedFrame makes a Frame record of partition p at [base, base+1) whose
+// payload says where it belongs.
+func loggedFrame(p uint32, base uint64, size int) *Logged {
+	tag := []byte(fmt.Sprintf("%d/%d;", p, base))
+	payload := bytes.Repeat(tag, size/len(tag)+1)[:size]
+	return &Logged{Record: Record{Kind: Frame, Part: PartitionID{Stream: "s", Partition: p}, Incarnation: 7, Epoch: 3, Base: base, End: base + 1}, Payload: payload}
+}
+
+type scanned struct {
+	pos uint64
+	l   Logged
+}
+
+func scanAll(t *testing.T, fsys partlog.FS, dir string, from uint64) ([]scanned, ScanResult, error) {
+	t.Helper()
+	var got []scanned
+	res, err := Scan(fsys, dir, from, func(pos uint64, l Logged) error {
+		l.Payload = bytes.Clone(l.Payload)
+		got = append(got, scanned{pos, l})
+		return nil
+	})
+	return got, res, err
+}
+
+// writeConcurrently has writers goroutines append n frames each (writer w
+// owns partition w) and wait for each; it returns what each had
+// acknowledged, in order.
+func writeConcurrently(t *testing.T, j *Journal, writers, n int) [][]*Logged {
+	t.Helper()
+	acked := make([][]*Logged, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			for i := range n {
+				l := loggedFrame(uint32(w), uint64(i), 1+r.IntN(3000))
+				tk, err := j.Append(l)
+				if err == nil {
+					err = j.Wait(tk)
+				}
+				if err != nil {
+					return
+				}
+				acked[w] = append(acked[w], l)
+			}
+		})
+	}
+	wg.Wait()
+	return acked
+}
+
+// checkHolds checks that the scan holds every acknowledged record, each
+// partition's in order and whole, and nothing else.
+func checkHolds(t *testing.T, got []scanned, acked [][]*Logged, exact bool) {
+	t.Helper()
+	next := make([]int, len(acked))
+	var lastPos uint64
+	for _, s := range got {
+		if s.pos < lastPos {
+			t.Fatalf("group at %d after one at %d", s.pos, lastPos)
+		}
+		lastPos = s.pos
+		p := s.l.Part.Partition
+		if int(p) >= len(acked) {
+			t.Fatalf("a record of partition %d, which no writer owns", p)
+		}
+		want := loggedFrame(p, uint64(next[p]), len(s.l.Payload))
+		if s.l.Record != want.Record || !bytes.Equal(s.l.Payload, want.Payload) {
+			t.Fatalf("partition %d: record %d is %+v (%d bytes), want base %d", p, next[p], s.l.Record, len(s.l.Payload), next[p])
+		}
+		next[p]++
+	}
+	for p, a := range acked {
+		if next[p] < len(a) {
+			t.Errorf("partition %d: %d records acknowledged, %d read back", p, len(a), next[p])
+		}
+		if exact && next[p] != len(a) {
+			t.Errorf("partition %d: %d records read back, %d acknowledged", p, next[p], len(a))
+		}
+	}
+}
+
+func TestGroupCommitKeepsEveryAcknowledgedRecordInOrder(t *testing.T) {
+	dir := t.TempDir()
+	// Small segments: the run rolls many times.
+	j, err := New(Options{Dir: dir, SegmentBytes: 64 << 10}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked := writeConcurrently(t, j, 8, 150)
+	end := j.End()
+	st := j.Stats()
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, res, err := scanAll(t, nil, dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHolds(t, got, acked, true)
+	if res.End != end || res.Torn || res.Groups != int(st.Groups) {
+		t.Errorf("scan %+v; the journal ended at %d after %d groups", res, end, st.Groups)
+	}
+	if st.Rolls == 0 || st.Records != 8*150 || st.Groups > st.Records {
+		t.Errorf("stats %+v", st)
+	}
+	t.Logf("%d records in %d groups, %d segments", st.Records, st.Groups, st.Rolls+1)
+
+	// From a later position: the groups before it are passed over.
+	from := got[len(got)/2].pos
+	rest, _, err := scanAll(t, nil, dir, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := 0
+	for _, s := range got {
+		if s.pos >= from {
+			want++
+		}
+	}
+	if len(rest) != want || rest[0].pos != from {
+		t.Errorf("from %d: %d records, the first at %d; want %d", from, len(rest), rest[0].pos, want)
+	}
+}
+
+func TestAGroupIsAcknowledgedOnlyOnceSynced(t *testing.T) {
+	fsys := faultfs.New()
+	j, err := New(Options{Dir: "/j", FS: fsys, SegmentBytes: 1 << 20}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked := writeConcurrently(t, j, 4, 50)
+	// The next sync fails: the record in flight is not acknowledged, and
+	// the journal refuses everything after (its outcome is unknown).
+	fsys.FailSyncs(0, -1, syscall.EIO)
+	tk, err := j.Append(loggedFrame(0, 50, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Wait(tk); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("wait after a failed fsync: %v", err)
+	}
+	if _, err := j.Append(loggedFrame(0, 51, 100)); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("append after a failed fsync: %v", err)
+	}
+	fsys.ClearFaults()
+	// Power loss: only what was synced is there.
+	fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
+	got, res, err := scanAll(t, fsys, "/j", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHolds(t, got, acked, true)
+	if res.Torn {
+		t.Errorf("scan after the crash: %+v", res)
+	}
+}
+
+func TestCrashesKeepEveryAcknowledgedRecord(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 2))
+			fsys := faultfs.New()
+			j, err := New(Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var acked [][]*Logged
+			var wg sync.WaitGroup
+			wg.Go(func() { acked = writeConcurrently(t, j, 4, 100) })
+			// The crash comes at some point of the run: later syncs fail
+			// (what the power cut did not let through), then the disk
+			// keeps only its durable state, with or without a torn
+			// prefix of what was being written.
+			fsys.FailSyncs(r.IntN(60), -1, syscall.EIO)
+			wg.Wait()
+			fsys.ClearFaults()
+			fsys.Crash(faultfs.CrashOptions{KeepUnsynced: r.IntN(5000) - 1, ZeroFill: r.IntN(2) == 0})
+			got, _, err := scanAll(t, fsys, "/j", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkHolds(t, got, acked, false)
+		})
+	}
+}
+
+// journalOf writes groups of three records each to a new journal in a
+// temporary directory and returns it, closed.
+func journalOf(t *testing.T, groups int, segBytes int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	j, err := New(Options{Dir: dir, SegmentBytes: segBytes}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := range groups {
+		tk, err := j.Append(loggedFrame(0, uint64(3*g), 500), loggedFrame(1, uint64(3*g), 700), loggedFrame(2, uint64(3*g), 900))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Wait(tk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func segments(t *testing.T, dir string) []string {
+	t.Helper()
+	names, err := partlog.OSFS{}.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+// groupStarts lists the positions of the groups in dir.
+func groupStarts(t *testing.T, dir string) []uint64 {
+	t.Helper()
+	got, _, err := scanAll(t, nil, dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var starts []uint64
+	for _, s := range got {
+		if len(starts) == 0 || starts[len(starts)-1] != s.pos {
+			starts = append(starts, s.pos)
+		}
+	}
+	return starts
+}
+
+// poke overwrites bytes of the journal at position pos (in the segment
+// holding it).
+func poke(t *testing.T, dir string, pos uint64, b []byte) {
+	t.Helper()
+	var seg string
+	var base uint64
+	for _, n := range segments(t, dir) {
+		var nb uint64
+		fmt.Sscanf(n, "%020d.jrn", &nb)
+		if nb <= pos {
+			seg, base = n, nb
+		}
+	}
+	f, err := partlog.OSFS{}.OpenFile(filepath.Join(dir, seg), 2, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(b, int64(pos-base)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestScanTellsATornTailFromDamage(t *testing.T) {
+	t.Run("a torn last group is the end", func(t *testing.T) {
+		dir := journalOf(t, 5, 1<<20)
+		starts := groupStarts(t, dir)
+		last := starts[len(starts)-1]
+		poke(t, dir, last+GroupHeaderSize+100, []byte{0xff, 0xee})
+		got, res, err := scanAll(t, nil, dir, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.End != last || !res.Torn || len(got) != 12 {
+			t.Errorf("scan %+v with %d records; want the end at %d, torn, 12 records", res, len(got), last)
+		}
+	})
+	t.Run("a bad group before a good one is damage", func(t *testing.T) {
+		dir := journalOf(t, 5, 1<<20)
+		starts := groupStarts(t, dir)
+		poke(t, dir, starts[2]+GroupHeaderSize+100, []byte{0xff})
+		if _, _, err := scanAll(t, nil, dir, 0); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("scan: %v, want ErrCorrupt", err)
+		}
+	})
+	t.Run("the last group of an earlier segment damaged", func(t *testing.T) {
+		dir := journalOf(t, 12, 8<<10) // about three groups a segment
+		if len(segments(t, dir)) < 3 {
+			t.Fatalf("segments %v", segments(t, dir))
+		}
+		starts := groupStarts(t, dir)
+		var lastOfFirst uint64
+		for _, s := range starts {
+			if s < 8<<10 {
+				lastOfFirst = s
+			}
+		}
+		poke(t, dir, lastOfFirst+GroupHeaderSize+10, []byte{0xff})
+		if _, _, err := scanAll(t, nil, dir, 0); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("scan: %v, want ErrCorrupt (the next segment says where the groups end)", err)
+		}
+	})
+	t.Run("a segment missing in the middle", func(t *testing.T) {
+		dir := journalOf(t, 12, 8<<10)
+		segs := segments(t, dir)
+		if err := (partlog.OSFS{}).Remove(filepath.Join(dir, segs[1])); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := scanAll(t, nil, dir, 0); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("scan: %v, want ErrCorrupt", err)
+		}
+	})
+	t.Run("a last segment whose creation was cut", func(t *testing.T) {
+		dir := journalOf(t, 12, 8<<10)
+		segs := segments(t, dir)
+		var base uint64
+		fmt.Sscanf(segs[len(segs)-1], "%020d.jrn", &base)
+		before, _, err := scanAll(t, nil, dir, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var end uint64
+		for _, s := range before {
+			if s.pos < base {
+				end = s.pos
+			}
+		}
+		// Drop the last segment's groups and header, as if the crash
+		// came while it was being made.
+		f, err := partlog.OSFS{}.OpenFile(filepath.Join(dir, segs[len(segs)-1]), 2, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Truncate(0); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		got, res, err := scanAll(t, nil, dir, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.Torn || res.End <= end || got[len(got)-1].pos != end {
+			t.Errorf("scan %+v, last group at %d; want torn, ending past the group at %d", res, got[len(got)-1].pos, end)
+		}
+	})
+}
+
+func TestBadRecordsAreRefusedAndNothingIsWritten(t *testing.T) {
+	dir := t.TempDir()
+	j, err := New(Options{Dir: dir, SegmentBytes: 1 << 20}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := PartitionID{Stream: "s", Partition: 1}
+	for _, l := range []*Logged{
+		{Record: Record{Kind: 0, Part: part}},
+		{Record: Record{Kind: Drop + 1, Part: part}},
+		{Record: Record{Kind: Create, Part: PartitionID{Partition: 1}}},
+		{Record: Record{Kind: Truncate, Part: part}, Payload: []byte("x")},
+	} {
+		if _, err := j.Append(loggedFrame(0, 0, 10), l); err == nil {
+			t.Errorf("appended %+v", l.Record)
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, res, err := scanAll(t, nil, dir, 0)
+	if err != nil || len(got) != 0 || res.Groups != 0 {
+		t.Errorf("after refused appends: %d records, %+v, %v", len(got), res, err)
+	}
+}
+
+func TestNewRefusesADirectoryHoldingAJournal(t *testing.T) {
+	dir := journalOf(t, 1, 1<<20)
+	if _, err := New(Options{Dir: dir}, 0); err == nil {
+		t.Fatal("a second journal over the first")
+	}
+}

@@ -1,0 +1,311 @@
+package journal
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/catena-streams/catena/replica/partlog"
+)
+
+// A journal segment file is named by its base, the journal position of its
+// first byte, and starts with a header:
+//
+//	magic u32 | base u64 | previous-end u64 | crc u32
+//
+// previous-end is the position where the previous segment's groups ended
+// (zero for the first segment), so that recovery knows a segment's last
+// group from the padding a roll leaves: every group below it was synced
+// before this segment was created, and one missing is damage, not a torn
+// tail. Group positions are base plus the byte offset in the file.
+const (
+	segmentMagic      = 0x47455352 // "RSEG"
+	SegmentHeaderSize = 4 + 8 + 8 + 4
+	segmentSuffix     = ".jrn"
+	// DefaultSegmentBytes is a journal segment's size: files are written
+	// with zeros to this size when created, so that a group commit writes
+	// data only and its fsync changes no metadata (docs/journal.md).
+	DefaultSegmentBytes = 64 << 20
+	zeroChunk           = 1 << 20
+)
+
+// Options configure a journal.
+type Options struct {
+	Dir          string
+	FS           partlog.FS // nil: the real file system
+	SegmentBytes int64      // 0: DefaultSegmentBytes
+}
+
+// Ticket names the group a record was written in: Wait(t) returns once
+// that group is durable.
+type Ticket uint64
+
+// Stats counts a journal's work since it was opened.
+type Stats struct {
+	Groups  uint64 // group commits: one write and one fsync each
+	Records uint64
+	Bytes   uint64 // group bytes written
+	Rolls   uint64
+}
+
+// Journal is a replica process's journal: records of every partition,
+// written in groups by one goroutine, each group one write and one fsync
+// (group commit). Appends from any goroutine join the group being filled;
+// the writer starts the next group as soon as one is synced, so a lone
+// record waits for one write and one fsync, and under load a group holds
+// whatever arrived during the previous one.
+type Journal struct {
+	fs       partlog.FS
+	dir      string
+	segBytes int64
+
+	mu      sync.Mutex
+	cond    *sync.Cond // signalled when a group is synced, or the journal fails or closes
+	wake    chan struct{}
+	buf     []byte // the group being filled: GroupHeaderSize reserved, then records
+	spare   []byte
+	filling Ticket // the group buf becomes
+	synced  Ticket // the last group durable
+	end     uint64 // the position after the last durable group
+	err     error  // sticky: the journal failed (or closed)
+	closed  bool
+	stats   Stats
+
+	// Only the writer goroutine touches these after Open.
+	seg     partlog.File
+	segBase uint64
+	segOff  int64
+
+	done chan struct{}
+}
+
+// ErrClosed is returned by appends and waits after Close.
+var ErrClosed = errors.New("journal: closed")
+
+// New starts a new, empty journal in opts.Dir (which must hold no
+// journal segment) at position start. Opening an existing journal after
+// recovery (Scan, then continuing at its end) is the caller's next step
+// in recovery, not built yet (docs/journal.md).
+func New(opts Options, start uint64) (*Journal, error) {
+	if opts.FS == nil {
+		opts.FS = partlog.OSFS{}
+	}
+	if opts.SegmentBytes == 0 {
+		opts.SegmentBytes = DefaultSegmentBytes
+	}
+	if opts.SegmentBytes < SegmentHeaderSize+GroupHeaderSize+recordFixedSize+1 {
+		return nil, fmt.Errorf("journal: segment size %d is too small", opts.SegmentBytes)
+	}
+	if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	names, err := opts.FS.ReadDir(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	for _, n := range names {
+		if filepath.Ext(n) == segmentSuffix {
+			return nil, fmt.Errorf("journal: %s already holds a journal (%s)", opts.Dir, n)
+		}
+	}
+	j := &Journal{fs: opts.FS, dir: opts.Dir, segBytes: opts.SegmentBytes, wake: make(chan struct{}, 1),
+		buf: make([]byte, GroupHeaderSize, 1<<20), spare: make([]byte, 0, 1<<20), filling: 1, end: start, done: make(chan struct{})}
+	j.cond = sync.NewCond(&j.mu)
+	if err := j.createSegment(start, 0); err != nil {
+		return nil, err
+	}
+	go j.writer()
+	return j, nil
+}
+
+func segmentName(base uint64) string { return fmt.Sprintf("%020d%s", base, segmentSuffix) }
+
+// createSegment makes the segment at base (the previous segment's groups
+// ending at prevEnd) whole on disk before any group goes in it: header,
+// zeros to the segment size, fsync, and the directory's fsync.
+func (j *Journal) createSegment(base, prevEnd uint64) error {
+	path := filepath.Join(j.dir, segmentName(base))
+	f, err := j.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	fail := func(err error) error {
+		f.Close()
+		return fmt.Errorf("journal: segment %s: %w", path, err)
+	}
+	zeros := make([]byte, zeroChunk)
+	for off := int64(0); off < j.segBytes; off += zeroChunk {
+		if _, err := f.WriteAt(zeros[:min(zeroChunk, j.segBytes-off)], off); err != nil {
+			return fail(err)
+		}
+	}
+	hdr := make([]byte, SegmentHeaderSize)
+	binary.LittleEndian.PutUint32(hdr[0:], segmentMagic)
+	binary.LittleEndian.PutUint64(hdr[4:], base)
+	binary.LittleEndian.PutUint64(hdr[12:], prevEnd)
+	binary.LittleEndian.PutUint32(hdr[20:], crc32.Checksum(hdr[:20], castagnoli))
+	if _, err := f.WriteAt(hdr, 0); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := j.fs.SyncDir(j.dir); err != nil {
+		return fail(err)
+	}
+	if j.seg != nil {
+		if err := j.seg.Close(); err != nil {
+			return fail(err)
+		}
+	}
+	j.seg, j.segBase, j.segOff = f, base, SegmentHeaderSize
+	return nil
+}
+
+// Append adds records to the group being filled and returns its ticket.
+// Records of one partition must be appended in their order; the journal
+// keeps the order of appends.
+func (j *Journal) Append(recs ...*Logged) (Ticket, error) {
+	for _, r := range recs {
+		if err := r.validate(); err != nil {
+			return 0, err
+		}
+	}
+	j.mu.Lock()
+	if j.err != nil {
+		err := j.err
+		j.mu.Unlock()
+		return 0, err
+	}
+	for _, r := range recs {
+		j.buf = appendLogged(j.buf, r)
+	}
+	j.stats.Records += uint64(len(recs))
+	t := j.filling
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+	return t, nil
+}
+
+// Wait returns once the group of t is durable, or the journal's error.
+func (j *Journal) Wait(t Ticket) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for j.synced < t && j.err == nil {
+		j.cond.Wait()
+	}
+	if j.synced >= t {
+		return nil
+	}
+	return j.err
+}
+
+// End is the position after the last durable group.
+func (j *Journal) End() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.end
+}
+
+// Stats returns the journal's counters.
+func (j *Journal) Stats() Stats {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.stats
+}
+
+// Close writes what was appended, syncs it and stops the writer.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	j.closed = true
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+	<-j.done
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	err := j.err
+	if errors.Is(err, ErrClosed) {
+		err = nil
+	}
+	if cerr := j.seg.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("journal: %w", cerr)
+	}
+	return err
+}
+
+// writer is the group commit: it takes the group being filled, writes it
+// at the journal's end, fsyncs, and publishes it durable; then the next.
+func (j *Journal) writer() {
+	defer close(j.done)
+	for {
+		j.mu.Lock()
+		for len(j.buf) == GroupHeaderSize && !j.closed {
+			j.mu.Unlock()
+			<-j.wake
+			j.mu.Lock()
+		}
+		if len(j.buf) == GroupHeaderSize { // closed, and nothing left
+			j.err = ErrClosed
+			j.cond.Broadcast()
+			j.mu.Unlock()
+			return
+		}
+		group, t := j.buf, j.filling
+		j.buf, j.spare = j.spare[:GroupHeaderSize], nil
+		j.filling++
+		j.mu.Unlock()
+
+		end, err := j.write(group)
+		j.mu.Lock()
+		if err != nil {
+			j.err = err
+			j.cond.Broadcast()
+			j.mu.Unlock()
+			return
+		}
+		j.synced, j.end = t, end
+		j.stats.Groups++
+		j.stats.Bytes += uint64(len(group))
+		j.spare = group[:0]
+		j.cond.Broadcast()
+		j.mu.Unlock()
+	}
+}
+
+// write writes and syncs one group, rolling to a new segment first when
+// it does not fit in this one (a group larger than a segment goes alone
+// into a fresh one, which grows past the segment size). It returns the
+// position after it.
+func (j *Journal) write(group []byte) (uint64, error) {
+	if j.segOff+int64(len(group)) > j.segBytes && j.segOff > SegmentHeaderSize {
+		prevEnd := j.segBase + uint64(j.segOff)
+		// After a group larger than a segment, the file is larger too.
+		next := j.segBase + uint64(max(j.segBytes, j.segOff))
+		if err := j.createSegment(next, prevEnd); err != nil {
+			return 0, err
+		}
+		j.mu.Lock()
+		j.stats.Rolls++
+		j.mu.Unlock()
+	}
+	pos := j.segBase + uint64(j.segOff)
+	sealGroup(group, pos)
+	if _, err := j.seg.WriteAt(group, j.segOff); err != nil {
+		return 0, fmt.Errorf("journal: write of the group at %d: %w", pos, err)
+	}
+	if err := j.seg.Sync(); err != nil {
+		return 0, fmt.Errorf("journal: fsync of the group at %d: %w", pos, err)
+	}
+	j.segOff += int64(len(group))
+	return pos + uint64(len(group)), nil
+}
