@@ -453,28 +453,16 @@ func (a *appender) silence(addr string, sent time.Time) time.Duration {
 // appends to the head have gone unanswered for down (ReportHeadUnreachable),
 // at most every stallAfter: the chain's master takes it for a second
 // witness against a head that misses its probes, so a dead or cut-off head
-// is removed as fast as a middle. Best effort, off the appender's goroutine:
-// a successor that does not take it (not the successor any more, or down
-// too) changes nothing here.
+// is removed as fast as a middle. Best effort, off the appender's
+// goroutine, and gathered with the other chains' reports for the same
+// successor into one call (headReporter).
 func (a *appender) reportHead(pr *partitionRoute, down time.Duration) {
 	if pr == nil || len(pr.members) < 2 || down < stallAfter || time.Since(a.lastReport) < stallAfter || a.srv.ctx.Err() != nil {
 		return
 	}
 	a.lastReport = time.Now()
 	head, succ := pr.members[0], pr.members[1]
-	req := &catenapb.ReportHeadUnreachableRequest{Stream: a.stream, Partition: a.partition, Epoch: pr.epoch,
-		HeadId: head.GetId(), DownMs: uint64(down.Milliseconds()), Reporter: a.srv.name}
-	go func() {
-		conn, err := a.srv.pool.Get(succ.GetAddr())
-		if err != nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(a.srv.ctx, headReportTimeout)
-		defer cancel()
-		if _, err := catenapb.NewReplicaClient(conn).ReportHeadUnreachable(ctx, req); err != nil {
-			a.srv.logger.V(1).Info("Head's successor did not take the report", "stream", a.stream, "partition", a.partition, "head", head.GetId(), "successor", succ.GetId(), "error", err.Error())
-		}
-	}()
+	a.srv.reports.add(succ.GetAddr(), head.GetId(), &catenapb.HeadReportChain{Stream: a.stream, Partition: a.partition, Epoch: pr.epoch, DownMs: uint64(down.Milliseconds())})
 }
 
 func (a *appender) run() {

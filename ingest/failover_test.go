@@ -432,3 +432,62 @@ func TestHeadersGoOnlyToChainsThatCanStoreThem(t *testing.T) {
 		t.Fatalf("a produce without headers: %v", err)
 	}
 }
+
+// TestReportsOfADeadHeadAreGatheredPerSuccessor: a head that stops
+// answering leads many chains, and every one of their appenders reports it
+// to the same successor every stallAfter. Those reports go in one call per
+// successor (ReportHeadUnreachable's more chains): one call per chain was
+// hundreds of calls a second to the successor of a dead head of hundreds
+// of chains, while the master was removing it.
+func TestReportsOfADeadHeadAreGatheredPerSuccessor(t *testing.T) {
+	const n = 64
+	head, next := &chainMember{id: "head", partitions: n}, &chainMember{id: "next", partitions: n}
+	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
+	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
+	head.view(1, both)
+	next.view(1, both)
+	s := startIngestion(t, addrs)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	produce := func(ctx context.Context, p uint32) error {
+		_, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("v"), Partition: &p}}})
+		return err
+	}
+	for p := range uint32(n) {
+		if err := produce(ctx, p); err != nil {
+			t.Fatalf("produce to partition %d: %v", p, err)
+		}
+	}
+	head.hung.Store(true)
+	stalled, stop := context.WithCancel(ctx)
+	defer stop()
+	for p := range uint32(n) {
+		go produce(stalled, p) //nolint:errcheck // these never complete: the head hangs
+	}
+	reported := map[uint32]bool{}
+	var calls []*catenapb.ReportHeadUnreachableRequest
+	for len(reported) < n {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d of %d chains reported to the head's successor in %d calls", len(reported), n, len(calls))
+		case <-time.After(20 * time.Millisecond):
+		}
+		calls = next.headReports()
+		for _, r := range calls {
+			if r.GetHeadId() != "head" || r.GetEpoch() != 1 || r.GetStream() != "s" {
+				t.Fatalf("report %+v", r)
+			}
+			reported[r.GetPartition()] = true
+			for _, c := range r.GetMore() {
+				if c.GetEpoch() != 1 || c.GetStream() != "s" || c.GetDownMs() < uint64(stallAfter.Milliseconds()) {
+					t.Fatalf("chain %+v in report %+v", c, r)
+				}
+				reported[c.GetPartition()] = true
+			}
+		}
+	}
+	if len(calls) > n/8 {
+		t.Errorf("%d chains' reports took %d calls to the successor, want them gathered (at most %d)", n, len(calls), n/8)
+	}
+	t.Logf("%d chains reported in %d calls", n, len(calls))
+}

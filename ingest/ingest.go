@@ -100,6 +100,9 @@ type Server struct {
 	// append on any partition's stream: reachability is the process's,
 	// not a partition's (see appender.silence).
 	heads *heard.Table
+	// reports gathers the appenders' reports of unreachable heads into one
+	// call per successor.
+	reports *headReporter
 
 	// name identifies this ingestion node to replicas (its host name).
 	name string
@@ -143,6 +146,7 @@ func New(opts Options) (*Server, error) {
 	} else {
 		s.name = fmt.Sprintf("ingest-%x", s.ownProducer)
 	}
+	s.reports = newHeadReporter(s)
 	s.disc = &discovery{srv: s, seeds: opts.Replicas, interval: opts.RefreshInterval, updated: make(chan struct{}), kick: make(chan struct{}, 1), table: buildRoutes(nil, opts.Replicas), last: map[string]lastReport{}}
 	s.disc.refresh(ctx)
 	go func() {

@@ -27,24 +27,44 @@ type headReport struct {
 
 // ReportHeadUnreachable records an ingestion node's report that the head
 // of a chain this replica is the second member of does not answer its
-// appends. Status shows it (head_unreachable_ms) for the chain's master.
+// appends, for the chain the request names and each of its more chains.
+// Status shows it (head_unreachable_ms) for the chain's master. A chain
+// this replica is not the head's successor of at that epoch is passed
+// over; the call fails only when none of its chains was recorded.
 func (s *Server) ReportHeadUnreachable(ctx context.Context, req *catenapb.ReportHeadUnreachableRequest) (*catenapb.ReportHeadUnreachableResponse, error) {
 	if req.GetHeadId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "report names no head")
 	}
-	p, err := s.lookup(req.GetStream(), req.GetPartition())
+	firstErr := s.recordHeadReport(req.GetStream(), req.GetPartition(), req.GetEpoch(), req.GetDownMs(), req)
+	recorded := firstErr == nil
+	for _, c := range req.GetMore() {
+		if err := s.recordHeadReport(c.GetStream(), c.GetPartition(), c.GetEpoch(), c.GetDownMs(), req); err == nil {
+			recorded = true
+		} else if firstErr == nil {
+			firstErr = err
+		}
+	}
+	if !recorded {
+		return nil, firstErr
+	}
+	return &catenapb.ReportHeadUnreachableResponse{}, nil
+}
+
+// recordHeadReport records req's report of its head for one chain.
+func (s *Server) recordHeadReport(stream string, partition uint32, epoch, downMs uint64, req *catenapb.ReportHeadUnreachableRequest) error {
+	p, err := s.lookup(stream, partition)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.core == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s has no chain configuration; the report is ignored", p.stream, p.index, s.id)
+		return status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s has no chain configuration; the report is ignored", p.stream, p.index, s.id)
 	}
 	st := p.core.Status()
-	if st.Epoch != req.GetEpoch() || st.Predecessor != req.GetHeadId() || len(st.Members) == 0 || st.Members[0] != req.GetHeadId() || st.Role == chain.RoleHead {
-		return nil, status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s is at epoch %d with members %v: it is not the successor of head %q at epoch %d; the report is ignored",
-			p.stream, p.index, s.id, st.Epoch, st.Members, req.GetHeadId(), req.GetEpoch())
+	if st.Epoch != epoch || st.Predecessor != req.GetHeadId() || len(st.Members) == 0 || st.Members[0] != req.GetHeadId() || st.Role == chain.RoleHead {
+		return status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s is at epoch %d with members %v: it is not the successor of head %q at epoch %d; the report is ignored",
+			p.stream, p.index, s.id, st.Epoch, st.Members, req.GetHeadId(), epoch)
 	}
 	first := p.headUnreachableMs(st.Epoch) == 0
 	if p.headReports == nil {
@@ -56,11 +76,11 @@ func (s *Server) ReportHeadUnreachable(ctx context.Context, req *catenapb.Report
 			delete(p.headReports, who) // stale: bounded by the reporters of the last second
 		}
 	}
-	p.headReports[req.GetReporter()] = headReport{epoch: st.Epoch, head: req.GetHeadId(), down: time.Duration(req.GetDownMs()) * time.Millisecond, at: now}
+	p.headReports[req.GetReporter()] = headReport{epoch: st.Epoch, head: req.GetHeadId(), down: time.Duration(downMs) * time.Millisecond, at: now}
 	if first {
-		p.logger.Info("Ingestion reports the head unreachable", "head", req.GetHeadId(), "epoch", st.Epoch, "downMs", req.GetDownMs(), "reporter", req.GetReporter())
+		p.logger.Info("Ingestion reports the head unreachable", "head", req.GetHeadId(), "epoch", st.Epoch, "downMs", downMs, "reporter", req.GetReporter())
 	}
-	return &catenapb.ReportHeadUnreachableResponse{}, nil
+	return nil
 }
 
 // headUnreachableMs is what Status reports of the head reports at epoch:

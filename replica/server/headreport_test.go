@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -69,5 +70,47 @@ func TestHeadUnreachableReportsReachTheMaster(t *testing.T) {
 	configure(t, 4, a, b, c)
 	if st := status0(t, b); st.GetHeadUnreachableMs() != 0 {
 		t.Fatalf("a report from epoch 3 shows at epoch 4: %d ms", st.GetHeadUnreachableMs())
+	}
+}
+
+// TestAReportCarriesEveryChainOfTheHead: one call reports the head of
+// several chains; each chain this replica is the head's successor of
+// records it, one it is not is passed over, and the call fails only when
+// no chain took it.
+func TestAReportCarriesEveryChainOfTheHead(t *testing.T) {
+	a, b, c := startNode(t, "a", nil), startNode(t, "b", nil), startNode(t, "c", nil)
+	cfg := proto.Clone(testConfig).(*catenapb.StreamConfig)
+	cfg.Partitions = 3
+	ctx := context.Background()
+	for part, chain := range [][]*node{{a, b, c}, {a, b, c}, {c, a, b}} {
+		req := &catenapb.ConfigureRequest{Stream: "s", Partition: uint32(part), Epoch: 3, Members: members(chain...), Config: cfg}
+		for i := len(chain) - 1; i >= 0; i-- {
+			if _, err := client(t, chain[i].addr).Configure(ctx, req); err != nil {
+				t.Fatalf("configure %s/%d: %v", chain[i].id, part, err)
+			}
+		}
+	}
+	headMs := func(part uint32) uint64 {
+		resp, err := client(t, b.addr).Status(ctx, &catenapb.StatusRequest{Stream: "s", Partition: &part})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetPartitions()[0].GetHeadUnreachableMs()
+	}
+	// Partition 2's head is c: b is not its second member.
+	if _, err := client(t, b.addr).ReportHeadUnreachable(ctx, &catenapb.ReportHeadUnreachableRequest{
+		Stream: "s", Partition: 2, Epoch: 3, HeadId: "a", DownMs: 400, Reporter: "ingest-0"}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("a report of no chain b takes: %v", err)
+	}
+	if _, err := client(t, b.addr).ReportHeadUnreachable(ctx, &catenapb.ReportHeadUnreachableRequest{
+		Stream: "s", Partition: 2, Epoch: 3, HeadId: "a", DownMs: 400, Reporter: "ingest-0",
+		More: []*catenapb.HeadReportChain{{Stream: "s", Partition: 0, Epoch: 3, DownMs: 500}, {Stream: "s", Partition: 1, Epoch: 3, DownMs: 600}, {Stream: "s", Partition: 1, Epoch: 2, DownMs: 900}},
+	}); err != nil {
+		t.Fatalf("a report of three chains, two of them b's: %v", err)
+	}
+	for part, want := range []uint64{500, 600, 0} {
+		if got := headMs(uint32(part)); got != want {
+			t.Errorf("partition %d: head unreachable for %d ms, want %d", part, got, want)
+		}
 	}
 }

@@ -3667,7 +3667,13 @@ type ReportHeadUnreachableRequest struct {
 	HeadId string `protobuf:"bytes,4,opt,name=head_id,json=headId,proto3" json:"head_id,omitempty"`
 	DownMs uint64 `protobuf:"varint,5,opt,name=down_ms,json=downMs,proto3" json:"down_ms,omitempty"`
 	// Who reports (for the receiver's logs).
-	Reporter      string `protobuf:"bytes,6,opt,name=reporter,proto3" json:"reporter,omitempty"`
+	Reporter string `protobuf:"bytes,6,opt,name=reporter,proto3" json:"reporter,omitempty"`
+	// More chains of the same head that this replica is the second member
+	// of, reported in the same call: a dead head leads hundreds of chains,
+	// and one call per chain every few hundred milliseconds was hundreds of
+	// calls a second. Each is checked and recorded as the fields above are;
+	// a replica that predates the field records the first chain only.
+	More          []*HeadReportChain `protobuf:"bytes,7,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3744,6 +3750,82 @@ func (x *ReportHeadUnreachableRequest) GetReporter() string {
 	return ""
 }
 
+func (x *ReportHeadUnreachableRequest) GetMore() []*HeadReportChain {
+	if x != nil {
+		return x.More
+	}
+	return nil
+}
+
+// HeadReportChain is one more chain of a ReportHeadUnreachableRequest.
+type HeadReportChain struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
+	Partition     uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	DownMs        uint64                 `protobuf:"varint,4,opt,name=down_ms,json=downMs,proto3" json:"down_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeadReportChain) Reset() {
+	*x = HeadReportChain{}
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeadReportChain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeadReportChain) ProtoMessage() {}
+
+func (x *HeadReportChain) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeadReportChain.ProtoReflect.Descriptor instead.
+func (*HeadReportChain) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *HeadReportChain) GetStream() string {
+	if x != nil {
+		return x.Stream
+	}
+	return ""
+}
+
+func (x *HeadReportChain) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *HeadReportChain) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HeadReportChain) GetDownMs() uint64 {
+	if x != nil {
+		return x.DownMs
+	}
+	return 0
+}
+
 type ReportHeadUnreachableResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3752,7 +3834,7 @@ type ReportHeadUnreachableResponse struct {
 
 func (x *ReportHeadUnreachableResponse) Reset() {
 	*x = ReportHeadUnreachableResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3764,7 +3846,7 @@ func (x *ReportHeadUnreachableResponse) String() string {
 func (*ReportHeadUnreachableResponse) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3777,7 +3859,7 @@ func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableResponse.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
 }
 
 type HoldRetentionRequest struct {
@@ -3793,7 +3875,7 @@ type HoldRetentionRequest struct {
 
 func (x *HoldRetentionRequest) Reset() {
 	*x = HoldRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[58]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3805,7 +3887,7 @@ func (x *HoldRetentionRequest) String() string {
 func (*HoldRetentionRequest) ProtoMessage() {}
 
 func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[58]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3818,7 +3900,7 @@ func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRetentionRequest.ProtoReflect.Descriptor instead.
 func (*HoldRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *HoldRetentionRequest) GetStream() string {
@@ -3861,7 +3943,7 @@ type ReleaseRetentionRequest struct {
 
 func (x *ReleaseRetentionRequest) Reset() {
 	*x = ReleaseRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[59]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3873,7 +3955,7 @@ func (x *ReleaseRetentionRequest) String() string {
 func (*ReleaseRetentionRequest) ProtoMessage() {}
 
 func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[59]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3886,7 +3968,7 @@ func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ReleaseRetentionRequest) GetStream() string {
@@ -3920,7 +4002,7 @@ type ReleaseRetentionResponse struct {
 
 func (x *ReleaseRetentionResponse) Reset() {
 	*x = ReleaseRetentionResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[60]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3932,7 +4014,7 @@ func (x *ReleaseRetentionResponse) String() string {
 func (*ReleaseRetentionResponse) ProtoMessage() {}
 
 func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[60]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3945,7 +4027,7 @@ func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReleaseRetentionResponse) GetReleased() []uint32 {
@@ -3968,7 +4050,7 @@ type CatchUpRequest struct {
 
 func (x *CatchUpRequest) Reset() {
 	*x = CatchUpRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[61]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3980,7 +4062,7 @@ func (x *CatchUpRequest) String() string {
 func (*CatchUpRequest) ProtoMessage() {}
 
 func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[61]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3993,7 +4075,7 @@ func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
 func (*CatchUpRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CatchUpRequest) GetChain() *ConfigureRequest {
@@ -4031,7 +4113,7 @@ type ReadFramesRequest struct {
 
 func (x *ReadFramesRequest) Reset() {
 	*x = ReadFramesRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[62]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4043,7 +4125,7 @@ func (x *ReadFramesRequest) String() string {
 func (*ReadFramesRequest) ProtoMessage() {}
 
 func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[62]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4056,7 +4138,7 @@ func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReadFramesRequest) GetStream() string {
@@ -4110,7 +4192,7 @@ type ReadFramesResponse struct {
 
 func (x *ReadFramesResponse) Reset() {
 	*x = ReadFramesResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[63]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4122,7 +4204,7 @@ func (x *ReadFramesResponse) String() string {
 func (*ReadFramesResponse) ProtoMessage() {}
 
 func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[63]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4135,7 +4217,7 @@ func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReadFramesResponse) GetFrames() [][]byte {
@@ -4180,7 +4262,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[64]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4192,7 +4274,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[64]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4205,7 +4287,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -4246,7 +4328,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[65]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4258,7 +4340,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[65]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4271,7 +4353,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -4292,7 +4374,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[66]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4304,7 +4386,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[66]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4317,7 +4399,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -4359,7 +4441,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[67]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4371,7 +4453,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[67]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4384,7 +4466,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -4427,7 +4509,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[68]
+	mi := &file_catena_v1_catena_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4439,7 +4521,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[68]
+	mi := &file_catena_v1_catena_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4452,7 +4534,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -4486,7 +4568,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[69]
+	mi := &file_catena_v1_catena_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4498,7 +4580,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[69]
+	mi := &file_catena_v1_catena_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4511,7 +4593,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{69}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Member) GetId() string {
@@ -4547,7 +4629,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[70]
+	mi := &file_catena_v1_catena_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4559,7 +4641,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[70]
+	mi := &file_catena_v1_catena_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4572,7 +4654,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{70}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -4682,7 +4764,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[71]
+	mi := &file_catena_v1_catena_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4694,7 +4776,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[71]
+	mi := &file_catena_v1_catena_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4707,7 +4789,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{71}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -4889,7 +4971,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[72]
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4901,7 +4983,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[72]
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4914,7 +4996,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{72}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -4946,7 +5028,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4958,7 +5040,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4971,7 +5053,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -5024,7 +5106,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[74]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5036,7 +5118,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[74]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5049,7 +5131,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -5117,7 +5199,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[75]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5129,7 +5211,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[75]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5142,7 +5224,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -5213,7 +5295,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[76]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5225,7 +5307,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[76]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5238,7 +5320,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -5317,7 +5399,7 @@ type CompletionsRequest struct {
 
 func (x *CompletionsRequest) Reset() {
 	*x = CompletionsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[77]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5329,7 +5411,7 @@ func (x *CompletionsRequest) String() string {
 func (*CompletionsRequest) ProtoMessage() {}
 
 func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[77]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5342,7 +5424,7 @@ func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionsRequest.ProtoReflect.Descriptor instead.
 func (*CompletionsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *CompletionsRequest) GetStream() string {
@@ -5377,7 +5459,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_catena_v1_catena_proto_msgTypes[78]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5389,7 +5471,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[78]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5402,7 +5484,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *Completion) GetEpoch() uint64 {
@@ -5438,7 +5520,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[79]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5450,7 +5532,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[79]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5463,7 +5545,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -5561,7 +5643,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[80]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5573,7 +5655,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[80]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5586,7 +5668,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
 }
 
 type BatchData struct {
@@ -5605,7 +5687,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[81]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5617,7 +5699,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[81]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5630,7 +5712,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -5665,7 +5747,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[82]
+	mi := &file_catena_v1_catena_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5677,7 +5759,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[82]
+	mi := &file_catena_v1_catena_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5690,7 +5772,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -5726,7 +5808,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[83]
+	mi := &file_catena_v1_catena_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5738,7 +5820,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[83]
+	mi := &file_catena_v1_catena_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5751,7 +5833,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{83}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -6085,14 +6167,20 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\"\x16\n" +
 	"\x14DeleteStreamResponse\"/\n" +
 	"\x13ListStreamsResponse\x12\x18\n" +
-	"\astreams\x18\x01 \x03(\tR\astreams\"\xb8\x01\n" +
+	"\astreams\x18\x01 \x03(\tR\astreams\"\xe8\x01\n" +
 	"\x1cReportHeadUnreachableRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x17\n" +
 	"\ahead_id\x18\x04 \x01(\tR\x06headId\x12\x17\n" +
 	"\adown_ms\x18\x05 \x01(\x04R\x06downMs\x12\x1a\n" +
-	"\breporter\x18\x06 \x01(\tR\breporter\"\x1f\n" +
+	"\breporter\x18\x06 \x01(\tR\breporter\x12.\n" +
+	"\x04more\x18\a \x03(\v2\x1a.catena.v1.HeadReportChainR\x04more\"v\n" +
+	"\x0fHeadReportChain\x12\x16\n" +
+	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x17\n" +
+	"\adown_ms\x18\x04 \x01(\x04R\x06downMs\"\x1f\n" +
 	"\x1dReportHeadUnreachableResponse\"\x80\x01\n" +
 	"\x14HoldRetentionRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
@@ -6327,7 +6415,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 84)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),                       // 0: catena.v1.Durability
 	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
@@ -6389,33 +6477,34 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*DeleteStreamResponse)(nil),          // 57: catena.v1.DeleteStreamResponse
 	(*ListStreamsResponse)(nil),           // 58: catena.v1.ListStreamsResponse
 	(*ReportHeadUnreachableRequest)(nil),  // 59: catena.v1.ReportHeadUnreachableRequest
-	(*ReportHeadUnreachableResponse)(nil), // 60: catena.v1.ReportHeadUnreachableResponse
-	(*HoldRetentionRequest)(nil),          // 61: catena.v1.HoldRetentionRequest
-	(*ReleaseRetentionRequest)(nil),       // 62: catena.v1.ReleaseRetentionRequest
-	(*ReleaseRetentionResponse)(nil),      // 63: catena.v1.ReleaseRetentionResponse
-	(*CatchUpRequest)(nil),                // 64: catena.v1.CatchUpRequest
-	(*ReadFramesRequest)(nil),             // 65: catena.v1.ReadFramesRequest
-	(*ReadFramesResponse)(nil),            // 66: catena.v1.ReadFramesResponse
-	(*DropRequest)(nil),                   // 67: catena.v1.DropRequest
-	(*DropResponse)(nil),                  // 68: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),               // 69: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),              // 70: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),               // 71: catena.v1.TruncateRequest
-	(*Member)(nil),                        // 72: catena.v1.Member
-	(*ConfigureRequest)(nil),              // 73: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),               // 74: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),                 // 75: catena.v1.StatusRequest
-	(*StatusResponse)(nil),                // 76: catena.v1.StatusResponse
-	(*AppendRequest)(nil),                 // 77: catena.v1.AppendRequest
-	(*AppendRecord)(nil),                  // 78: catena.v1.AppendRecord
-	(*AppendResponse)(nil),                // 79: catena.v1.AppendResponse
-	(*CompletionsRequest)(nil),            // 80: catena.v1.CompletionsRequest
-	(*Completion)(nil),                    // 81: catena.v1.Completion
-	(*ReplicateFrame)(nil),                // 82: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                     // 83: catena.v1.LinkHello
-	(*BatchData)(nil),                     // 84: catena.v1.BatchData
-	(*CommitNotice)(nil),                  // 85: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                  // 86: catena.v1.ReplicateAck
+	(*HeadReportChain)(nil),               // 60: catena.v1.HeadReportChain
+	(*ReportHeadUnreachableResponse)(nil), // 61: catena.v1.ReportHeadUnreachableResponse
+	(*HoldRetentionRequest)(nil),          // 62: catena.v1.HoldRetentionRequest
+	(*ReleaseRetentionRequest)(nil),       // 63: catena.v1.ReleaseRetentionRequest
+	(*ReleaseRetentionResponse)(nil),      // 64: catena.v1.ReleaseRetentionResponse
+	(*CatchUpRequest)(nil),                // 65: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),             // 66: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),            // 67: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),                   // 68: catena.v1.DropRequest
+	(*DropResponse)(nil),                  // 69: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),               // 70: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),              // 71: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),               // 72: catena.v1.TruncateRequest
+	(*Member)(nil),                        // 73: catena.v1.Member
+	(*ConfigureRequest)(nil),              // 74: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),               // 75: catena.v1.PartitionStatus
+	(*StatusRequest)(nil),                 // 76: catena.v1.StatusRequest
+	(*StatusResponse)(nil),                // 77: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                 // 78: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                  // 79: catena.v1.AppendRecord
+	(*AppendResponse)(nil),                // 80: catena.v1.AppendResponse
+	(*CompletionsRequest)(nil),            // 81: catena.v1.CompletionsRequest
+	(*Completion)(nil),                    // 82: catena.v1.Completion
+	(*ReplicateFrame)(nil),                // 83: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 84: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 85: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 86: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 87: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	4,  // 0: catena.v1.Record.headers:type_name -> catena.v1.RecordHeader
@@ -6440,100 +6529,101 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	1,  // 19: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
 	5,  // 20: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
 	53, // 21: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	72, // 22: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	74, // 23: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	73, // 24: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
-	6,  // 25: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
-	72, // 26: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
-	5,  // 27: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	72, // 28: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
-	2,  // 29: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
-	5,  // 30: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
-	6,  // 31: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
-	7,  // 32: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
-	74, // 33: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	78, // 34: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	4,  // 35: catena.v1.AppendRecord.headers:type_name -> catena.v1.RecordHeader
-	83, // 36: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	84, // 37: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	85, // 38: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
-	43, // 39: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
-	46, // 40: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
-	48, // 41: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
-	49, // 42: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	51, // 43: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
-	54, // 44: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	35, // 45: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
-	37, // 46: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
-	40, // 47: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
-	55, // 48: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
-	56, // 49: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
-	22, // 50: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
-	25, // 51: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
-	30, // 52: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
-	33, // 53: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
-	9,  // 54: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
-	12, // 55: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
-	15, // 56: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
-	17, // 57: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
-	19, // 58: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
-	73, // 59: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	75, // 60: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	77, // 61: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	77, // 62: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	80, // 63: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
-	82, // 64: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	46, // 65: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	49, // 66: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	69, // 67: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	71, // 68: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	67, // 69: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	64, // 70: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	65, // 71: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	61, // 72: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	62, // 73: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	59, // 74: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	45, // 75: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	47, // 76: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	47, // 77: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	50, // 78: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	52, // 79: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	58, // 80: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	36, // 81: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	38, // 82: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	41, // 83: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	52, // 84: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
-	57, // 85: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
-	23, // 86: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
-	26, // 87: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
-	31, // 88: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
-	34, // 89: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
-	10, // 90: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
-	14, // 91: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
-	16, // 92: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
-	18, // 93: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
-	21, // 94: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
-	74, // 95: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	76, // 96: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	79, // 97: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	79, // 98: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	81, // 99: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
-	86, // 100: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	47, // 101: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	50, // 102: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	70, // 103: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	74, // 104: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	68, // 105: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	74, // 106: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	66, // 107: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	74, // 108: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	63, // 109: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	60, // 110: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	75, // [75:111] is the sub-list for method output_type
-	39, // [39:75] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	73, // 22: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	75, // 23: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	60, // 24: catena.v1.ReportHeadUnreachableRequest.more:type_name -> catena.v1.HeadReportChain
+	74, // 25: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	6,  // 26: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
+	73, // 27: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	5,  // 28: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
+	73, // 29: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	2,  // 30: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
+	5,  // 31: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
+	6,  // 32: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
+	7,  // 33: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
+	75, // 34: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	79, // 35: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	4,  // 36: catena.v1.AppendRecord.headers:type_name -> catena.v1.RecordHeader
+	84, // 37: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	85, // 38: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	86, // 39: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	43, // 40: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
+	46, // 41: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
+	48, // 42: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
+	49, // 43: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	51, // 44: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
+	54, // 45: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
+	35, // 46: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
+	37, // 47: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
+	40, // 48: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
+	55, // 49: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
+	56, // 50: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
+	22, // 51: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
+	25, // 52: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
+	30, // 53: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
+	33, // 54: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
+	9,  // 55: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
+	12, // 56: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
+	15, // 57: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
+	17, // 58: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
+	19, // 59: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
+	74, // 60: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	76, // 61: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	78, // 62: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	78, // 63: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	81, // 64: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
+	83, // 65: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	46, // 66: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	49, // 67: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	70, // 68: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	72, // 69: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	68, // 70: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	65, // 71: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	66, // 72: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	62, // 73: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	63, // 74: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	59, // 75: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	45, // 76: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	47, // 77: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	47, // 78: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	50, // 79: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	52, // 80: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	58, // 81: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	36, // 82: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	38, // 83: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	41, // 84: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	52, // 85: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	57, // 86: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	23, // 87: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
+	26, // 88: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
+	31, // 89: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
+	34, // 90: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
+	10, // 91: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
+	14, // 92: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
+	16, // 93: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
+	18, // 94: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
+	21, // 95: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
+	75, // 96: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	77, // 97: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	80, // 98: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	80, // 99: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	82, // 100: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
+	87, // 101: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	47, // 102: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	50, // 103: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	71, // 104: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	75, // 105: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	69, // 106: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	75, // 107: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	67, // 108: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	75, // 109: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	64, // 110: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	61, // 111: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	76, // [76:112] is the sub-list for method output_type
+	40, // [40:76] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_catena_v1_catena_proto_init() }
@@ -6542,14 +6632,14 @@ func file_catena_v1_catena_proto_init() {
 		return
 	}
 	file_catena_v1_catena_proto_msgTypes[39].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[59].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[72].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[79].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[60].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[73].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[80].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[83].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[84].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -6559,7 +6649,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   84,
+			NumMessages:   85,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
