@@ -474,7 +474,7 @@ func TestReportsOfADeadHeadAreGatheredPerSuccessor(t *testing.T) {
 		}
 		calls = next.headReports()
 		for _, r := range calls {
-			if r.GetHeadId() != "head" || r.GetEpoch() != 1 || r.GetStream() != "s" {
+			if r.GetHeadId() != "head" || r.GetEpoch() != 1 || r.GetStream() != "s" || r.GetDownMs() < uint64(stallAfter.Milliseconds()) {
 				t.Fatalf("report %+v", r)
 			}
 			reported[r.GetPartition()] = true

@@ -23,13 +23,21 @@ type headReporter struct {
 
 	mu      sync.Mutex
 	pending map[string]*successorReports // by successor address
+	senders sync.WaitGroup               // Server.Close waits for them
 }
 
 // successorReports are the reports waiting for one successor, by head and
 // then by chain, the latest of each; sending is set while its sender runs.
 type successorReports struct {
-	byHead  map[string]map[chainRef]*catenapb.HeadReportChain
+	byHead  map[string]map[chainRef]queuedReport
 	sending bool
+}
+
+// queuedReport is a chain's report and when it was queued: the time it
+// waits to be sent counts in its down_ms.
+type queuedReport struct {
+	chain  *catenapb.HeadReportChain
+	queued time.Time
 }
 
 type chainRef struct {
@@ -46,26 +54,39 @@ func newHeadReporter(srv *Server) *headReporter {
 func (r *headReporter) add(addr, head string, c *catenapb.HeadReportChain) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.srv.ctx.Err() != nil {
+		return // closing: Close waits for the senders it knows
+	}
 	sr := r.pending[addr]
 	if sr == nil {
-		sr = &successorReports{byHead: map[string]map[chainRef]*catenapb.HeadReportChain{}}
+		sr = &successorReports{byHead: map[string]map[chainRef]queuedReport{}}
 		r.pending[addr] = sr
 	}
 	chains := sr.byHead[head]
 	if chains == nil {
-		chains = map[chainRef]*catenapb.HeadReportChain{}
+		chains = map[chainRef]queuedReport{}
 		sr.byHead[head] = chains
 	}
-	chains[chainRef{c.GetStream(), c.GetPartition()}] = c
+	chains[chainRef{c.GetStream(), c.GetPartition()}] = queuedReport{c, time.Now()}
 	if !sr.sending {
 		sr.sending = true
+		r.senders.Add(1)
 		go r.send(addr, sr)
 	}
 }
 
-// send sends sr's reports to the successor at addr, one call per head,
-// until none are left; at most one round every headReportEvery.
+// wait waits for the senders to end, once the server's context is done.
+func (r *headReporter) wait() {
+	r.mu.Lock() // no sender starts after this: add sees the context done
+	r.mu.Unlock()
+	r.senders.Wait()
+}
+
+// send sends sr's reports to the successor at addr, one call per head
+// (in parallel: a successor slow to answer for one head holds up no
+// other's), until none are left; at most one round every headReportEvery.
 func (r *headReporter) send(addr string, sr *successorReports) {
+	defer r.senders.Done()
 	for {
 		r.mu.Lock()
 		if len(sr.byHead) == 0 || r.srv.ctx.Err() != nil {
@@ -75,13 +96,16 @@ func (r *headReporter) send(addr string, sr *successorReports) {
 			return
 		}
 		byHead := sr.byHead
-		sr.byHead = map[string]map[chainRef]*catenapb.HeadReportChain{}
+		sr.byHead = map[string]map[chainRef]queuedReport{}
 		r.mu.Unlock()
 
 		start := time.Now()
+		var calls sync.WaitGroup
 		for head, chains := range byHead {
-			r.call(addr, reportRequest(head, r.srv.name, chains))
+			req := reportRequest(head, r.srv.name, chains, start)
+			calls.Go(func() { r.call(addr, req) })
 		}
+		calls.Wait()
 		select {
 		case <-time.After(headReportEvery - time.Since(start)):
 		case <-r.srv.ctx.Done():
@@ -90,10 +114,13 @@ func (r *headReporter) send(addr string, sr *successorReports) {
 }
 
 // reportRequest is one call's report of head for every chain of chains, in
-// a stable order (the first in the request's own fields).
-func reportRequest(head, reporter string, chains map[chainRef]*catenapb.HeadReportChain) *catenapb.ReportHeadUnreachableRequest {
+// a stable order (the first in the request's own fields), each chain's
+// down_ms counted up to now.
+func reportRequest(head, reporter string, chains map[chainRef]queuedReport, now time.Time) *catenapb.ReportHeadUnreachableRequest {
 	all := make([]*catenapb.HeadReportChain, 0, len(chains))
-	for _, c := range chains {
+	for _, q := range chains {
+		c := q.chain
+		c.DownMs += uint64(max(now.Sub(q.queued), 0).Milliseconds())
 		all = append(all, c)
 	}
 	slices.SortFunc(all, func(a, b *catenapb.HeadReportChain) int {
@@ -107,6 +134,9 @@ func reportRequest(head, reporter string, chains map[chainRef]*catenapb.HeadRepo
 // call sends one report, best effort: a successor that does not take it
 // (not the successor any more, or down too) changes nothing here.
 func (r *headReporter) call(addr string, req *catenapb.ReportHeadUnreachableRequest) {
+	if r.srv.ctx.Err() != nil {
+		return // closing: the pool may be closed
+	}
 	conn, err := r.srv.pool.Get(addr)
 	if err != nil {
 		return

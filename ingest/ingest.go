@@ -163,6 +163,7 @@ func (s *Server) Register(g *grpc.Server) { catenapb.RegisterIngestServer(g, s) 
 func (s *Server) Close() {
 	s.cancel()
 	<-s.done
+	s.reports.wait()
 	s.pool.Close()
 }
 

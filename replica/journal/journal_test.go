@@ -2,6 +2,7 @@ package journal
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -114,7 +115,7 @@ func TestGroupCommitKeepsEveryAcknowledgedRecordInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkHolds(t, got, acked, true)
-	if res.End != end || res.Torn || res.Groups != int(st.Groups) {
+	if res.End != end || res.Torn || res.Groups != int(st.Groups) || int(st.Groups) != len(groupStarts(t, dir)) {
 		t.Errorf("scan %+v; the journal ended at %d after %d groups", res, end, st.Groups)
 	}
 	if st.Rolls == 0 || st.Records != 8*150 || st.Groups > st.Records {
@@ -134,7 +135,7 @@ func TestGroupCommitKeepsEveryAcknowledgedRecordInOrder(t *testing.T) {
 			want++
 		}
 	}
-	if len(rest) != want || rest[0].pos != from {
+	if len(rest) == 0 || len(rest) != want || rest[0].pos != from {
 		t.Errorf("from %d: %d records, the first at %d; want %d", from, len(rest), rest[0].pos, want)
 	}
 }
@@ -186,8 +187,9 @@ func TestCrashesKeepEveryAcknowledgedRecord(t *testing.T) {
 			wg.Go(func() { acked = writeConcurrently(t, j, 4, 100) })
 			// The crash comes at some point of the run: later syncs fail
 			// (what the power cut did not let through), then the disk
-			// keeps only its durable state, with or without a torn
-			// prefix of what was being written.
+			// keeps only its durable state. (faultfs drops every unsynced
+			// overwrite of a zero-filled segment whole, whatever the
+			// options; torn groups are TestScanTellsATornTailFromDamage's.)
 			fsys.FailSyncs(r.IntN(60), -1, syscall.EIO)
 			wg.Wait()
 			fsys.ClearFaults()
@@ -331,18 +333,24 @@ func TestScanTellsATornTailFromDamage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var end uint64
+		var lastBefore uint64
 		for _, s := range before {
 			if s.pos < base {
-				end = s.pos
+				lastBefore = s.pos
 			}
 		}
 		// Drop the last segment's groups and header, as if the crash
-		// came while it was being made.
+		// came while it was being made; where the groups before it end
+		// is in that header.
 		f, err := partlog.OSFS{}.OpenFile(filepath.Join(dir, segs[len(segs)-1]), 2, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
+		hdr := make([]byte, SegmentHeaderSize)
+		if _, err := f.ReadAt(hdr, 0); err != nil {
+			t.Fatal(err)
+		}
+		prevEnd := binary.LittleEndian.Uint64(hdr[12:])
 		if err := f.Truncate(0); err != nil {
 			t.Fatal(err)
 		}
@@ -351,8 +359,18 @@ func TestScanTellsATornTailFromDamage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !res.Torn || res.End <= end || got[len(got)-1].pos != end {
-			t.Errorf("scan %+v, last group at %d; want torn, ending past the group at %d", res, got[len(got)-1].pos, end)
+		if !res.Torn || res.End != prevEnd || got[len(got)-1].pos != lastBefore {
+			t.Errorf("scan %+v, last group at %d; want torn, ending at %d after the group at %d", res, got[len(got)-1].pos, prevEnd, lastBefore)
+		}
+	})
+	t.Run("a last segment's header damaged with groups after it", func(t *testing.T) {
+		dir := journalOf(t, 12, 8<<10)
+		segs := segments(t, dir)
+		var base uint64
+		fmt.Sscanf(segs[len(segs)-1], "%020d.jrn", &base)
+		poke(t, dir, base+1, []byte{0xff})
+		if _, _, err := scanAll(t, nil, dir, 0); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("scan: %v, want ErrCorrupt (a segment's header is synced before its first group)", err)
 		}
 	})
 }
@@ -387,5 +405,48 @@ func TestNewRefusesADirectoryHoldingAJournal(t *testing.T) {
 	dir := journalOf(t, 1, 1<<20)
 	if _, err := New(Options{Dir: dir}, 0); err == nil {
 		t.Fatal("a second journal over the first")
+	}
+}
+
+func TestAGroupHoldsAtMostTheLimit(t *testing.T) {
+	dir := t.TempDir()
+	j, err := New(Options{Dir: dir, SegmentBytes: 1 << 20}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 4 << 10
+	j.groupLimit = limit // before any append
+	if end, want := j.End(), uint64(SegmentHeaderSize); end != want {
+		t.Errorf("a new journal ends at %d, want %d (where its first group goes)", end, want)
+	}
+	if _, err := j.Append(); err == nil {
+		t.Error("an append of no records")
+	}
+	if _, err := j.Append(loggedFrame(0, 0, limit)); err == nil {
+		t.Error("a record over a group's limit")
+	}
+	acked := writeConcurrently(t, j, 8, 60) // up to 3 KiB each: a group holds one to a few
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Errorf("a second close: %v", err)
+	}
+	got, _, err := scanAll(t, nil, dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHolds(t, got, acked, true)
+	starts := groupStarts(t, dir)
+	for i := 1; i < len(starts); i++ {
+		if starts[i]>>20 != starts[i-1]>>20 {
+			continue // a roll's padding between them
+		}
+		if n := starts[i] - starts[i-1]; n > GroupHeaderSize+limit {
+			t.Fatalf("group at %d is %d bytes, over the limit %d", starts[i-1], n, limit)
+		}
+	}
+	if _, err := j.Append(loggedFrame(0, 99, 10)); !errors.Is(err, ErrClosed) {
+		t.Errorf("an append after close: %v", err)
 	}
 }

@@ -72,8 +72,9 @@ func Scan(fsys partlog.FS, dir string, from uint64, fn func(pos uint64, l Logged
 		}
 		hdrPrev, ok := segmentHeader(b, s.base)
 		switch {
-		case !ok && last:
-			// Its creation was cut short: no group is in it.
+		case !ok && last && findGroupAfter(b, SegmentHeaderSize-1, s.base) < 0:
+			// Its creation was cut short (the header is synced before any
+			// group is written): no group is in it.
 			res.End, res.Torn = max(prevEnd, from), true
 			return res, nil
 		case !ok:

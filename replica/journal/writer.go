@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -28,7 +29,7 @@ const (
 	segmentSuffix     = ".jrn"
 	// DefaultSegmentBytes is a journal segment's size: files are written
 	// with zeros to this size when created, so that a group commit writes
-	// data only and its fsync changes no metadata (docs/journal.md).
+	// data only and its fdatasync changes no metadata (docs/journal.md).
 	DefaultSegmentBytes = 64 << 20
 	zeroChunk           = 1 << 20
 )
@@ -46,22 +47,25 @@ type Ticket uint64
 
 // Stats counts a journal's work since it was opened.
 type Stats struct {
-	Groups  uint64 // group commits: one write and one fsync each
-	Records uint64
+	Groups  uint64 // group commits: one write and one fdatasync each
+	Records uint64 // appended (durable once their group is)
 	Bytes   uint64 // group bytes written
 	Rolls   uint64
 }
 
 // Journal is a replica process's journal: records of every partition,
-// written in groups by one goroutine, each group one write and one fsync
-// (group commit). Appends from any goroutine join the group being filled;
-// the writer starts the next group as soon as one is synced, so a lone
-// record waits for one write and one fsync, and under load a group holds
+// written in groups by one goroutine, each group one write and one
+// fdatasync (group commit). Appends from any goroutine join the group being
+// filled; the writer starts the next group as soon as one is synced, so a lone
+// record waits for one write and one fdatasync, and under load a group holds
 // whatever arrived during the previous one.
 type Journal struct {
 	fs       partlog.FS
 	dir      string
 	segBytes int64
+	// groupLimit bounds a group's records (MaxGroupBytes; tests lower it):
+	// an append that would pass it waits for the writer to take the group.
+	groupLimit int
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when a group is synced, or the journal fails or closes
@@ -112,8 +116,8 @@ func New(opts Options, start uint64) (*Journal, error) {
 			return nil, fmt.Errorf("journal: %s already holds a journal (%s)", opts.Dir, n)
 		}
 	}
-	j := &Journal{fs: opts.FS, dir: opts.Dir, segBytes: opts.SegmentBytes, wake: make(chan struct{}, 1),
-		buf: make([]byte, GroupHeaderSize, 1<<20), spare: make([]byte, 0, 1<<20), filling: 1, end: start, done: make(chan struct{})}
+	j := &Journal{fs: opts.FS, dir: opts.Dir, segBytes: opts.SegmentBytes, groupLimit: MaxGroupBytes, wake: make(chan struct{}, 1),
+		buf: make([]byte, GroupHeaderSize, 1<<20), spare: make([]byte, 0, 1<<20), filling: 1, end: start + SegmentHeaderSize, done: make(chan struct{})}
 	j.cond = sync.NewCond(&j.mu)
 	if err := j.createSegment(start, 0); err != nil {
 		return nil, err
@@ -157,25 +161,57 @@ func (j *Journal) createSegment(base, prevEnd uint64) error {
 	if err := j.fs.SyncDir(j.dir); err != nil {
 		return fail(err)
 	}
-	if j.seg != nil {
-		if err := j.seg.Close(); err != nil {
-			return fail(err)
+	old := j.seg
+	j.seg, j.segBase, j.segOff = f, base, SegmentHeaderSize
+	if old != nil {
+		if err := old.Close(); err != nil {
+			return fmt.Errorf("journal: closing the segment before %s: %w", path, err)
 		}
 	}
-	j.seg, j.segBase, j.segOff = f, base, SegmentHeaderSize
 	return nil
+}
+
+// datasync makes f's written data durable: fdatasync where the file has a
+// descriptor (segments are written with zeros to their size when created,
+// so a group's write changes no metadata it would have to write, the
+// modification time aside), else the File's Sync (tests' file systems).
+func datasync(f partlog.File) error {
+	if d, ok := f.(interface{ Fd() uintptr }); ok {
+		for {
+			err := unix.Fdatasync(int(d.Fd()))
+			if err != unix.EINTR {
+				return err
+			}
+		}
+	}
+	return f.Sync()
 }
 
 // Append adds records to the group being filled and returns its ticket.
 // Records of one partition must be appended in their order; the journal
 // keeps the order of appends.
+//
+// A group holds at most MaxGroupBytes of records: an append that would
+// pass it waits until the writer has taken the group being filled, which
+// also holds appenders back while one group is written.
 func (j *Journal) Append(recs ...*Logged) (Ticket, error) {
+	if len(recs) == 0 {
+		return 0, errors.New("journal: an append of no records")
+	}
+	size := 0
 	for _, r := range recs {
 		if err := r.validate(); err != nil {
 			return 0, err
 		}
+		size += r.encodedSize()
+	}
+	if size > j.groupLimit {
+		return 0, fmt.Errorf("journal: %d bytes of records in one append, over a group's %d", size, j.groupLimit)
 	}
 	j.mu.Lock()
+	for j.err == nil && len(j.buf)-GroupHeaderSize+size > j.groupLimit {
+		j.cond.Wait()
+	}
 	if j.err != nil {
 		err := j.err
 		j.mu.Unlock()
@@ -207,7 +243,8 @@ func (j *Journal) Wait(t Ticket) error {
 	return j.err
 }
 
-// End is the position after the last durable group.
+// End is the position after the last durable group: where the next group
+// goes, at the start of its segment's groups while none is durable.
 func (j *Journal) End() uint64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -221,9 +258,14 @@ func (j *Journal) Stats() Stats {
 	return j.stats
 }
 
-// Close writes what was appended, syncs it and stops the writer.
+// Close writes what was appended, syncs it and stops the writer. Calls
+// after the first return nil.
 func (j *Journal) Close() error {
 	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil
+	}
 	j.closed = true
 	j.mu.Unlock()
 	select {
@@ -263,6 +305,7 @@ func (j *Journal) writer() {
 		group, t := j.buf, j.filling
 		j.buf, j.spare = j.spare[:GroupHeaderSize], nil
 		j.filling++
+		j.cond.Broadcast() // room for appends waiting on a full group
 		j.mu.Unlock()
 
 		end, err := j.write(group)
@@ -303,8 +346,8 @@ func (j *Journal) write(group []byte) (uint64, error) {
 	if _, err := j.seg.WriteAt(group, j.segOff); err != nil {
 		return 0, fmt.Errorf("journal: write of the group at %d: %w", pos, err)
 	}
-	if err := j.seg.Sync(); err != nil {
-		return 0, fmt.Errorf("journal: fsync of the group at %d: %w", pos, err)
+	if err := datasync(j.seg); err != nil {
+		return 0, fmt.Errorf("journal: fdatasync of the group at %d: %w", pos, err)
 	}
 	j.segOff += int64(len(group))
 	return pos + uint64(len(group)), nil
