@@ -35,19 +35,7 @@ func (n *nullIngest) Produce(_ context.Context, req *catenapb.ProduceRequest) (*
 }
 
 func BenchmarkProducerSend1KiB(b *testing.B) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := grpc.NewServer()
-	catenapb.RegisterIngestServer(s, &nullIngest{})
-	go s.Serve(lis)
-	defer s.Stop()
-	c, err := client.Dial(context.Background(), lis.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
+	c := nullServer(b)
 	p := client.NewProducer(c, "s", client.ProducerOptions{})
 	val := make([]byte, 1024)
 	key := []byte("key")
