@@ -222,7 +222,13 @@ func (p *partition) requestSync() {
 
 // syncLoop is the group commit: one fsync covers everything appended since
 // the previous one, however many batches that is. Under interval durability
-// it fsyncs on the interval instead and durability is reported at append.
+// durability is reported at append, and the loop fsyncs what was appended
+// at most once an interval: an append arms a timer for the end of the
+// interval since the last fsync, and a partition nobody writes to wakes no
+// one. (A ticker per partition woke every partition every interval: with
+// 256 partitions and a 1 ms interval, 256,000 wake-ups a second per
+// replica, and the 256-partition row of make bench ran slower than with an
+// fsync per append, docs/benchmarks.md.)
 //
 // The interval may change while the partition is open (setSyncInterval: a
 // Stream's durability edited live). Every fsync, on the interval too,
@@ -230,34 +236,34 @@ func (p *partition) requestSync() {
 // durability just before a change to interval durability still complete.
 func (p *partition) syncLoop(interval time.Duration) {
 	defer p.wg.Done()
-	var t *time.Ticker
-	var tick <-chan time.Time
-	every := func(d time.Duration) {
-		if t != nil {
-			t.Stop()
-			t, tick = nil, nil
-		}
-		if d > 0 {
-			t = time.NewTicker(d)
-			tick = t.C
-		}
-		interval = d
-	}
-	every(interval)
-	defer func() { every(0) }()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var (
+		armed <-chan time.Time // the timer, while a sync is due on it
+		// lastSync starts at the open: a recovered log is durable.
+		lastSync = time.Now()
+	)
 	for {
 		select {
 		case <-p.stop:
 			return
 		case d := <-p.syncEvery:
 			if d != interval {
-				every(d)
+				interval = d
+				timer.Stop()
+				armed = nil
 				p.requestSync() // what waits for an fsync gets it now
 			}
 			continue
-		case <-tick:
+		case <-armed:
+			armed = nil
 		case <-p.syncReq:
 			if interval > 0 {
+				if armed == nil {
+					timer.Reset(max(time.Until(lastSync.Add(interval)), 0))
+					armed = timer.C
+				}
 				continue
 			}
 		}
@@ -268,6 +274,7 @@ func (p *partition) syncLoop(interval time.Duration) {
 			p.crashStop(fmt.Errorf("failed to fsync partition %s/%d: %w", p.stream, p.index, err))
 			return
 		}
+		lastSync = start
 		p.m.syncSeconds.Observe(time.Since(start).Seconds())
 		p.mu.Lock()
 		if p.truncations.Load() == gen {
@@ -282,9 +289,9 @@ func (p *partition) syncLoop(interval time.Duration) {
 // appended is called, holding p.mu, after frames were written to the log.
 func (p *partition) appended() {
 	if p.meta.config.GetDurability() == catenapb.Durability_DURABILITY_INTERVAL {
-		// Written on every member is the durability this stream asked for.
+		// Written on every member is the durability this stream asked
+		// for; the sync loop fsyncs it within the interval.
 		p.apply(p.core.Durable(p.log.NextOffset()))
-		return
 	}
 	p.requestSync()
 }
