@@ -372,6 +372,22 @@ func externalEndpoint(ext *streamsv1alpha1.ExternalListener, svc *corev1.Service
 	return ""
 }
 
+// ingestHosts are the host addresses of the ingestion pods that serve,
+// sorted, each once: ready, and not being deleted (a pod in its grace
+// period may still report Ready, and a client given its node would be
+// moved again at once).
+func ingestHosts(pods []corev1.Pod) []string {
+	var hosts []string
+	for i := range pods {
+		p := &pods[i]
+		if p.Status.HostIP != "" && p.DeletionTimestamp == nil && podReady(p) && !slices.Contains(hosts, p.Status.HostIP) {
+			hosts = append(hosts, p.Status.HostIP)
+		}
+	}
+	slices.Sort(hosts)
+	return hosts
+}
+
 // podReady reports whether pod's Ready condition is True.
 func podReady(pod *corev1.Pod) bool {
 	for _, c := range pod.Status.Conditions {

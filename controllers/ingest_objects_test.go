@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -238,5 +239,34 @@ func TestIngestPodsStream(t *testing.T) {
 	replica := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "r", Labels: desiredStatefulSet(testPool(nil), "img").Spec.Template.Labels}}
 	if got := ingestPodsStream(context.Background(), replica); got != nil {
 		t.Errorf("a replica pod maps to %v", got)
+	}
+}
+
+func TestIngestHosts(t *testing.T) {
+	pod := func(host string, ready, deleting bool) corev1.Pod {
+		p := corev1.Pod{Status: corev1.PodStatus{HostIP: host}}
+		if ready {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}
+		if deleting {
+			now := metav1.Now()
+			p.DeletionTimestamp = &now
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name string
+		pods []corev1.Pod
+		want []string
+	}{
+		{"none", nil, nil},
+		{"ready pods, sorted, each node once", []corev1.Pod{pod("10.0.0.9", true, false), pod("10.0.0.5", true, false), pod("10.0.0.9", true, false)}, []string{"10.0.0.5", "10.0.0.9"}},
+		{"not ready", []corev1.Pod{pod("10.0.0.5", false, false), pod("10.0.0.9", true, false)}, []string{"10.0.0.9"}},
+		{"being deleted, still ready", []corev1.Pod{pod("10.0.0.5", true, true), pod("10.0.0.9", true, false)}, []string{"10.0.0.9"}},
+		{"not scheduled yet", []corev1.Pod{pod("", true, false)}, nil},
+	} {
+		if got := ingestHosts(tc.pods); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

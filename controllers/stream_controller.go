@@ -440,14 +440,7 @@ func (r *StreamReconciler) reconcileExternal(ctx context.Context, stream *stream
 	if err := r.Client.List(ctx, &pods, client.InNamespace(stream.Namespace), client.MatchingLabels(ingestSelectorLabels(stream))); err != nil {
 		return fmt.Errorf("failed to list the ingestion pods of Stream %s: %w", stream.Name, err)
 	}
-	var hosts []string
-	for _, p := range pods.Items {
-		if p.Status.HostIP != "" && podReady(&p) && !slices.Contains(hosts, p.Status.HostIP) {
-			hosts = append(hosts, p.Status.HostIP)
-		}
-	}
-	slices.Sort(hosts)
-	obs.External = externalEndpoint(stream.Spec.Ingestion.External, svc, hosts, stream.Status.Endpoints.External)
+	obs.External = externalEndpoint(stream.Spec.Ingestion.External, svc, ingestHosts(pods.Items), stream.Status.Endpoints.External)
 	return nil
 }
 
