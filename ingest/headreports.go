@@ -27,10 +27,10 @@ type headReporter struct {
 }
 
 // successorReports are the reports waiting for one successor, by head and
-// then by chain, the latest of each; sending is set while its sender runs.
+// then by chain, the latest of each. It is in pending exactly while its
+// sender runs.
 type successorReports struct {
-	byHead  map[string]map[chainRef]queuedReport
-	sending bool
+	byHead map[string]map[chainRef]queuedReport
 }
 
 // queuedReport is a chain's report and when it was queued: the time it
@@ -61,6 +61,8 @@ func (r *headReporter) add(addr, head string, c *catenapb.HeadReportChain) {
 	if sr == nil {
 		sr = &successorReports{byHead: map[string]map[chainRef]queuedReport{}}
 		r.pending[addr] = sr
+		r.senders.Add(1)
+		go r.send(addr, sr)
 	}
 	chains := sr.byHead[head]
 	if chains == nil {
@@ -68,11 +70,6 @@ func (r *headReporter) add(addr, head string, c *catenapb.HeadReportChain) {
 		sr.byHead[head] = chains
 	}
 	chains[chainRef{c.GetStream(), c.GetPartition()}] = queuedReport{c, time.Now()}
-	if !sr.sending {
-		sr.sending = true
-		r.senders.Add(1)
-		go r.send(addr, sr)
-	}
 }
 
 // wait waits for the senders to end, once the server's context is done.
@@ -90,7 +87,6 @@ func (r *headReporter) send(addr string, sr *successorReports) {
 	for {
 		r.mu.Lock()
 		if len(sr.byHead) == 0 || r.srv.ctx.Err() != nil {
-			sr.sending = false
 			delete(r.pending, addr)
 			r.mu.Unlock()
 			return
