@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -752,6 +753,144 @@ func residentPages(t *testing.T, path string) []byte {
 		t.Fatal(errno)
 	}
 	return vec
+}
+
+// TestReadingHistoryReadsOnlyWhatItAsks: a read of history (frames no
+// longer in the page cache, as a replacement copying the log or a
+// consumer replaying it reads them) brings in what it asks for and no
+// more. The kernel's read-ahead would make each such read a request of up
+// to read_ahead_kb (8 MiB on the VMs Catena is measured on) that the
+// chain's fsyncs on the same disk queue behind. Both a segment the log
+// created and one it recovered on Open are checked.
+func TestReadingHistoryReadsOnlyWhatItAsks(t *testing.T) {
+	dir := t.TempDir()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	if fs.Type == unix.TMPFS_MAGIC {
+		t.Skip("tmpfs: a file's pages are the file, there is no read-ahead to see")
+	}
+	l, err := partlog.Open(partlog.Options{Dir: dir, FS: partlog.OSFS{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frames := appendAll(t, l, uniform(256, 64, 1000, 1)) // 256 frames of ~64 KiB: ~16 MiB
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	segs, err := filepath.Glob(filepath.Join(dir, "*.seg"))
+	if err != nil || len(segs) != 1 {
+		t.Fatalf("segments %v (%v), want one", segs, err)
+	}
+	const maxBytes = 256 << 10
+	check := func(l *partlog.Log, what string) {
+		t.Helper()
+		dropPages(t, segs[0])
+		if n := countResident(residentPages(t, segs[0]), 0); n > 0 {
+			t.Skipf("%d pages stay cached after POSIX_FADV_DONTNEED: this file system keeps them", n)
+		}
+		// Four reads one after the other from the start, as a copy makes.
+		var got [][]byte
+		var pos int64 // where the last read began
+		for range 4 {
+			fr, err := l.ReadFrames(uint64(len(got))*64, l.NextOffset(), maxBytes)
+			if err != nil || len(fr) == 0 {
+				t.Fatalf("%s: read from frame %d: %d frames, %v", what, len(got), len(fr), err)
+			}
+			pos = int64(partlog.SegmentHeaderSize)
+			for _, f := range got {
+				pos += int64(len(f))
+			}
+			got = append(got, fr...)
+		}
+		equalFrames(t, got, frames[:len(got)])
+		// The last read asked for maxBytes from pos. The page cache fills
+		// whole folios, so a few pages past that may come in; the
+		// read-ahead brings in MiBs.
+		limit := (pos + 2*maxBytes) / 4096
+		if n := countResident(residentPages(t, segs[0]), int(limit)); n > 0 {
+			t.Errorf("%s: %d pages past the %d KiB read are cached: the kernel read ahead", what, n, (pos+maxBytes)>>10)
+		}
+	}
+	check(l, "a segment the log created")
+	mustClose(t, l)
+	l, err = partlog.Open(partlog.Options{Dir: dir, FS: partlog.OSFS{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mustClose(t, l)
+	check(l, "a segment recovered on Open")
+}
+
+// TestAReadAsksTheDiskInPieces: one large read of the log is several
+// preads of at most 256 KiB, so that an fsync on the same disk waits behind
+// one piece, not behind a whole MiBs-long read.
+func TestAReadAsksTheDiskInPieces(t *testing.T) {
+	fsys := &pieceFS{FS: faultfs.New()}
+	l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 64 << 20 })
+	defer mustClose(t, l)
+	frames := appendAll(t, l, uniform(64, 64, 1000, 1)) // ~4 MiB
+	got, err := l.ReadFrames(0, l.NextOffset(), 8<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalFrames(t, got, frames)
+	if fsys.largest.Load() == 0 || fsys.largest.Load() > 256<<10 {
+		t.Errorf("the largest pread asked for %d bytes, want at most 256 KiB", fsys.largest.Load())
+	}
+}
+
+// pieceFS records the largest ReadAt of its files.
+type pieceFS struct {
+	*faultfs.FS
+	largest atomic.Int64
+}
+
+func (p *pieceFS) OpenFile(name string, flag int, perm os.FileMode) (partlog.File, error) {
+	f, err := p.FS.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &pieceFile{File: f, fs: p}, nil
+}
+
+type pieceFile struct {
+	partlog.File
+	fs *pieceFS
+}
+
+func (f *pieceFile) ReadAt(b []byte, off int64) (int, error) {
+	for n := int64(len(b)); ; {
+		old := f.fs.largest.Load()
+		if n <= old || f.fs.largest.CompareAndSwap(old, n) {
+			break
+		}
+	}
+	return f.File.ReadAt(b, off)
+}
+
+// dropPages drops the file's clean pages from the page cache.
+func dropPages(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countResident counts the resident pages of vec (residentPages) from
+// page from on.
+func countResident(vec []byte, from int) int {
+	n := 0
+	for _, v := range vec[min(from, len(vec)):] {
+		n += int(v & 1)
+	}
+	return n
 }
 
 // A copy that ends below its source's log start resets to start there, with

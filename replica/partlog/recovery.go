@@ -27,6 +27,9 @@ func Open(opts Options) (*Log, error) {
 		}
 		return nil, err
 	}
+	for _, s := range l.segs {
+		noReadAhead(s.f)
+	}
 	// A recovered log is durable by construction (step 8).
 	l.durable.Store(l.next)
 	return l, nil
