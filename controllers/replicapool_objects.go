@@ -7,6 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	"strconv"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 )
@@ -161,6 +162,11 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 		VolumeMounts:    []corev1.VolumeMount{{Name: dataVolumeName, MountPath: dataDir}},
 		ReadinessProbe:  tcpProbe(replicaPortName),
 		SecurityContext: restrictedContainer(),
+	}
+	if r := spec.CatchUpMiBPerSecond; r != nil {
+		// Only when set: the replica's own default otherwise, so that
+		// pools that do not set it keep their pod template.
+		container.Args = append(container.Args, "--catch-up-rate", strconv.Itoa(int(*r)))
 	}
 	podSecurity := restrictedPod()
 	// The volume is group-writable for the replica's group.

@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -10,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
 )
@@ -97,6 +99,16 @@ func TestDesiredStatefulSet(t *testing.T) {
 				}
 				if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/data" || c.VolumeMounts[0].Name != dataVolumeName {
 					t.Errorf("volumeMounts = %+v", c.VolumeMounts)
+				}
+			},
+		},
+		{
+			name: "a catch-up rate is passed on when set, 0 (no cap) too",
+			pool: testPool(func(s *streamsv1alpha1.ReplicaPoolSpec) { s.CatchUpMiBPerSecond = ptr.To[int32](0) }),
+			check: func(t *testing.T, sts *appsv1.StatefulSet) {
+				args := sts.Spec.Template.Spec.Containers[0].Args
+				if got := args[len(args)-2:]; !slices.Equal(got, []string{"--catch-up-rate", "0"}) {
+					t.Errorf("args end with %q, want --catch-up-rate 0", got)
 				}
 			},
 		},

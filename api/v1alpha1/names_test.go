@@ -70,6 +70,12 @@ func TestOwnPoolSpec(t *testing.T) {
 			}
 		})
 	}
+	for _, rate := range []*int32{nil, new(int32(0)), new(int32(400))} {
+		s := &Stream{Spec: StreamSpec{Partitions: 1, CatchUpMiBPerSecond: rate}}
+		if got := s.OwnPoolSpec().CatchUpMiBPerSecond; (got == nil) != (rate == nil) || (got != nil && (*got != *rate || got == rate)) {
+			t.Errorf("catchUpMiBPerSecond %v: the own pool's is %v, want a copy of it", rate, got)
+		}
+	}
 	if c := (&Stream{Spec: StreamSpec{Pool: "shared"}}); c.HasOwnPool() || c.PoolName() != "shared" {
 		t.Errorf("a Stream naming pool shared: HasOwnPool %v, PoolName %q", c.HasOwnPool(), c.PoolName())
 	}

@@ -40,6 +40,17 @@ type ReplicaPoolSpec struct {
 	// labels, priority class.
 	// +optional
 	Pod *PodOptions `json:"pod,omitempty"`
+
+	// catchUpMiBPerSecond caps how fast each replica copies the partitions
+	// it catches up on outside their chains (a replica back from a failure,
+	// or one replacing a replica lost with its volume), all of them
+	// together, so that the copies leave CPU and disk to the writes of the
+	// chains it serves. 0 removes the cap. Omitted: the replica's default,
+	// 160 MiB/s.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	CatchUpMiBPerSecond *int32 `json:"catchUpMiBPerSecond,omitempty"`
 }
 
 // StorageSpec is the persistent volume of each replica pod.

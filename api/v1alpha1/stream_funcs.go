@@ -38,6 +38,10 @@ func (s *Stream) OwnPoolSpec() ReplicaPoolSpec {
 		spec.Placement = *s.Spec.Placement.DeepCopy()
 	}
 	spec.Pod = s.Spec.Pod.DeepCopy()
+	if r := s.Spec.CatchUpMiBPerSecond; r != nil {
+		v := *r
+		spec.CatchUpMiBPerSecond = &v
+	}
 	spec.SetDefaults()
 	return spec
 }

@@ -13,7 +13,7 @@ import (
 // operator creates and owns (named by OwnPoolName). A Stream applied alone,
 // with none of these, gets a pool of its own with the defaults.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement))",message="replicas, storage, resources and placement describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
+// +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement) || has(self.catchUpMiBPerSecond))",message="replicas, storage, resources, placement and catchUpMiBPerSecond describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) || self.replicationFactor <= (has(self.replicas) ? self.replicas : 3)",message="replicationFactor must not exceed replicas (3 when omitted): each member of a partition's chain needs its own replica pod"
 // +kubebuilder:validation:XValidation:rule="!has(self.minChainLength) || self.minChainLength <= self.replicationFactor",message="minChainLength must not exceed replicationFactor: a chain never has more members"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)",message="pool is immutable: a Stream's partitions cannot move to another pool"
@@ -130,6 +130,14 @@ type StreamSpec struct {
 	// zones. Only without pool.
 	// +optional
 	Placement *PlacementSpec `json:"placement,omitempty"`
+
+	// catchUpMiBPerSecond caps how fast each replica of the Stream's own
+	// pool copies the partitions it catches up on, as a ReplicaPool's does
+	// (0: no cap; omitted: 160 MiB/s). Only without pool.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100000
+	CatchUpMiBPerSecond *int32 `json:"catchUpMiBPerSecond,omitempty"`
 }
 
 // StreamAccess lists who may use a Stream.

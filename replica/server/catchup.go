@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -44,6 +45,31 @@ const (
 	// to the chain's own. It fsyncs at once when it catches up.
 	copySyncBytes = 8 << 20
 )
+
+// DefaultCatchUpMiBPerSecond is `catena replica --catch-up-rate`'s default:
+// what a replica copies in all while it catches up on partitions outside
+// their chains. Copying is CPU and disk the chains' writes then wait for:
+// on 2 cores with the copy's both ends and the chain in one process, the
+// producer's p99 during an uncapped copy (230-300 MiB/s) was 2.3-2.8 times
+// what it was before, and at 150 MiB/s 1.8-1.9 times (docs/benchmarks.md,
+// "Catch-up of a replacement"). CockroachDB and TiKV cap their snapshot
+// and recovery traffic by default for the same reason.
+const DefaultCatchUpMiBPerSecond = 160
+
+// newCopyLimit returns the limiter of copies at bytesPerSecond (nil: none).
+// A copy waits after each chunk it appended. The burst is a few chunks, so
+// that a wait's wake-up late by a fraction of a millisecond (a busy
+// machine's timers are) is made up by the next chunks: with a burst of one
+// chunk a cap of 150 MiB/s copied at 106-112 MiB/s.
+func newCopyLimit(bytesPerSecond int64) *rate.Limiter {
+	if bytesPerSecond <= 0 {
+		return nil
+	}
+	return rate.NewLimiter(rate.Limit(bytesPerSecond), copyBurstBytes)
+}
+
+// copyBurstBytes is the copy limiter's burst.
+const copyBurstBytes = 4 * copyChunkBytes
 
 // ReadFrames serves committed frames as stored.
 func (s *Server) ReadFrames(ctx context.Context, req *catenapb.ReadFramesRequest) (*catenapb.ReadFramesResponse, error) {
@@ -184,8 +210,9 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 		from := p.log.NextOffset()
 		p.mu.Unlock()
 
-		rctx, cancel := context.WithTimeout(ctx, copyWait+10*time.Second)
-		resp, err := rc.ReadFrames(rctx, &catenapb.ReadFramesRequest{Stream: p.stream, Partition: p.index, From: from, MaxBytes: copyChunkBytes, WaitMs: uint32(copyWait / time.Millisecond)})
+		wait := p.srv.copyWait
+		rctx, cancel := context.WithTimeout(ctx, wait+10*time.Second)
+		resp, err := rc.ReadFrames(rctx, &catenapb.ReadFramesRequest{Stream: p.stream, Partition: p.index, From: from, MaxBytes: copyChunkBytes, WaitMs: uint32(wait / time.Millisecond)})
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -222,24 +249,34 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 		}
 		bytes += n
 		unsynced += n
-		caughtUp := n < copyChunkBytes/2
+		p.mu.Lock()
+		caughtUp := p.log.NextOffset() >= resp.GetCommitted()
 		if unsynced > 0 && (caughtUp || unsynced >= copySyncBytes) {
-			p.mu.Lock()
 			p.appended()
-			p.mu.Unlock()
 			unsynced = 0
 		}
-		if p.srv.copyRate > 0 {
-			// Pace the copy: at most copyRate bytes a second on average.
-			if ahead := time.Duration(float64(bytes)/float64(p.srv.copyRate)*float64(time.Second)) - time.Since(started); ahead > 0 {
-				select {
-				case <-time.After(ahead):
-				case <-ctx.Done():
-					return
-				}
-			}
+		p.mu.Unlock()
+		if err := p.srv.paceCopy(ctx, n); err != nil {
+			return
 		}
 	}
+}
+
+// paceCopy waits until this replica's copies together may have copied n
+// more bytes (Options.CatchUpBytesPerSecond; at once when uncapped). It
+// fails only when ctx ends.
+func (s *Server) paceCopy(ctx context.Context, n int64) error {
+	if s.copyLimit == nil {
+		return nil
+	}
+	for n > 0 {
+		k := min(n, int64(s.copyLimit.Burst()))
+		if err := s.copyLimit.WaitN(ctx, int(k)); err != nil {
+			return err
+		}
+		n -= k
+	}
+	return nil
 }
 
 // resetBelowSource starts this copy's log again at the source's log start

@@ -20,8 +20,9 @@ import (
 // and the producer's append latency before and during the copy (the target:
 // 150 MiB/s or more with p99 at most twice normal). Run it with
 // `make bench-catchup` (CATENA_CATCHUP_RATE caps the copy in MiB/s, as
-// `catena replica --catch-up-rate` does); every member fsyncs before acknowledging, on the
-// machine's disk under the test's temporary directory.
+// `catena replica --catch-up-rate` does, 0 for no cap; its default
+// otherwise); every member fsyncs before acknowledging, on the machine's
+// disk under the test's temporary directory.
 func BenchmarkCatchUp(b *testing.B) {
 	mib := 512
 	if v, err := strconv.Atoi(os.Getenv("CATENA_CATCHUP_MIB")); err == nil && v > 0 {
@@ -117,10 +118,14 @@ func runCatchUpBench(b *testing.B, mib int) {
 		}
 		b.Cleanup(func() { _ = os.RemoveAll(dir) })
 	}
-	c := startNodeAt(b, "c", dir, nil)
-	if v, err := strconv.Atoi(os.Getenv("CATENA_CATCHUP_RATE")); err == nil && v > 0 {
-		c.srv.copyRate = int64(v) << 20 // as catena replica --catch-up-rate would
+	// The copy rate as catena replica --catch-up-rate sets it: its
+	// default unless CATENA_CATCHUP_RATE says (0: no cap).
+	mibps := DefaultCatchUpMiBPerSecond
+	if v, err := strconv.Atoi(os.Getenv("CATENA_CATCHUP_RATE")); err == nil && v >= 0 {
+		mibps = v
 	}
+	c := &node{id: "c", fatal: make(chan error, 4)}
+	startWith(b, c, dir, Options{CatchUpBytesPerSecond: int64(mibps) << 20})
 	cc := client(b, c.addr)
 	mu.Lock()
 	phase = 1

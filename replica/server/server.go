@@ -21,6 +21,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -67,9 +68,11 @@ type Options struct {
 	// FS is the file system under partition logs (nil: the real one). Tests
 	// inject faults through it.
 	FS partlog.FS
-	// CatchUpBytesPerSecond caps how fast a replica copies a partition it
-	// is catching up on outside the chain, so that the copy leaves disk and
-	// CPU to the chains this replica serves (0: no cap).
+	// CatchUpBytesPerSecond caps how fast this replica copies the
+	// partitions it catches up on outside their chains, all of them
+	// together, so that the copies leave disk and CPU to the chains it
+	// serves (0: no cap; `catena replica --catch-up-rate` defaults to
+	// DefaultCatchUpMiBPerSecond).
 	CatchUpBytesPerSecond int64
 }
 
@@ -86,8 +89,11 @@ type Server struct {
 	dataDir string
 	logger  logr.Logger
 	pool    *transport.Pool
-	// copyRate: Options.CatchUpBytesPerSecond.
-	copyRate int64
+	// copyLimit paces all catch-up copies together
+	// (Options.CatchUpBytesPerSecond; nil: no cap).
+	copyLimit *rate.Limiter
+	// copyWait: copyWait (tests lengthen it).
+	copyWait time.Duration
 	metrics  *metrics
 	fatalFn  func(error)
 	fs       partlog.FS
@@ -130,7 +136,8 @@ func New(opts Options) (*Server, error) {
 		dataDir:    opts.DataDir,
 		logger:     opts.Logger,
 		pool:       transport.NewPool(opts.TLS, opts.DialOptions...),
-		copyRate:   opts.CatchUpBytesPerSecond,
+		copyLimit:  newCopyLimit(opts.CatchUpBytesPerSecond),
+		copyWait:   copyWait,
 		metrics:    newMetrics(opts.Registerer),
 		fatalFn:    opts.Fatal,
 		fs:         opts.FS,

@@ -63,6 +63,8 @@ var _ = Describe("ReplicaPool", func() {
 			"ReplicaPool names must start with a letter"),
 		Entry("an unknown spread policy", "bad-spread", `placement: {nodeSpread: Always}`,
 			`spec.placement.nodeSpread: Unsupported value: "Always"`),
+		Entry("a negative catch-up rate", "bad-rate", `catchUpMiBPerSecond: -1`,
+			"spec.catchUpMiBPerSecond in body should be greater than or equal to 0"),
 	)
 
 	DescribeTable("rejects an invalid change to a ReplicaPool, keeping what was stored",

@@ -84,6 +84,8 @@ placement: {nodeSpread: Required, zoneSpread: None, nodeSelector: {disk: nvme}}`
 			"spec.replicationFactor in body should be greater than or equal to 1"),
 		Entry("a shared pool and own pool fields", "both", "pool: common\npartitions: 3\nreplicas: 5",
 			"omit them when pool names a shared ReplicaPool"),
+		Entry("a shared pool and an own pool's catch-up rate", "both-rate", "pool: common\npartitions: 3\ncatchUpMiBPerSecond: 100",
+			"omit them when pool names a shared ReplicaPool"),
 		Entry("a storage size that is not a quantity", "bad-size", "partitions: 3\nstorage: {size: ten gigs}",
 			"size must be a quantity of at least 1Gi, such as 10Gi or 500Gi"),
 		Entry("a storage size below the minimum", "small-size", "partitions: 3\nstorage: {size: 100Mi}",
