@@ -130,8 +130,9 @@ bench-compare: build ## Run the same produce workloads against Catena and a 3-no
 	  -records $${COMPARE_RECORDS:-200000} -rounds $${COMPARE_ROUNDS:-2} -out $(CURDIR)/$(BIN)/bench-compare.md
 
 .PHONY: bench-catchup
-bench-catchup: ## Measure a replacement's copy outside the chain: MiB/s, and producer p99 before and during (CATENA_CATCHUP_MIB, CATENA_CATCHUP_RATE, CATENA_CATCHUP_JOINER_DIR).
-	$(GO) test -run='^$$' -bench=BenchmarkCatchUp -benchtime=1x ./replica/server/
+bench-catchup: ## Measure a replacement's copy outside the chain: MiB/s, and producer p99 before and during; the joiner's log on the chain's disk, then under CATENA_CATCHUP_JOINER_DIR (/dev/shm: a disk of its own) (CATENA_CATCHUP_MIB, CATENA_CATCHUP_RATE).
+	CATENA_CATCHUP_JOINER_DIR= $(GO) test -run='^$$' -bench=BenchmarkCatchUp -benchtime=1x ./replica/server/
+	CATENA_CATCHUP_JOINER_DIR=$${CATENA_CATCHUP_JOINER_DIR:-/dev/shm} $(GO) test -run='^$$' -bench=BenchmarkCatchUp -benchtime=1x ./replica/server/
 
 .PHONY: bench-restore
 bench-restore: ## Restore an aggregation shard of 1M keys (snapshot + 2 increments) with a real catena aggregator against catena dev: time to state-ready, replay rate (CATENA_RESTORE_KEYS, CATENA_RESTORE_REPLAY).
