@@ -50,8 +50,8 @@ const (
 // what a replica copies in all while it catches up on partitions outside
 // their chains. Copying is CPU and disk the chains' writes then wait for:
 // on 2 cores with the copy's both ends and the chain in one process, the
-// producer's p99 during an uncapped copy (230-300 MiB/s) was 2.3-2.8 times
-// what it was before, and at 150 MiB/s 1.8-1.9 times (docs/benchmarks.md,
+// producer's p99 during an uncapped copy (230-300 MiB/s) was 2.2-2.8 times
+// what it was before, and at 160 MiB/s 1.65-2.1 times (docs/benchmarks.md,
 // "Catch-up of a replacement"). CockroachDB and TiKV cap their snapshot
 // and recovery traffic by default for the same reason.
 const DefaultCatchUpMiBPerSecond = 160
