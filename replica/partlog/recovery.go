@@ -180,11 +180,11 @@ func readFromDisk(f File) error {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync before recovery: %w", err)
 	}
-	switch f := f.(type) {
-	case interface{ DropCache() error }:
-		return f.DropCache()
-	case interface{ Fd() uintptr }:
-		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+	if d, ok := f.(interface{ DropCache() error }); ok {
+		return d.DropCache()
+	}
+	if fd, ok := fdOf(f); ok {
+		if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
 			return fmt.Errorf("drop cached pages before recovery: %w", err)
 		}
 	}

@@ -153,12 +153,12 @@ func (s *segment) dropCached(to int64) {
 	if to <= s.uncachedTo {
 		return
 	}
-	f, ok := s.f.(interface{ Fd() uintptr })
+	fd, ok := fdOf(s.f)
 	if !ok {
 		return
 	}
 	from := max(0, s.uncachedTo-dropRelapse)
-	_ = unix.Fadvise(int(f.Fd()), from, to-from, unix.FADV_DONTNEED)
+	_ = unix.Fadvise(fd, from, to-from, unix.FADV_DONTNEED)
 	s.uncachedTo = to
 }
 
@@ -166,17 +166,29 @@ func (s *segment) dropCached(to int64) {
 // errors are ignored, files without a descriptor left alone). Reads of a
 // served log are either of its last bytes, which are cached, or of
 // history, read in pieces of readPieceBytes (segReader.at) by a consumer
-// replaying it or a replacement copying it; the kernel's read-ahead turns
-// each such read into requests of up to read_ahead_kb (8 MiB on the VMs
-// Catena is measured on), and the chain's fsyncs on the same disk queue
-// behind them. A replacement copying a cold log at 300 MiB/s took an
-// fsync's p99 from 0.4 ms to 10 ms that way; with no read-ahead and
-// 256 KiB pieces, to 0.7 ms (docs/benchmarks.md, "Catch-up of a
-// replacement"). Recovery scans whole segments before this is set.
+// replaying it, a replacement copying it or a Truncate scanning to its
+// cut; the kernel's read-ahead turns each such read into requests of up
+// to read_ahead_kb (8 MiB on the VMs Catena is measured on), and the
+// chain's fsyncs on the same disk queue behind them. A probe there (an
+// fdatasync every 2 ms beside a reader of a cold file at 150 MiB/s) saw
+// the fsync's p99 go from 0.4 ms to 8.3 ms with the read-ahead, and to
+// 0.86 ms with none and 256 KiB reads (docs/benchmarks.md, "Catch-up of a
+// replacement"). The cost: a reader of cold history waits for each piece
+// in turn, about 850 MiB/s there, less on a disk of higher latency.
+// Recovery scans whole segments before this is set.
 func noReadAhead(f File) {
-	if f, ok := f.(interface{ Fd() uintptr }); ok {
-		_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_RANDOM)
+	if fd, ok := fdOf(f); ok {
+		_ = unix.Fadvise(fd, 0, 0, unix.FADV_RANDOM)
 	}
+}
+
+// fdOf returns f's descriptor, when it has one (tests' file systems
+// do not).
+func fdOf(f File) (int, bool) {
+	if f, ok := f.(interface{ Fd() uintptr }); ok {
+		return int(f.Fd()), true
+	}
+	return 0, false
 }
 
 // readPieceBytes is the most one pread of segReader asks the disk for: a

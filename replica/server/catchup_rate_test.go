@@ -72,6 +72,9 @@ func TestACopyIsDurableOnceItHoldsTheSourcesCommittedLog(t *testing.T) {
 	ctx := context.Background()
 	src := sourceOfCopies(t, "s") // 8 whole chunks
 	c := startNode(t, "c", nil)
+	// Longer than the wait below: a copy that fsyncs only once a read
+	// comes back short waits out a long poll first (the source holds one
+	// at most maxReadWait).
 	c.srv.copyWait = time.Minute
 	chain := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(src), Config: testConfig}
 	if _, err := client(t, c.addr).CatchUp(ctx, &catenapb.CatchUpRequest{Chain: chain, SourceId: "b", SourceAddr: src.addr}); err != nil {
@@ -110,4 +113,61 @@ func sourceOfCopies(t *testing.T, streams ...string) *node {
 		}
 	}
 	return src
+}
+
+// TestACopyClosesInOnAChainWrittenFasterThanTheCap: the cap paces the
+// history a copy found when it began, not what its chain writes meanwhile.
+// A chain written at about twice the cap would otherwise leave its copy
+// further behind every second, and the copy would never join (nor would
+// any of many copies sharing the cap, each written faster than its share).
+func TestACopyClosesInOnAChainWrittenFasterThanTheCap(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const rate = 512 << 10
+	src := sourceOfCopies(t, "s") // 2 MiB of history
+	c := &node{id: "c", fatal: make(chan error, 4)}
+	startWith(t, c, t.TempDir(), Options{CatchUpBytesPerSecond: rate})
+
+	// The chain goes on at about 1 MiB/s: 64 KiB every 60 ms.
+	bc := client(t, src.addr)
+	value := bytes.Repeat([]byte("w"), 1000)
+	writing := make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(60 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				writing <- nil
+				return
+			case <-tick.C:
+			}
+			recs := make([]*catenapb.AppendRecord, 64)
+			for i := range recs {
+				recs[i] = &catenapb.AppendRecord{Value: value}
+			}
+			if _, err := bc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}); err != nil && ctx.Err() == nil {
+				writing <- err
+				return
+			}
+		}
+	}()
+
+	chain := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(src), Config: testConfig}
+	if _, err := client(t, c.addr).CatchUp(ctx, &catenapb.CatchUpRequest{Chain: chain, SourceId: "b", SourceAddr: src.addr}); err != nil {
+		t.Fatal(err)
+	}
+	// Within a few of the chain's appends of its log end, while it is
+	// still being written.
+	eventually(t, 30*time.Second, func() error {
+		copied, committed := status0(t, c).GetLogEnd(), status0(t, src).GetCommitted()
+		if copied+256 < committed {
+			return fmt.Errorf("the copy holds %d of the chain's %d records", copied, committed)
+		}
+		return nil
+	})
+	cancel()
+	if err := <-writing; err != nil {
+		t.Fatalf("the chain's writer: %v", err)
+	}
 }
