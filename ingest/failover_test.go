@@ -63,6 +63,22 @@ func (m *chainMember) view(epoch uint64, members []*catenapb.Member) {
 	m.mu.Unlock()
 }
 
+// serveChain serves each member and has every one see the chain of all of
+// them, in order, at epoch; it returns their addresses and the chain.
+func serveChain(t *testing.T, epoch uint64, chain ...*chainMember) ([]string, []*catenapb.Member) {
+	t.Helper()
+	addrs := make([]string, len(chain))
+	members := make([]*catenapb.Member, len(chain))
+	for i, m := range chain {
+		addrs[i] = serveReplica(t, m)
+		members[i] = &catenapb.Member{Id: m.id, Addr: addrs[i]}
+	}
+	for _, m := range chain {
+		m.view(epoch, members)
+	}
+	return addrs, members
+}
+
 func (m *chainMember) answered() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -179,10 +195,7 @@ func firstHeadReport(t *testing.T, ctx context.Context, m *chainMember) *catenap
 // stall asks for can move the append to the new head.
 func TestAStalledAppendRelearnsTheChain(t *testing.T) {
 	head, next := &chainMember{id: "head"}, &chainMember{id: "next"}
-	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
-	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
-	head.view(1, both)
-	next.view(1, both)
+	addrs, both := serveChain(t, 1, head, next)
 
 	s := startIngestion(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -216,10 +229,7 @@ func TestAStalledAppendRelearnsTheChain(t *testing.T) {
 // long; the chain master reads it from the successor's Status.
 func TestAStalledAppendReportsTheHead(t *testing.T) {
 	head, next := &chainMember{id: "head"}, &chainMember{id: "next"}
-	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
-	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
-	head.view(5, both)
-	next.view(5, both)
+	addrs, both := serveChain(t, 5, head, next)
 	s := startIngestion(t, addrs)
 	head.hung.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -248,10 +258,7 @@ func TestAStalledAppendReportsTheHead(t *testing.T) {
 // every stallAfter (a twentieth of ingestion's CPU with 256 partitions).
 func TestAHeadThatAnswersIsNotReportedWhileItsChainIsSlow(t *testing.T) {
 	head, next := &chainMember{id: "head"}, &chainMember{id: "next"}
-	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
-	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
-	head.view(5, both)
-	next.view(5, both)
+	addrs, _ := serveChain(t, 5, head, next)
 	head.slowChain.Store(true)
 	s := startIngestion(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -285,10 +292,7 @@ func TestAHeadThatAnswersIsNotReportedWhileItsChainIsSlow(t *testing.T) {
 // reconfiguration under load, for nothing.
 func TestAHeadThatAnswersOtherPartitionsIsNotReported(t *testing.T) {
 	head, next := &chainMember{id: "head", partitions: 2}, &chainMember{id: "next", partitions: 2}
-	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
-	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
-	head.view(5, both)
-	next.view(5, both)
+	addrs, _ := serveChain(t, 5, head, next)
 	head.hungPartition.Store(0 + 1)
 	s := startIngestion(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -414,10 +418,7 @@ func TestANewHeadIsNotReportedForTheOldOnesSilence(t *testing.T) {
 func TestHeadersGoOnlyToChainsThatCanStoreThem(t *testing.T) {
 	head := &chainMember{id: "head", features: []string{contract.FeatureRecordHeaders}}
 	old := &chainMember{id: "old"}
-	addrs := []string{serveReplica(t, head), serveReplica(t, old)}
-	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "old", Addr: addrs[1]}}
-	head.view(1, both)
-	old.view(1, both)
+	addrs, _ := serveChain(t, 1, head, old)
 	s := startIngestion(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -442,10 +443,7 @@ func TestHeadersGoOnlyToChainsThatCanStoreThem(t *testing.T) {
 func TestReportsOfADeadHeadAreGatheredPerSuccessor(t *testing.T) {
 	const n = 64
 	head, next := &chainMember{id: "head", partitions: n}, &chainMember{id: "next", partitions: n}
-	addrs := []string{serveReplica(t, head), serveReplica(t, next)}
-	both := []*catenapb.Member{{Id: "head", Addr: addrs[0]}, {Id: "next", Addr: addrs[1]}}
-	head.view(1, both)
-	next.view(1, both)
+	addrs, _ := serveChain(t, 1, head, next)
 	s := startIngestion(t, addrs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
