@@ -134,21 +134,10 @@ func runCatchUpBench(b *testing.B, mib int) {
 	if _, err := cc.CatchUp(ctx, &catenapb.CatchUpRequest{Chain: req, SourceId: "b", SourceAddr: bb.addr}); err != nil {
 		b.Fatal(err)
 	}
-	// One connection for the polling below: status0 dials one per call,
-	// and 200 new connections a second (kept until the benchmark ends)
-	// cost the producer's p99 about 5 ms here.
-	part := uint32(0)
-	statusOf := func(rc catenapb.ReplicaClient) *catenapb.PartitionStatus {
-		resp, err := rc.Status(ctx, &catenapb.StatusRequest{Stream: "s", Partition: &part})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return resp.GetPartitions()[0]
-	}
 	var copied uint64
 	for {
-		st := statusOf(cc)
-		head := statusOf(ac)
+		st := status0(b, c)
+		head := status0(b, a)
 		if st.GetDurable() >= head.GetCommitted() && st.GetDurable() > 0 {
 			copied = st.GetDurable()
 			break
