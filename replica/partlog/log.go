@@ -52,6 +52,9 @@ type Log struct {
 	rolling    uint32
 	epochs     []EpochStart
 	closed     bool
+	// avgFrame is a moving average of appended frames' sizes (under wmu):
+	// whether zero-filling ahead pays (Preallocate).
+	avgFrame int64
 
 	durable atomic.Uint64
 	// fault is the first fatal error (wrapping ErrFailed or ErrCorrupt);
@@ -74,6 +77,10 @@ type RecoveryInfo struct {
 	TornBytes   int64  // number of bytes cut
 	Evidence    string // file holding the cut bytes
 	Reason      string // why the first cut byte did not start a valid frame
+	// ZeroTailBytes is how many zero bytes followed the last frame (zeros
+	// written ahead by Preallocate, or pages that never reached the
+	// disk); they were cut without evidence.
+	ZeroTailBytes int64
 }
 
 // fail records err as the log's permanent fault (if none is recorded yet)
@@ -161,6 +168,11 @@ func (l *Log) Append(frame []byte) error {
 		}
 	}
 	pos := s.size
+	if l.avgFrame == 0 {
+		l.avgFrame = int64(len(frame))
+	} else {
+		l.avgFrame += (int64(len(frame)) - l.avgFrame) / 8
+	}
 	if _, err := s.f.WriteAt(frame, pos); err != nil {
 		// Part of the frame may be on disk; the in-memory end did not move,
 		// and the log never writes again: recovery will cut the torn tail.
@@ -183,6 +195,9 @@ func (l *Log) Append(frame []byte) error {
 // Called with wmu held.
 func (l *Log) roll() (*segment, error) {
 	old := l.active()
+	if err := old.cutZeros(); err != nil {
+		return nil, l.fail(ErrFailed, "roll: %w", err)
+	}
 	if err := old.f.Sync(); err != nil {
 		return nil, l.fail(ErrFailed, "fsync %s before roll: %w", old.path, err)
 	}
@@ -216,7 +231,7 @@ func (l *Log) Sync() error {
 	if l.durable.Load() >= end {
 		return nil
 	}
-	if err := s.f.Sync(); err != nil {
+	if err := datasync(s.f); err != nil {
 		return l.fail(ErrFailed, "fsync %s: %w", s.path, err)
 	}
 	l.advanceDurable(end)
@@ -567,8 +582,10 @@ func (l *Log) Close() error {
 	var err error
 	if p := l.fault.Load(); p != nil {
 		err = *p
-	} else if s := l.active(); l.durable.Load() < l.next {
-		if serr := s.f.Sync(); serr != nil {
+	} else if s := l.active(); l.durable.Load() < l.next || s.zeroTo > s.size {
+		if serr := s.cutZeros(); serr != nil {
+			err = l.fail(ErrFailed, "close: %w", serr)
+		} else if serr := s.f.Sync(); serr != nil {
 			err = l.fail(ErrFailed, "fsync %s at close: %w", s.path, serr)
 		} else {
 			l.advanceDurable(l.next)

@@ -290,6 +290,22 @@ func scanFrame(r *segReader, pos, size int64) (h BatchHeader, bad, err error) {
 // (steps 6–7): mid-log damage if any valid frame follows, else a torn tail
 // that is cut, keeping the cut bytes as evidence.
 func (l *Log) repairTail(s *segment, p, size int64, why error) error {
+	zero, err := zeroFrom(s.f, p, size)
+	if err != nil {
+		return fmt.Errorf("partlog: read %s after byte %d: %w", s.path, p, err)
+	}
+	if zero {
+		// Zeros written ahead (Preallocate), or a frame whose bytes never
+		// reached the disk: nothing to keep.
+		if err := s.f.Truncate(p); err != nil {
+			return fmt.Errorf("partlog: truncate %s to %d: %w", s.path, p, err)
+		}
+		if err := s.f.Sync(); err != nil {
+			return fmt.Errorf("partlog: fsync %s: %w", s.path, err)
+		}
+		l.recovered.ZeroTailBytes = size - p
+		return nil
+	}
 	var minEpoch uint64
 	if n := len(l.epochs); n > 0 {
 		minEpoch = l.epochs[n-1].Epoch
@@ -329,6 +345,22 @@ func (l *Log) repairTail(s *segment, p, size int64, why error) error {
 	}
 	l.recovered = RecoveryInfo{TornSegment: s.path, TornAt: p, TornBytes: size - p, Evidence: evidence, Reason: why.Error()}
 	return nil
+}
+
+// zeroFrom reports whether bytes [from, to) of f are all zero.
+func zeroFrom(f File, from, to int64) (bool, error) {
+	buf := make([]byte, min(to-from, scanReadahead))
+	for off := from; off < to; {
+		n := min(int64(len(buf)), to-off)
+		if _, err := f.ReadAt(buf[:n], off); err != nil {
+			return false, err
+		}
+		if !allZero(buf[:n]) {
+			return false, nil
+		}
+		off += n
+	}
+	return true, nil
 }
 
 // findValidFrame looks at every byte position in [from, size) for a frame

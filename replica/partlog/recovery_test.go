@@ -95,6 +95,16 @@ func TestTornTailRepaired(t *testing.T) {
 				t.Fatalf("next %d durable %d, want %d", l.NextOffset(), l.DurableOffset(), tc.wantNext)
 			}
 			equalFrames(t, readAll(t, l), frames[:tc.wantNext/5])
+			if tc.crash.ZeroFill {
+				// Zeros alone are no torn frame: cut, nothing kept.
+				if cut := int64(len(crashed)) - framesEnd(frames[:tc.wantNext/5]); rec.TornSegment != "" || rec.ZeroTailBytes != cut {
+					t.Fatalf("recovery info %+v, want %d zero bytes cut and nothing torn", rec, cut)
+				}
+				if now, _ := fsys.ReadFile(seg); int64(len(now)) != int64(len(crashed))-rec.ZeroTailBytes {
+					t.Fatalf("segment is %d bytes, want the zeros cut", len(now))
+				}
+				return
+			}
 			if rec.TornSegment != seg || rec.TornAt <= 0 || rec.TornBytes != int64(len(crashed))-rec.TornAt {
 				t.Fatalf("recovery info %+v", rec)
 			}
@@ -103,7 +113,7 @@ func TestTornTailRepaired(t *testing.T) {
 			if err != nil || !bytes.Equal(ev, crashed[rec.TornAt:]) {
 				t.Fatalf("evidence %q: %v (%d bytes, want %d)", rec.Evidence, err, len(ev), len(crashed)-int(rec.TornAt))
 			}
-			if !tc.crash.ZeroFill && !bytes.Equal(ev, before[rec.TornAt:rec.TornAt+int64(len(ev))]) {
+			if !bytes.Equal(ev, before[rec.TornAt:rec.TornAt+int64(len(ev))]) {
 				t.Fatal("evidence is not the torn prefix of the lost write")
 			}
 			if now, _ := fsys.ReadFile(seg); int64(len(now)) != rec.TornAt {

@@ -126,6 +126,9 @@ type segment struct {
 	// uncachedTo is where the page cache of the file was last dropped up
 	// to (only Sync, under syncMu, touches it).
 	uncachedTo int64
+	// zeroTo is where zeros written ahead of the frames end in the file
+	// (Preallocate); at or below size when there are none. Under wmu.
+	zeroTo int64
 }
 
 // dropCached asks the kernel to drop the file's clean cached pages below

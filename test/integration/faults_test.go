@@ -862,14 +862,23 @@ func corruptSegment(t testing.TB, dir string, pick int) string {
 		t.Fatalf("corrupt: %v", err)
 	}
 	size := fi.Size()
-	if size <= 24 {
-		return "segment " + filepath.Base(path) + " holds no frame"
-	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatalf("corrupt: %v", err)
 	}
 	defer f.Close()
+	// Damage the frames, not the zeros an active segment may carry past
+	// them (docs/storage-format.md §2.2).
+	data := make([]byte, size)
+	if _, err := f.ReadAt(data, 0); err != nil {
+		t.Fatalf("corrupt: %v", err)
+	}
+	for size > 24 && data[size-1] == 0 {
+		size--
+	}
+	if size <= 24 {
+		return "segment " + filepath.Base(path) + " holds no frame"
+	}
 	at := 24 + (int64(pick)*7919)%(size-24) // past the segment header
 	switch (pick / 2) % 3 {
 	case 0:
