@@ -283,6 +283,10 @@ func (p *partition) syncLoop(interval time.Duration) {
 			p.requestSync()
 		}
 		p.mu.Unlock()
+		if len(p.syncReq) > 0 {
+			// An append waits for the next fsync: zeros can wait.
+			continue
+		}
 		if err := p.log.Preallocate(); err != nil {
 			p.crashStop(fmt.Errorf("failed to zero-fill partition %s/%d ahead: %w", p.stream, p.index, err))
 			return
