@@ -10,6 +10,7 @@ import (
 	mrand "math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -330,6 +331,12 @@ type Producer struct {
 
 	lastSent *request // owned by the flusher goroutine
 	reqNum   uint64   // owned by the flusher goroutine
+
+	// ps is the open ProduceStream, if any (producestream.go); unary is
+	// set once ingestion said it does not serve one.
+	psMu  sync.Mutex
+	ps    *produceStream
+	unary atomic.Bool
 }
 
 // NewProducer starts a producer for stream with a random non-zero
@@ -490,6 +497,7 @@ func (p *Producer) Close() error {
 	p.mu.Unlock()
 	p.wake()
 	p.wg.Wait()
+	p.closeProduceStream()
 	p.cancel()
 	return nil
 }
@@ -761,7 +769,7 @@ func (p *Producer) sendRequest(r *request) {
 			ctx, cancel = context.WithDeadline(p.ctx, deadline)
 			cutShort = true
 		}
-		resp, err := p.c.ingest.Produce(ctx, req)
+		resp, err := p.produce(ctx, req)
 		cancel()
 		req.PrevSequence, req.PrevRequest = 0, 0 // a retry waits for no one
 		now := time.Now()

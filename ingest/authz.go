@@ -22,7 +22,8 @@ const (
 // MethodClasses maps each Ingest method to its class.
 func MethodClasses() map[string]string {
 	return map[string]string{
-		catenapb.Ingest_Produce_FullMethodName: ClassProduce,
+		catenapb.Ingest_Produce_FullMethodName:       ClassProduce,
+		catenapb.Ingest_ProduceStream_FullMethodName: ClassProduce,
 
 		catenapb.Ingest_Fetch_FullMethodName:                ClassConsume,
 		catenapb.Ingest_Subscribe_FullMethodName:            ClassConsume,

@@ -29,6 +29,7 @@ import (
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
 	"github.com/catena-streams/catena/rpc/headers"
+	"github.com/catena-streams/catena/rpc/producestream"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -93,6 +94,10 @@ type Server struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 
+	// draining is closed by Drain.
+	draining  chan struct{}
+	drainOnce sync.Once
+
 	appendersMu sync.Mutex
 	appenders   map[appenderKey]*appender
 
@@ -136,6 +141,7 @@ func New(opts Options) (*Server, error) {
 		ctx:         ctx,
 		cancel:      cancel,
 		done:        make(chan struct{}),
+		draining:    make(chan struct{}),
 		seq:         newSequencer(),
 		appenders:   map[appenderKey]*appender{},
 		heads:       heard.New(),
@@ -283,6 +289,17 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	s.metrics.countProduceErrors(stream, len(req.GetRecords()), resp, err)
 	return resp, err
 }
+
+// ProduceStream serves a producer's requests on one stream, each as
+// Produce serves it (rpc/producestream).
+func (s *Server) ProduceStream(stream catenapb.Ingest_ProduceStreamServer) error {
+	return producestream.Serve(stream, s.Produce, s.draining)
+}
+
+// Drain makes produce streams end at their next request, once the ones in
+// flight are answered, so that their producers continue on another node;
+// called as the node begins to stop. Idempotent.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 func (s *Server) produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
 	p, err := s.Enqueue(ctx, req)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
+	"github.com/catena-streams/catena/rpc/producestream"
 )
 
 // MaxRecordBytes bounds key+value of one record (ResourceExhausted above).
@@ -52,6 +53,15 @@ type Server struct {
 	// countless: answers leave out the stream's partition count, as an
 	// older ingestion node's do.
 	countless bool
+	// unaryOnly: ProduceStream is Unimplemented, as on an ingestion node
+	// older than it.
+	unaryOnly bool
+	// produceBreak is closed (and replaced) to end open ProduceStreams;
+	// produceOpen holds a channel per open one, closed once it ended.
+	produceBreak chan struct{}
+	produceOpen  map[chan struct{}]bool
+	// produceStreams counts the ProduceStreams opened.
+	produceStreams int
 }
 
 type dedupKey struct{ producer, seq uint64 }
@@ -98,6 +108,9 @@ func StartWith(tb TB, opts ...grpc.ServerOption) *Server {
 		dedup:       map[dedupKey]loc{},
 		seqAttempts: map[dedupKey]int{},
 		subBreak:    make(chan struct{}),
+
+		produceBreak: make(chan struct{}),
+		produceOpen:  map[chan struct{}]bool{},
 	}
 	catenapb.RegisterIngestServer(s.grpc, s)
 	go s.grpc.Serve(lis)
@@ -164,6 +177,91 @@ func (s *Server) GateProduce() (release func()) {
 			close(ch)
 		})
 	}
+}
+
+// WithoutProduceStream makes ProduceStream Unimplemented (on), as on an
+// ingestion node older than it, or serves it (off, the default).
+func (s *Server) WithoutProduceStream(on bool) {
+	s.mu.Lock()
+	s.unaryOnly = on
+	s.mu.Unlock()
+}
+
+// BreakProduceStreams ends every open ProduceStream with Unavailable and
+// returns once they ended; the requests in flight on them stay unanswered
+// (stored or not).
+func (s *Server) BreakProduceStreams() {
+	s.mu.Lock()
+	close(s.produceBreak)
+	s.produceBreak = make(chan struct{})
+	var open []chan struct{}
+	for ch := range s.produceOpen {
+		open = append(open, ch)
+	}
+	s.mu.Unlock()
+	for _, ch := range open {
+		<-ch
+	}
+}
+
+// ProduceStreams is how many ProduceStreams were opened.
+func (s *Server) ProduceStreams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.produceStreams
+}
+
+// ProduceStream serves each request as Produce does (rpc/producestream).
+func (s *Server) ProduceStream(st catenapb.Ingest_ProduceStreamServer) error {
+	s.mu.Lock()
+	if s.unaryOnly {
+		s.mu.Unlock()
+		return status.Error(codes.Unimplemented, "unknown method ProduceStream for service catena.v1.Ingest")
+	}
+	s.produceStreams++
+	brk := s.produceBreak
+	ended := make(chan struct{})
+	s.produceOpen[ended] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.produceOpen, ended)
+		s.mu.Unlock()
+		close(ended)
+	}()
+	bs := &breakable{Ingest_ProduceStreamServer: st}
+	done := make(chan error, 1)
+	go func() { done <- producestream.Serve(bs, s.Produce, nil) }()
+	select {
+	case err := <-done:
+		return err
+	case <-brk:
+		bs.breakOff()
+		return status.Error(codes.Unavailable, "produce stream broken by the test")
+	}
+}
+
+// breakable is a ProduceStream that sends nothing once broken off: the
+// requests in flight when a test breaks it stay unanswered.
+type breakable struct {
+	catenapb.Ingest_ProduceStreamServer
+	mu     sync.Mutex
+	broken bool
+}
+
+func (b *breakable) Send(resp *catenapb.ProduceResponse) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.broken {
+		return status.Error(codes.Unavailable, "produce stream broken by the test")
+	}
+	return b.Ingest_ProduceStreamServer.Send(resp)
+}
+
+func (b *breakable) breakOff() {
+	b.mu.Lock()
+	b.broken = true
+	b.mu.Unlock()
 }
 
 // BreakSubscriptions ends every open Subscribe stream with Unavailable.

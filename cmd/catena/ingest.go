@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"net"
@@ -111,6 +112,10 @@ func newIngestCommand() *cobra.Command {
 				defer ks.Close()
 			}
 			logger.Info("Ingestion serving", "addr", lis.Addr().String(), "replicas", replicas)
+			// Stopping, the node ends its producers' streams as they send
+			// their next request, so that they move to another node now
+			// rather than at the end of the grace period.
+			context.AfterFunc(ctx, srv.Drain)
 			return serveGRPC(ctx, lis, g, 5*time.Second)
 		},
 	}

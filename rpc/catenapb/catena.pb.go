@@ -2733,7 +2733,15 @@ type ProduceRequest struct {
 	// prev_sequence it does not assume that each request's sequences are
 	// above its predecessor's: a producer that batches per partition sends
 	// an older partition's batch after a newer one's.
-	PrevRequest   uint64 `protobuf:"varint,6,opt,name=prev_request,json=prevRequest,proto3" json:"prev_request,omitempty"`
+	PrevRequest uint64 `protobuf:"varint,6,opt,name=prev_request,json=prevRequest,proto3" json:"prev_request,omitempty"`
+	// On a ProduceStream: the sender's name for this attempt, echoed in its
+	// answer (a retry is a new attempt with a new call_id and the same
+	// request number). Ignored by Produce.
+	CallId uint64 `protobuf:"varint,7,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	// On a ProduceStream: how long the sender waits for this answer, as a
+	// unary call's deadline says (0: as long as the stream lasts). Ignored
+	// by Produce.
+	TimeoutMs     uint32 `protobuf:"varint,8,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2806,6 +2814,20 @@ func (x *ProduceRequest) GetRequest() uint64 {
 func (x *ProduceRequest) GetPrevRequest() uint64 {
 	if x != nil {
 		return x.PrevRequest
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetCallId() uint64 {
+	if x != nil {
+		return x.CallId
+	}
+	return 0
+}
+
+func (x *ProduceRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
 	}
 	return 0
 }
@@ -2896,7 +2918,14 @@ type ProduceResponse struct {
 	// producer that knows it may route records itself (a key's partition is
 	// contract.PartitionFor) and batch per partition; zero from an ingestion
 	// that does not say.
-	Partitions    uint32 `protobuf:"varint,2,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	Partitions uint32 `protobuf:"varint,2,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	// On a ProduceStream: the call_id of the request answered, and, when the
+	// request failed as a whole (what Produce returns as its status), that
+	// status: a google.rpc.Code, its message and its ErrorInfo reason.
+	CallId        uint64 `protobuf:"varint,3,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	ErrorCode     int32  `protobuf:"varint,4,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage  string `protobuf:"bytes,5,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	ErrorReason   string `protobuf:"bytes,6,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2943,6 +2972,34 @@ func (x *ProduceResponse) GetPartitions() uint32 {
 		return x.Partitions
 	}
 	return 0
+}
+
+func (x *ProduceResponse) GetCallId() uint64 {
+	if x != nil {
+		return x.CallId
+	}
+	return 0
+}
+
+func (x *ProduceResponse) GetErrorCode() int32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *ProduceResponse) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *ProduceResponse) GetErrorReason() string {
+	if x != nil {
+		return x.ErrorReason
+	}
+	return ""
 }
 
 type FetchRequest struct {
@@ -6099,7 +6156,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tpartition\x18\x05 \x01(\rH\x00R\tpartition\x88\x01\x01\x121\n" +
 	"\aheaders\x18\x06 \x03(\v2\x17.catena.v1.RecordHeaderR\aheadersB\f\n" +
 	"\n" +
-	"_partition\"\xdf\x01\n" +
+	"_partition\"\x97\x02\n" +
 	"\x0eProduceRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1f\n" +
 	"\vproducer_id\x18\x02 \x01(\x04R\n" +
@@ -6107,19 +6164,27 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\arecords\x18\x03 \x03(\v2\x18.catena.v1.ProduceRecordR\arecords\x12#\n" +
 	"\rprev_sequence\x18\x04 \x01(\x04R\fprevSequence\x12\x18\n" +
 	"\arequest\x18\x05 \x01(\x04R\arequest\x12!\n" +
-	"\fprev_request\x18\x06 \x01(\x04R\vprevRequest\"\xa7\x01\n" +
+	"\fprev_request\x18\x06 \x01(\x04R\vprevRequest\x12\x17\n" +
+	"\acall_id\x18\a \x01(\x04R\x06callId\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\b \x01(\rR\ttimeoutMs\"\xa7\x01\n" +
 	"\rProduceResult\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1c\n" +
 	"\tduplicate\x18\x03 \x01(\bR\tduplicate\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x04 \x01(\x05R\terrorCode\x12#\n" +
-	"\rerror_message\x18\x05 \x01(\tR\ferrorMessage\"e\n" +
+	"\rerror_message\x18\x05 \x01(\tR\ferrorMessage\"\xe5\x01\n" +
 	"\x0fProduceResponse\x122\n" +
 	"\aresults\x18\x01 \x03(\v2\x18.catena.v1.ProduceResultR\aresults\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x02 \x01(\rR\n" +
-	"partitions\"\x99\x01\n" +
+	"partitions\x12\x17\n" +
+	"\acall_id\x18\x03 \x01(\x04R\x06callId\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x04 \x01(\x05R\terrorCode\x12#\n" +
+	"\rerror_message\x18\x05 \x01(\tR\ferrorMessage\x12!\n" +
+	"\ferror_reason\x18\x06 \x01(\tR\verrorReason\"\x99\x01\n" +
 	"\fFetchRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x16\n" +
@@ -6358,9 +6423,10 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tROLE_HEAD\x10\x01\x12\x0f\n" +
 	"\vROLE_MIDDLE\x10\x02\x12\r\n" +
 	"\tROLE_TAIL\x10\x03\x12\r\n" +
-	"\tROLE_SOLE\x10\x042\xed\x06\n" +
+	"\tROLE_SOLE\x10\x042\xb9\a\n" +
 	"\x06Ingest\x12@\n" +
-	"\aProduce\x12\x19.catena.v1.ProduceRequest\x1a\x1a.catena.v1.ProduceResponse\x12:\n" +
+	"\aProduce\x12\x19.catena.v1.ProduceRequest\x1a\x1a.catena.v1.ProduceResponse\x12J\n" +
+	"\rProduceStream\x12\x19.catena.v1.ProduceRequest\x1a\x1a.catena.v1.ProduceResponse(\x010\x01\x12:\n" +
 	"\x05Fetch\x12\x17.catena.v1.FetchRequest\x1a\x18.catena.v1.FetchResponse\x12D\n" +
 	"\tSubscribe\x12\x1b.catena.v1.SubscribeRequest\x1a\x18.catena.v1.FetchResponse0\x01\x12L\n" +
 	"\vListOffsets\x12\x1d.catena.v1.ListOffsetsRequest\x1a\x1e.catena.v1.ListOffsetsResponse\x12P\n" +
@@ -6548,79 +6614,81 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	85, // 38: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
 	86, // 39: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
 	43, // 40: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
-	46, // 41: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
-	48, // 42: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
-	49, // 43: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	51, // 44: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
-	54, // 45: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	35, // 46: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
-	37, // 47: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
-	40, // 48: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
-	55, // 49: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
-	56, // 50: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
-	22, // 51: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
-	25, // 52: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
-	30, // 53: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
-	33, // 54: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
-	9,  // 55: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
-	12, // 56: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
-	15, // 57: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
-	17, // 58: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
-	19, // 59: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
-	74, // 60: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	76, // 61: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	78, // 62: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	78, // 63: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	81, // 64: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
-	83, // 65: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	46, // 66: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	49, // 67: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	70, // 68: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	72, // 69: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	68, // 70: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	65, // 71: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	66, // 72: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	62, // 73: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	63, // 74: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	59, // 75: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	45, // 76: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	47, // 77: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	47, // 78: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	50, // 79: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	52, // 80: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	58, // 81: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	36, // 82: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	38, // 83: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	41, // 84: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	52, // 85: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
-	57, // 86: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
-	23, // 87: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
-	26, // 88: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
-	31, // 89: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
-	34, // 90: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
-	10, // 91: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
-	14, // 92: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
-	16, // 93: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
-	18, // 94: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
-	21, // 95: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
-	75, // 96: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	77, // 97: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	80, // 98: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	80, // 99: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	82, // 100: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
-	87, // 101: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	47, // 102: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	50, // 103: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	71, // 104: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	75, // 105: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	69, // 106: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	75, // 107: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	67, // 108: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	75, // 109: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	64, // 110: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	61, // 111: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	76, // [76:112] is the sub-list for method output_type
-	40, // [40:76] is the sub-list for method input_type
+	43, // 41: catena.v1.Ingest.ProduceStream:input_type -> catena.v1.ProduceRequest
+	46, // 42: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
+	48, // 43: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
+	49, // 44: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	51, // 45: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
+	54, // 46: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
+	35, // 47: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
+	37, // 48: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
+	40, // 49: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
+	55, // 50: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
+	56, // 51: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
+	22, // 52: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
+	25, // 53: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
+	30, // 54: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
+	33, // 55: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
+	9,  // 56: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
+	12, // 57: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
+	15, // 58: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
+	17, // 59: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
+	19, // 60: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
+	74, // 61: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	76, // 62: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	78, // 63: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	78, // 64: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	81, // 65: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
+	83, // 66: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	46, // 67: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	49, // 68: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	70, // 69: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	72, // 70: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	68, // 71: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	65, // 72: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	66, // 73: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	62, // 74: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	63, // 75: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	59, // 76: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	45, // 77: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	45, // 78: catena.v1.Ingest.ProduceStream:output_type -> catena.v1.ProduceResponse
+	47, // 79: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	47, // 80: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	50, // 81: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	52, // 82: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	58, // 83: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	36, // 84: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	38, // 85: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	41, // 86: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	52, // 87: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	57, // 88: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	23, // 89: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
+	26, // 90: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
+	31, // 91: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
+	34, // 92: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
+	10, // 93: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
+	14, // 94: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
+	16, // 95: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
+	18, // 96: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
+	21, // 97: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
+	75, // 98: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	77, // 99: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	80, // 100: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	80, // 101: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	82, // 102: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
+	87, // 103: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	47, // 104: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	50, // 105: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	71, // 106: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	75, // 107: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	69, // 108: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	75, // 109: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	67, // 110: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	75, // 111: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	64, // 112: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	61, // 113: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	77, // [77:114] is the sub-list for method output_type
+	40, // [40:77] is the sub-list for method input_type
 	40, // [40:40] is the sub-list for extension type_name
 	40, // [40:40] is the sub-list for extension extendee
 	0,  // [0:40] is the sub-list for field type_name

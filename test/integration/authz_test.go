@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/producestream"
 	"github.com/catena-streams/catena/rpc/transport"
 	"github.com/catena-streams/catena/rpc/transport/transporttest"
 )
@@ -272,7 +273,40 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 		t.Fatalf("ledger after the refused produce: %v, %d records, want the worker's one", err, len(got.GetRecords()))
 	}
 
+	// A producer's stream is judged by its requests, as Produce is.
+	produceStream := func(c catenapb.IngestClient, stream, value string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err := c.ProduceStream(ctx)
+		if err != nil {
+			return err
+		}
+		if err := s.Send(&catenapb.ProduceRequest{Stream: stream, CallId: 1, Records: []*catenapb.ProduceRecord{{Value: []byte(value)}}}); err != nil {
+			return err
+		}
+		ans, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		_, err = producestream.Result(ans)
+		return err
+	}
+	if err := produceStream(w, "payments", "streamed"); err != nil {
+		t.Fatalf("the writer's produce on a stream: %v", err)
+	}
+	st = wantCode(t, produceStream(rd, "payments", "not allowed"), codes.PermissionDenied, "the reader's produce on a stream")
+	if !strings.Contains(st.Message(), "/catena.v1.Ingest/ProduceStream on stream payments") {
+		t.Errorf("the refusal %q does not name the method and Stream", st.Message())
+	}
+	wantCode(t, produceStream(anon, "payments", "anonymous"), codes.Unauthenticated, "a produce on a stream without a certificate")
+	got, err = fetch(rd, "payments")
+	if err != nil || len(got.GetRecords()) != 2 || string(got.GetRecords()[1].GetValue()) != "streamed" {
+		t.Fatalf("payments after the streamed produces: %v, %v; want the writer's two", err, got.GetRecords())
+	}
+
 	expectMetrics(t, metricsAddr,
+		`catena_rpc_refused_total{class="produce",code="PermissionDenied",method="/catena.v1.Ingest/ProduceStream"} 1`,
+		`catena_rpc_refused_total{class="produce",code="Unauthenticated",method="/catena.v1.Ingest/ProduceStream"} 1`,
 		`catena_rpc_refused_total{class="produce",code="PermissionDenied",method="/catena.v1.Ingest/Produce"} 2`,
 		`catena_rpc_refused_total{class="produce",code="Unauthenticated",method="/catena.v1.Ingest/Produce"} 1`,
 		`catena_rpc_refused_total{class="consume",code="Unauthenticated",method="/catena.v1.Ingest/Subscribe"} 1`,

@@ -1,0 +1,122 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/client"
+)
+
+func TestProducerSendsItsRequestsOnOneStream(t *testing.T) {
+	srv, c := setup(t, 2)
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1, MaxInFlight: 4})
+	defer p.Close()
+	for i := range 20 {
+		if _, err := p.SendSync(context.Background(), client.Record{Key: []byte(fmt.Sprint(i)), Value: []byte("v")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(srv.Requests()); n != 20 {
+		t.Fatalf("%d requests, want 20", n)
+	}
+	if n := srv.ProduceStreams(); n != 1 {
+		t.Fatalf("%d produce streams for 20 requests, want 1", n)
+	}
+}
+
+func TestProducerFallsBackToUnaryCallsWithoutTheStream(t *testing.T) {
+	// An ingestion node older than ProduceStream, in a rolling upgrade.
+	srv, c := setup(t, 1)
+	srv.WithoutProduceStream(true)
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1})
+	defer p.Close()
+	for i := range 3 {
+		a, err := p.SendSync(context.Background(), client.Record{Value: []byte(fmt.Sprint(i))})
+		if err != nil || a.Offset != uint64(i) {
+			t.Fatalf("record %d: ack %+v, %v", i, a, err)
+		}
+	}
+	if n := len(srv.Requests()); n != 3 {
+		t.Fatalf("%d requests, want 3: the first is not sent twice", n)
+	}
+}
+
+func TestARequestsFailureDoesNotEndTheStream(t *testing.T) {
+	srv, c := setup(t, 1)
+	srv.FailProduce(status.Error(codes.InvalidArgument, "refused for the test"))
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1})
+	defer p.Close()
+	_, err := p.SendSync(context.Background(), client.Record{Value: []byte("refused")})
+	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || st.Message() != "refused for the test" {
+		t.Fatalf("refused record: %v, want its request's status", err)
+	}
+	if _, err := p.SendSync(context.Background(), client.Record{Value: []byte("next")}); err != nil {
+		t.Fatal(err)
+	}
+	if n := srv.ProduceStreams(); n != 1 {
+		t.Fatalf("%d produce streams, want the first to carry both requests", n)
+	}
+}
+
+func TestRequestsInFlightOnABrokenStreamAreRetriedOnTheNext(t *testing.T) {
+	srv, c := setup(t, 1)
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1, MaxInFlight: 4, RetryBackoff: time.Millisecond})
+	defer p.Close()
+	if _, err := p.SendSync(context.Background(), client.Record{Value: []byte("first")}); err != nil {
+		t.Fatal(err)
+	}
+	// Held at the server, some stored and some not when the stream breaks.
+	release := srv.GateProduce()
+	var fs []*client.Future
+	for i := range 8 {
+		fs = append(fs, p.Send(context.Background(), client.Record{Value: []byte(fmt.Sprint(i))}))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(srv.Requests()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no request reached the server")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	srv.BreakProduceStreams()
+	release()
+	acks := waitAll(t, fs)
+	if n := srv.ProduceStreams(); n < 2 {
+		t.Fatalf("%d produce streams, want the retries on a new one", n)
+	}
+	stored := srv.Records("s", 0)
+	if len(stored) != 9 {
+		t.Fatalf("%d records stored, want 9: each once", len(stored))
+	}
+	for i, a := range acks {
+		if got := string(stored[a.Offset].GetValue()); got != fmt.Sprint(i) {
+			t.Fatalf("record %d acknowledged at offset %d, which holds %q", i, a.Offset, got)
+		}
+	}
+}
+
+func TestAnAttemptTimedOutOnTheStreamIsRetried(t *testing.T) {
+	// The first attempt's answer comes after the producer gave up on it:
+	// the retry is a new call, answered for itself.
+	srv, c := setup(t, 1)
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1, RequestTimeout: 100 * time.Millisecond, RetryBackoff: time.Millisecond})
+	defer p.Close()
+	release := srv.GateProduce()
+	f := p.Send(context.Background(), client.Record{Value: []byte("slow")})
+	time.AfterFunc(300*time.Millisecond, release)
+	a, err := f.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(srv.Requests()); n < 2 {
+		t.Fatalf("%d attempts, want the first timed out and retried", n)
+	}
+	if stored := srv.Records("s", 0); len(stored) != 1 || a.Offset != 0 {
+		t.Fatalf("%d records stored, ack %+v: want one, at offset 0", len(stored), a)
+	}
+}
