@@ -101,22 +101,29 @@ func TestRequestsInFlightOnABrokenStreamAreRetriedOnTheNext(t *testing.T) {
 }
 
 func TestAnAttemptTimedOutOnTheStreamIsRetried(t *testing.T) {
-	// The first attempt's answer comes after the producer gave up on it:
-	// the retry is a new call, answered for itself.
+	// The first attempt's answer comes after the producer gave up on it
+	// and sent the retry: it is the retry's answer that counts, and the
+	// late one goes to no one, not to a later call.
 	srv, c := setup(t, 1)
 	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1, RequestTimeout: 100 * time.Millisecond, RetryBackoff: time.Millisecond})
 	defer p.Close()
-	release := srv.GateProduce()
-	f := p.Send(context.Background(), client.Record{Value: []byte("slow")})
-	time.AfterFunc(300*time.Millisecond, release)
-	a, err := f.Wait()
-	if err != nil {
-		t.Fatal(err)
+	srv.DelayProduce(1, 300*time.Millisecond)
+	a, err := p.SendSync(context.Background(), client.Record{Value: []byte("slow")})
+	if err != nil || a.Offset != 0 {
+		t.Fatalf("ack %+v, %v; want offset 0", a, err)
 	}
 	if n := len(srv.Requests()); n < 2 {
 		t.Fatalf("%d attempts, want the first timed out and retried", n)
 	}
-	if stored := srv.Records("s", 0); len(stored) != 1 || a.Offset != 0 {
-		t.Fatalf("%d records stored, ack %+v: want one, at offset 0", len(stored), a)
+	// Later calls, while the first attempt's late answer arrives.
+	for i := 1; i <= 5; i++ {
+		a, err := p.SendSync(context.Background(), client.Record{Value: []byte(fmt.Sprint(i))})
+		if err != nil || a.Offset != uint64(i) || a.Duplicate {
+			t.Fatalf("record %d: ack %+v, %v; want offset %d, not a duplicate", i, a, err, i)
+		}
+		time.Sleep(60 * time.Millisecond)
+	}
+	if stored := srv.Records("s", 0); len(stored) != 6 {
+		t.Fatalf("%d records stored, want 6", len(stored))
 	}
 }

@@ -56,6 +56,9 @@ type Server struct {
 	// unaryOnly: ProduceStream is Unimplemented, as on an ingestion node
 	// older than it.
 	unaryOnly bool
+	// delayNext Produce calls wait delay, ignoring their deadline.
+	delayNext int
+	delay     time.Duration
 	// produceBreak is closed (and replaced) to end open ProduceStreams;
 	// produceOpen holds a channel per open one, closed once it ended.
 	produceBreak chan struct{}
@@ -162,6 +165,14 @@ func (s *Server) SetRecordHook(h func(req *catenapb.ProduceRequest, i int, attem
 	s.recordHook = h
 }
 
+// DelayProduce makes the next n Produce calls wait d before they store,
+// whatever their deadline: their answers come after their callers gave up.
+func (s *Server) DelayProduce(n int, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.delayNext, s.delay = n, d
+}
+
 // GateProduce blocks Produce calls until the returned release is called.
 func (s *Server) GateProduce() (release func()) {
 	ch := make(chan struct{})
@@ -249,6 +260,16 @@ type breakable struct {
 	broken bool
 }
 
+func (b *breakable) Recv() (*catenapb.ProduceRequest, error) {
+	req, err := b.Ingest_ProduceStreamServer.Recv()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.broken {
+		return nil, status.Error(codes.Unavailable, "produce stream broken by the test")
+	}
+	return req, err
+}
+
 func (b *breakable) Send(resp *catenapb.ProduceResponse) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -328,7 +349,13 @@ func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*ca
 	s.mu.Lock()
 	gate := s.produceGate
 	s.requests = append(s.requests, proto.Clone(req).(*catenapb.ProduceRequest))
+	var delay time.Duration
+	if s.delayNext > 0 {
+		s.delayNext--
+		delay = s.delay
+	}
 	s.mu.Unlock()
+	time.Sleep(delay)
 	if gate != nil {
 		select {
 		case <-gate:

@@ -103,21 +103,21 @@ func TestTornTailRepaired(t *testing.T) {
 				if now, _ := fsys.ReadFile(seg); int64(len(now)) != int64(len(crashed))-rec.ZeroTailBytes {
 					t.Fatalf("segment is %d bytes, want the zeros cut", len(now))
 				}
-				return
-			}
-			if rec.TornSegment != seg || rec.TornAt <= 0 || rec.TornBytes != int64(len(crashed))-rec.TornAt {
-				t.Fatalf("recovery info %+v", rec)
-			}
-			// The evidence file holds exactly the cut bytes.
-			ev, err := fsys.ReadFile(rec.Evidence)
-			if err != nil || !bytes.Equal(ev, crashed[rec.TornAt:]) {
-				t.Fatalf("evidence %q: %v (%d bytes, want %d)", rec.Evidence, err, len(ev), len(crashed)-int(rec.TornAt))
-			}
-			if !bytes.Equal(ev, before[rec.TornAt:rec.TornAt+int64(len(ev))]) {
-				t.Fatal("evidence is not the torn prefix of the lost write")
-			}
-			if now, _ := fsys.ReadFile(seg); int64(len(now)) != rec.TornAt {
-				t.Fatalf("segment is %d bytes, want cut at %d", len(now), rec.TornAt)
+			} else {
+				if rec.TornSegment != seg || rec.TornAt <= 0 || rec.TornBytes != int64(len(crashed))-rec.TornAt {
+					t.Fatalf("recovery info %+v", rec)
+				}
+				// The evidence file holds exactly the cut bytes.
+				ev, err := fsys.ReadFile(rec.Evidence)
+				if err != nil || !bytes.Equal(ev, crashed[rec.TornAt:]) {
+					t.Fatalf("evidence %q: %v (%d bytes, want %d)", rec.Evidence, err, len(ev), len(crashed)-int(rec.TornAt))
+				}
+				if !bytes.Equal(ev, before[rec.TornAt:rec.TornAt+int64(len(ev))]) {
+					t.Fatal("evidence is not the torn prefix of the lost write")
+				}
+				if now, _ := fsys.ReadFile(seg); int64(len(now)) != rec.TornAt {
+					t.Fatalf("segment is %d bytes, want cut at %d", len(now), rec.TornAt)
+				}
 			}
 			// Writable, and the repair is durable: a second crash and open
 			// finds nothing to repair.

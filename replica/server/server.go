@@ -267,6 +267,11 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		return p, nil
 	}
 	p.log = l
+	if rec := l.Recovery(); rec.TornSegment != "" {
+		p.logger.Info("Cut a torn write off the partition log's tail (unsynced when the process stopped); the cut bytes are kept", "segment", rec.TornSegment, "at", rec.TornAt, "bytes", rec.TornBytes, "evidence", rec.Evidence, "reason", rec.Reason)
+	} else if rec.ZeroTailBytes > 0 {
+		p.logger.V(1).Info("Cut the zeros written ahead of the partition log's last frame", "bytes", rec.ZeroTailBytes)
+	}
 	p.core = chain.New(s.id, l.NextOffset())
 	if err := p.rebuildDedup(); err != nil {
 		p.failed = err

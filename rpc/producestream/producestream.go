@@ -43,53 +43,75 @@ const errorDomain = "streams.catena.io"
 // producer closes its side and every request is answered, or with the
 // error that ended the stream (the connection, a refusal of the caller).
 //
-// Once draining is closed (the server is stopping), the next request ends
-// the stream, unanswered, with UNAVAILABLE after the requests in flight are
-// answered: the producer sends it again on a new stream, to a node that is
-// not stopping, instead of here until the server's grace period cuts it
-// off. A nil draining never closes.
+// Once draining is closed (the server is stopping), Serve takes no more
+// requests, answers the ones it took and ends the stream with UNAVAILABLE,
+// at once if none is in flight: the producer sends what it has not been
+// answered again on a new stream, to a node that is not stopping, and an
+// idle producer's stream does not hold the server's graceful stop to its
+// grace period. A nil draining never closes.
 func Serve(stream catenapb.Ingest_ProduceStreamServer, produce func(context.Context, *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error), draining <-chan struct{}) error {
 	ctx := stream.Context()
 	var (
-		wg     sync.WaitGroup
+		wg     sync.WaitGroup // requests taken and not yet answered
 		sendMu sync.Mutex
+		mu     sync.Mutex // orders taking a request (wg.Add) before the drain's wg.Wait
+		closed bool       // draining: take no more requests
 	)
-	defer wg.Wait()
 	slots := make(chan struct{}, MaxInFlight)
-	for {
-		req, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
+	// Requests are read on a goroutine of their own, so that a drain need
+	// not wait for the next one to arrive; it only ever adds to wg before
+	// closed is set, and starts nothing after.
+	received := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				received <- nil
+				return
+			}
+			if err != nil {
+				received <- err
+				return
+			}
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				received <- status.FromContextError(ctx.Err()).Err()
+				return
+			}
+			mu.Lock()
+			if closed {
+				mu.Unlock()
+				return
+			}
+			wg.Add(1)
+			mu.Unlock()
+			rctx, cancel := ctx, context.CancelFunc(func() {})
+			if ms := req.GetTimeoutMs(); ms > 0 {
+				rctx, cancel = context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+			}
+			go func() {
+				defer wg.Done()
+				resp, err := produce(rctx, req)
+				cancel()
+				sendMu.Lock()
+				// A failed send means the stream is gone: Recv says so too.
+				_ = stream.Send(Answer(req.GetCallId(), resp, err))
+				sendMu.Unlock()
+				<-slots
+			}()
 		}
-		if err != nil {
-			return err
-		}
-		select {
-		case <-draining:
-			wg.Wait()
-			return status.Error(codes.Unavailable, "catena: this ingestion node is shutting down; send the request again on a new stream")
-		default:
-		}
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		}
-		rctx, cancel := ctx, context.CancelFunc(func() {})
-		if ms := req.GetTimeoutMs(); ms > 0 {
-			rctx, cancel = context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := produce(rctx, req)
-			cancel()
-			sendMu.Lock()
-			// A failed send means the stream is gone: Recv says so too.
-			_ = stream.Send(Answer(req.GetCallId(), resp, err))
-			sendMu.Unlock()
-			<-slots
-		}()
+	}()
+	select {
+	case err := <-received:
+		wg.Wait()
+		return err
+	case <-draining:
+		mu.Lock()
+		closed = true
+		mu.Unlock()
+		wg.Wait()
+		return status.Error(codes.Unavailable, "catena: this ingestion node is shutting down; send the request again on a new stream")
 	}
 }
 

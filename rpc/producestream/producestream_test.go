@@ -192,3 +192,22 @@ func TestADrainingServerAnswersWhatItTookAndEndsTheStream(t *testing.T) {
 		t.Fatalf("%d requests served, want only the one taken before the drain", n)
 	}
 }
+
+func TestADrainingServerEndsAnIdleStreamAtOnce(t *testing.T) {
+	// A producer with nothing to send must not hold the server's
+	// graceful stop until its grace period ends.
+	draining := make(chan struct{})
+	st := serveDraining(t, func(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
+		return &catenapb.ProduceResponse{}, nil
+	}, draining)
+	if err := st.Send(&catenapb.ProduceRequest{Stream: "s", Request: 1, CallId: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if ans, err := st.Recv(); err != nil || ans.GetCallId() != 1 {
+		t.Fatalf("answer %v, %v", ans, err)
+	}
+	close(draining)
+	if _, err := st.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("an idle stream after the drain: %v, want it ended UNAVAILABLE", err)
+	}
+}

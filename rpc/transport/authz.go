@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -190,7 +191,10 @@ type checkedStream struct {
 	grpc.ServerStream
 	p      *Policy
 	method string
-	passed bool
+	// passed: a received message passed. Atomic: a handler may send on
+	// other goroutines than the one that receives (ProduceStream answers
+	// each request on its own).
+	passed atomic.Bool
 }
 
 func (s *checkedStream) RecvMsg(m any) error {
@@ -200,12 +204,12 @@ func (s *checkedStream) RecvMsg(m any) error {
 	if err := s.p.check(s.Context(), s.method, m); err != nil {
 		return err
 	}
-	s.passed = true
+	s.passed.Store(true)
 	return nil
 }
 
 func (s *checkedStream) SendMsg(m any) error {
-	if !s.passed {
+	if !s.passed.Load() {
 		return status.Error(codes.PermissionDenied, "nothing is sent before the request is judged")
 	}
 	return s.ServerStream.SendMsg(m)

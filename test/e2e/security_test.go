@@ -55,7 +55,7 @@ func expectAccessEnforced(ns, stream, pool, writer, reader string) {
 	out, phase := runPodToEnd(ns, "produce-as-reader", clientSecret(stream, reader),
 		"--server", server, "produce", "--stream", stream, "--value", "not allowed", "--retry-timeout", "20s")
 	Expect(phase).To(Equal(corev1.PodFailed), "the reader's produce succeeded:\n%s", out)
-	Expect(out).To(ContainSubstring(fmt.Sprintf("may not call /catena.v1.Ingest/Produce on stream %s", stream)))
+	Expect(out).To(ContainSubstring(fmt.Sprintf("may not call /catena.v1.Ingest/ProduceStream on stream %s", stream)))
 	GinkgoWriter.Printf("refused: %s\n", out)
 
 	By("producing without a client certificate")

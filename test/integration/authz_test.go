@@ -273,7 +273,9 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 		t.Fatalf("ledger after the refused produce: %v, %d records, want the worker's one", err, len(got.GetRecords()))
 	}
 
-	// A producer's stream is judged by its requests, as Produce is.
+	// A producer's stream is judged by its requests, as Produce is. Two
+	// in flight at once: each is answered on its own goroutine while the
+	// next is received and judged.
 	produceStream := func(c catenapb.IngestClient, stream, value string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -281,15 +283,22 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := s.Send(&catenapb.ProduceRequest{Stream: stream, CallId: 1, Records: []*catenapb.ProduceRecord{{Value: []byte(value)}}}); err != nil {
-			return err
+		zero := uint32(0)
+		for call := uint64(1); call <= 2; call++ {
+			if err := s.Send(&catenapb.ProduceRequest{Stream: stream, CallId: call, ProducerId: 77, Request: call, Records: []*catenapb.ProduceRecord{{Value: []byte(value), Sequence: call, Partition: &zero}}}); err != nil {
+				return err
+			}
 		}
-		ans, err := s.Recv()
-		if err != nil {
-			return err
+		for range 2 {
+			ans, err := s.Recv()
+			if err != nil {
+				return err
+			}
+			if _, err := producestream.Result(ans); err != nil {
+				return err
+			}
 		}
-		_, err = producestream.Result(ans)
-		return err
+		return nil
 	}
 	if err := produceStream(w, "payments", "streamed"); err != nil {
 		t.Fatalf("the writer's produce on a stream: %v", err)
@@ -300,8 +309,8 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 	}
 	wantCode(t, produceStream(anon, "payments", "anonymous"), codes.Unauthenticated, "a produce on a stream without a certificate")
 	got, err = fetch(rd, "payments")
-	if err != nil || len(got.GetRecords()) != 2 || string(got.GetRecords()[1].GetValue()) != "streamed" {
-		t.Fatalf("payments after the streamed produces: %v, %v; want the writer's two", err, got.GetRecords())
+	if err != nil || len(got.GetRecords()) != 3 || string(got.GetRecords()[2].GetValue()) != "streamed" {
+		t.Fatalf("payments after the streamed produces: %v, %v; want the writer's three", err, got.GetRecords())
 	}
 
 	expectMetrics(t, metricsAddr,
