@@ -211,10 +211,15 @@ func (s *produceStream) call(ctx context.Context, req *catenapb.ProduceRequest) 
 	s.sendMu.Unlock()
 	stop()
 	if err != nil && !errors.Is(err, io.EOF) {
+		forget()
+		if s.ended() {
+			// Ended while this send waited (its deadline, above): what
+			// that means for the request, not the send's own error.
+			return nil, s.failure()
+		}
 		// Not sent (too large, say); the stream goes on, and if it is
 		// broken its Recv says so. io.EOF: it ended, and receive learns
 		// why from Recv.
-		forget()
 		return nil, err
 	}
 	select {

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -125,5 +126,47 @@ func TestAnAttemptTimedOutOnTheStreamIsRetried(t *testing.T) {
 	}
 	if stored := srv.Records("s", 0); len(stored) != 6 {
 		t.Fatalf("%d records stored, want 6", len(stored))
+	}
+}
+
+func TestAnAttemptDoesNotWaitPastItsDeadlineForTheStreamToOpen(t *testing.T) {
+	// A peer that takes the connection and never speaks gRPC keeps the
+	// connection attempt, and with it the stream's opening, waiting for
+	// gRPC's connect timeout (20 s); each attempt must give up at its own
+	// deadline instead, and the record at its retry timeout.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	c, err := client.Dial(context.Background(), lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1, RequestTimeout: 100 * time.Millisecond, RetryTimeout: time.Second, RetryBackoff: 10 * time.Millisecond})
+	start := time.Now()
+	_, err = p.SendSync(context.Background(), client.Record{Value: []byte("v")})
+	if err == nil {
+		t.Fatal("a record to a peer that never answers was acknowledged")
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the record failed after %v (%v), want about its 1 s retry timeout", took, err)
+	}
+	done := make(chan struct{})
+	go func() { p.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waits for the stream's opening")
 	}
 }
