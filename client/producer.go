@@ -83,6 +83,13 @@ type ProducerOptions struct {
 	// Linger is how long a batch waits for more records once its first
 	// record arrived. Default 1ms; negative means no wait.
 	Linger time.Duration
+	// LingerIdle ends the wait early once no record has been sent to the
+	// producer for this long: a caller that sent a burst and now waits for
+	// its acknowledgements (a window of records in flight) gets them
+	// without waiting out the rest of Linger, while records that keep
+	// coming still gather for all of it. Default Linger/20 (50 µs with the default Linger); negative: wait
+	// the whole Linger.
+	LingerIdle time.Duration
 	// MaxBatchBytes bounds the key+value bytes of one request. Default 512 KiB.
 	MaxBatchBytes int
 	// MaxBatchRecords bounds the records of one request. Default 8192.
@@ -116,6 +123,11 @@ func (o *ProducerOptions) setDefaults() {
 		o.Linger = time.Millisecond
 	} else if o.Linger < 0 {
 		o.Linger = 0
+	}
+	if o.LingerIdle == 0 {
+		o.LingerIdle = o.Linger / 20
+	} else if o.LingerIdle < 0 {
+		o.LingerIdle = 0
 	}
 	if o.MaxBatchBytes <= 0 {
 		o.MaxBatchBytes = 512 << 10
@@ -324,6 +336,7 @@ type Producer struct {
 	spaceCh  chan struct{} // closed (and replaced) when buffered bytes drop
 	closed   bool
 	lastCap  int
+	lastSend time.Time // when Send last queued a record (LingerIdle)
 
 	kick chan struct{}
 	sem  chan struct{}
@@ -420,6 +433,7 @@ func (p *Producer) Send(ctx context.Context, r Record) *Future {
 	}
 	p.seq++
 	f.pr.Sequence = p.seq
+	p.lastSend = time.Now()
 	p.buffered += size
 	part := p.routeLocked(&f.pr, size)
 	limit := p.opts.PartitionBatchBytes
@@ -703,6 +717,9 @@ func (p *Producer) nextRequest(timer *time.Timer) *request {
 		var wait time.Duration
 		if oldest := p.oldestOpenLocked(); !oldest.IsZero() {
 			wait = max(p.opts.Linger-time.Since(oldest), 0)
+			if idle := p.opts.LingerIdle; idle > 0 && wait > 0 {
+				wait = min(wait, max(idle-time.Since(p.lastSend), 0))
+			}
 		}
 		if len(p.ready) > 0 || (len(p.open) > 0 && wait == 0) {
 			r := p.takeLocked()

@@ -417,3 +417,29 @@ func eventually(t *testing.T, cond func() bool) {
 		}
 	}
 }
+
+func TestAProducerSendsABurstOnceItsCallerPauses(t *testing.T) {
+	srv, c := setup(t, 1)
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: 5 * time.Second, LingerIdle: 200 * time.Millisecond})
+	defer p.Close()
+	ctx := context.Background()
+	if _, err := p.SendSync(ctx, client.Record{Value: []byte("first")}); err != nil {
+		t.Fatal(err)
+	}
+	// Records that keep coming gather for as long as they do...
+	start := time.Now()
+	var fs []*client.Future
+	for i := range 10 {
+		fs = append(fs, p.Send(ctx, client.Record{Value: []byte(fmt.Sprint(i))}))
+		time.Sleep(10 * time.Millisecond)
+	}
+	// ...and leave once the caller pauses, not when Linger is up.
+	waitAll(t, fs)
+	if took := time.Since(start); took >= 5*time.Second {
+		t.Fatalf("the burst waited %v, its whole linger", took)
+	}
+	reqs := srv.Requests()
+	if len(reqs) != 2 || len(reqs[1].Records) != 10 {
+		t.Fatalf("%d requests (the last of %d records), want the burst's 10 records in one", len(reqs), len(reqs[len(reqs)-1].Records))
+	}
+}
