@@ -77,13 +77,7 @@ func TestRequestsInFlightOnABrokenStreamAreRetriedOnTheNext(t *testing.T) {
 	for i := range 8 {
 		fs = append(fs, p.Send(context.Background(), client.Record{Value: []byte(fmt.Sprint(i))}))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(srv.Requests()) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("no request reached the server")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	eventually(t, func() bool { return len(srv.Requests()) >= 2 })
 	srv.BreakProduceStreams()
 	release()
 	acks := waitAll(t, fs)

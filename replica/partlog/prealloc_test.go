@@ -31,6 +31,13 @@ func framesEnd(frames [][]byte) int64 {
 	return end
 }
 
+// openRoomy opens a log whose segments have room for the zeros written
+// ahead of small appends.
+func openRoomy(t *testing.T, fsys *faultfs.FS) *partlog.Log {
+	t.Helper()
+	return openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 4 << 20 })
+}
+
 func preallocate(t *testing.T, l *partlog.Log) {
 	t.Helper()
 	if err := l.Sync(); err != nil {
@@ -43,7 +50,7 @@ func preallocate(t *testing.T, l *partlog.Log) {
 
 func TestSmallAppendsGoIntoZerosWrittenAhead(t *testing.T) {
 	fsys := faultfs.New()
-	l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 4 << 20 })
+	l := openRoomy(t, fsys)
 	frames := appendAll(t, l, uniform(10, 5, 50, 1))
 	preallocate(t, l)
 	seg := segments(t, fsys)[0]
@@ -73,7 +80,7 @@ func TestSmallAppendsGoIntoZerosWrittenAhead(t *testing.T) {
 	// zeros without calling them a torn write or keeping them as evidence.
 	durable := l.DurableOffset()
 	fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
-	l = openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 4 << 20 })
+	l = openRoomy(t, fsys)
 	defer mustClose(t, l)
 	rec := l.Recovery()
 	if l.NextOffset() != durable || rec.TornSegment != "" || rec.ZeroTailBytes != zeroed-framesEnd(frames) {
@@ -95,7 +102,7 @@ func TestLargeAppendsAreNotZeroFilledAhead(t *testing.T) {
 	// Zeros cost a write of their own per byte: for appends this large the
 	// fsyncs they save cost less than writing every byte twice.
 	fsys := faultfs.New()
-	l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 4 << 20 })
+	l := openRoomy(t, fsys)
 	defer mustClose(t, l)
 	frames := appendAll(t, l, uniform(12, 4, 16<<10, 1))
 	preallocate(t, l)
@@ -135,7 +142,7 @@ func TestSealedSegmentsAndClosedLogsCarryNoZeros(t *testing.T) {
 
 func TestTruncateCutsTheZerosWrittenAhead(t *testing.T) {
 	fsys := faultfs.New()
-	l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 4 << 20 })
+	l := openRoomy(t, fsys)
 	frames := appendAll(t, l, uniform(10, 5, 50, 1))
 	preallocate(t, l)
 	if err := l.Truncate(25); err != nil {
@@ -151,7 +158,7 @@ func TestTruncateCutsTheZerosWrittenAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	fsys.Crash(faultfs.CrashOptions{})
-	l = openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 4 << 20 })
+	l = openRoomy(t, fsys)
 	defer mustClose(t, l)
 	equalFrames(t, readAll(t, l), frames)
 }
@@ -160,7 +167,7 @@ func TestATornFrameBeforeZerosIsStillATornWrite(t *testing.T) {
 	// Only a tail of zeros alone is cut quietly: the first bytes of a frame
 	// that did not reach the disk whole are evidence, whatever follows.
 	fsys := faultfs.New()
-	l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 4 << 20 })
+	l := openRoomy(t, fsys)
 	frames := appendAll(t, l, uniform(10, 5, 50, 1))
 	preallocate(t, l)
 	seg := segments(t, fsys)[0]
@@ -171,7 +178,7 @@ func TestATornFrameBeforeZerosIsStillATornWrite(t *testing.T) {
 	if err := fsys.Corrupt(seg, p, torn[:len(torn)/2]); err != nil {
 		t.Fatal(err)
 	}
-	l = openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 4 << 20 })
+	l = openRoomy(t, fsys)
 	defer mustClose(t, l)
 	rec := l.Recovery()
 	if l.NextOffset() != 50 || rec.TornSegment != seg || rec.TornAt != p || rec.TornBytes != size-p || rec.ZeroTailBytes != 0 {
