@@ -285,7 +285,12 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 		}
 		zero := uint32(0)
 		for call := uint64(1); call <= 2; call++ {
-			if err := s.Send(&catenapb.ProduceRequest{Stream: stream, CallId: call, ProducerId: 77, Request: call, Records: []*catenapb.ProduceRecord{{Value: []byte(value), Sequence: call, Partition: &zero}}}); err != nil {
+			// The second names the first as its predecessor, as a
+			// producer does: without it the two may reach the partition
+			// in either order, and the log takes sequence 1 after 2 for
+			// a retry.
+			req := &catenapb.ProduceRequest{Stream: stream, CallId: call, ProducerId: 77, Request: call, PrevRequest: call - 1, Records: []*catenapb.ProduceRecord{{Value: []byte(value), Sequence: call, Partition: &zero}}}
+			if err := s.Send(req); err != nil {
 				return err
 			}
 		}
