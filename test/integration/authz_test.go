@@ -299,8 +299,14 @@ func TestIngestionAuthorizesEachStreamsClients(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if _, err := producestream.Result(ans); err != nil {
+			resp, err := producestream.Result(ans)
+			if err != nil {
 				return err
+			}
+			for _, r := range resp.GetResults() {
+				if r.GetErrorCode() != 0 {
+					return fmt.Errorf("a record was refused: %s", r.GetErrorMessage())
+				}
 			}
 		}
 		return nil
