@@ -28,12 +28,19 @@ const (
 	maxPoolShift = 26
 )
 
-// Every gRPC server, connection and codec of a process that links this
-// package uses the pool: the proto codec takes its buffers from gRPC's
-// default pool, not from the server's or connection's.
-func init() { experimental.SetDefaultBufferPool(&bufferPool{}) }
+// processPool is the pool of every gRPC server, connection and codec of a
+// process that links this package. The proto codec and every connection
+// dialled take gRPC's default pool, which init sets; a server takes the
+// default that gRPC captured when its own package was initialised, before
+// this init ran, so ServerOptions names the pool explicitly.
+var processPool = &bufferPool{}
+
+func init() { experimental.SetDefaultBufferPool(processPool) }
 
 var _ mem.BufferPool = (*bufferPool)(nil)
+
+// testHookGet, when set (by tests), sees every Get.
+var testHookGet func(size int)
 
 // tier is the index of the smallest power of two holding size, or -1.
 func tier(size int) int {
@@ -49,6 +56,9 @@ func tier(size int) int {
 
 // Get returns a buffer of length size, its contents undefined.
 func (p *bufferPool) Get(size int) *[]byte {
+	if testHookGet != nil {
+		testHookGet(size)
+	}
 	t := tier(size)
 	if t < 0 {
 		b := make([]byte, size)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/resolver/dns"
 )
@@ -31,6 +32,8 @@ func ServerOptions(tlsConfig *tls.Config) []grpc.ServerOption {
 		// flow control at 100+ MiB/s.
 		grpc.InitialWindowSize(8 << 20),
 		grpc.InitialConnWindowSize(16 << 20),
+		// What a server reads goes into the process pool, uncleared.
+		experimental.BufferPool(processPool),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}
 	if tlsConfig != nil {
