@@ -345,11 +345,12 @@ type Producer struct {
 	lastSent *request // owned by the flusher goroutine
 	reqNum   uint64   // owned by the flusher goroutine
 
-	// ps is the open ProduceStream, if any (producestream.go); unary is
-	// set once ingestion said it does not serve one.
-	psMu  sync.Mutex
-	ps    *produceStream
-	unary atomic.Bool
+	// ps is the open ProduceStream, if any (producestream.go);
+	// unaryUntil (Unix nanoseconds) is when to try one again after
+	// ingestion said it does not serve one.
+	psMu       sync.Mutex
+	ps         *produceStream
+	unaryUntil atomic.Int64
 }
 
 // NewProducer starts a producer for stream with a random non-zero

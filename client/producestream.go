@@ -38,12 +38,18 @@ type produceAnswer struct {
 	err  error
 }
 
+// unaryRecheck is how long a producer sends unary calls after ingestion
+// said it does not serve ProduceStream, before it tries the stream again:
+// in a rolling upgrade the node it reaches (or the next one behind the same
+// address) soon does. A variable for tests.
+var unaryRecheck = time.Minute
+
 // produce sends req once and waits for its answer: on the producer's
 // ProduceStream, or as a unary Produce where ingestion does not serve the
-// stream (a node older than it, in a rolling upgrade; the producer then
-// stays with unary calls).
+// stream (a node older than it, in a rolling upgrade), which it then keeps
+// to for unaryRecheck.
 func (p *Producer) produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
-	if p.unary.Load() {
+	if time.Now().UnixNano() < p.unaryUntil.Load() {
 		return p.c.ingest.Produce(ctx, req)
 	}
 	s, err := p.produceStream(ctx)
@@ -57,7 +63,7 @@ func (p *Producer) produce(ctx context.Context, req *catenapb.ProduceRequest) (*
 	// not an HTTP proxy's 404 for a moment, which gRPC reports as
 	// Unimplemented too (conn.go redials on those).
 	if status.Code(err) == codes.Unimplemented && !notGRPCServer(err) && (s == nil || !s.hasAnswered()) {
-		p.unary.Store(true)
+		p.unaryUntil.Store(time.Now().Add(unaryRecheck).UnixNano())
 		return p.c.ingest.Produce(ctx, req)
 	}
 	return nil, err

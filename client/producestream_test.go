@@ -47,6 +47,35 @@ func TestProducerFallsBackToUnaryCallsWithoutTheStream(t *testing.T) {
 	}
 }
 
+func TestAProducerOnUnaryCallsTriesTheStreamAgain(t *testing.T) {
+	// The rolling upgrade goes on: the node that lacked ProduceStream is
+	// replaced by one that serves it, behind the same address.
+	defer client.SetUnaryRecheck(50 * time.Millisecond)()
+	srv, c := setup(t, 1)
+	srv.WithoutProduceStream(true)
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1})
+	defer p.Close()
+	send := func(i int) {
+		t.Helper()
+		a, err := p.SendSync(context.Background(), client.Record{Value: []byte(fmt.Sprint(i))})
+		if err != nil || a.Offset != uint64(i) {
+			t.Fatalf("record %d: ack %+v, %v", i, a, err)
+		}
+	}
+	send(0)
+	send(1)
+	srv.WithoutProduceStream(false)
+	time.Sleep(100 * time.Millisecond) // past the recheck: what is under test
+	send(2)
+	send(3)
+	if n := srv.ProduceStreams(); n != 1 {
+		t.Fatalf("%d produce streams after the recheck, want 1 carrying the last two records", n)
+	}
+	if n := len(srv.Requests()); n != 4 {
+		t.Fatalf("%d requests, want 4: none sent twice", n)
+	}
+}
+
 func TestARequestsFailureDoesNotEndTheStream(t *testing.T) {
 	srv, c := setup(t, 1)
 	srv.FailProduce(status.Error(codes.InvalidArgument, "refused for the test"))
