@@ -132,8 +132,9 @@ type StreamSpec struct {
 	Placement *PlacementSpec `json:"placement,omitempty"`
 
 	// catchUpMiBPerSecond caps how fast each replica of the Stream's own
-	// pool copies the partitions it catches up on, as a ReplicaPool's does
-	// (0: no cap; omitted: 160 MiB/s). Only without pool.
+	// pool copies the partitions it catches up on, and serves them to
+	// replicas copying from it, as a ReplicaPool's does (0: no cap;
+	// omitted: 160 MiB/s). Only without pool.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100000

@@ -79,7 +79,7 @@ func newReplicaCommand() *cobra.Command {
 	cmd.Flags().StringVar(&dataDir, "data-dir", "", "directory for partition logs (required)")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "address to serve Prometheus /metrics on (empty: off)")
 	pprofFlag(cmd, &pprofAddr)
-	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", server.DefaultCatchUpMiBPerSecond, "MiB/s at most that this replica copies, all the partitions it catches up on outside their chains together (0: no cap)")
+	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", server.DefaultCatchUpMiBPerSecond, "MiB/s at most that this replica copies, all the partitions it catches up on outside their chains together, and, separately, at most that it serves to all the replicas copying history from it (0: no cap)")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
 	metricsFlag(cmd, &metricsOverTLS)

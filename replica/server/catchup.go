@@ -48,7 +48,7 @@ const (
 
 // DefaultCatchUpMiBPerSecond is `catena replica --catch-up-rate`'s default:
 // what a replica copies in all while it catches up on partitions outside
-// their chains. Copying is CPU and disk the chains' writes then wait for:
+// their chains, and what it serves in all to the replicas copying from it. Copying is CPU and disk the chains' writes then wait for:
 // on 2 cores with the copy's both ends and the chain in one process, the
 // producer's p99 during an uncapped copy (237-298 MiB/s) was 2.2-2.5 times
 // what it was before, and at 160 MiB/s 1.65-2.1 times (docs/benchmarks.md,
@@ -107,6 +107,14 @@ func (s *Server) ReadFrames(ctx context.Context, req *catenapb.ReadFramesRequest
 	var n int
 	for _, fr := range frames {
 		n += len(fr)
+	}
+	if req.GetHistory() {
+		// Several replicas returning at once (after a power cut, say)
+		// all copy from the survivors, each at its own cap: paced here
+		// too, the copies a replica serves share one cap.
+		if err := pace(ctx, s.serveLimit, int64(n)); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
 	}
 	p.m.bytesOut.Add(float64(n))
 	return resp, nil
@@ -197,7 +205,7 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 	p.mu.Unlock()
 	var bytes, unsynced int64
 	// backlog is the source's committed offset when the copy began: the
-	// copy is paced below it only (paceCopy). What the chain commits
+	// copy is paced below it only (pace). What the chain commits
 	// meanwhile is copied as fast as it comes, so that a copy always
 	// closes in on its chain, however many copies share the cap and
 	// however fast the chain is written; the cap bounds the history copied
@@ -219,7 +227,8 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 
 		wait := p.srv.copyWait
 		rctx, cancel := context.WithTimeout(ctx, wait+10*time.Second)
-		resp, err := rc.ReadFrames(rctx, &catenapb.ReadFramesRequest{Stream: p.stream, Partition: p.index, From: from, MaxBytes: copyChunkBytes, WaitMs: uint32(wait / time.Millisecond)})
+		history := backlog == 0 || from < backlog
+		resp, err := rc.ReadFrames(rctx, &catenapb.ReadFramesRequest{Stream: p.stream, Partition: p.index, From: from, MaxBytes: copyChunkBytes, WaitMs: uint32(wait / time.Millisecond), History: history})
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -269,22 +278,22 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 		if from >= backlog {
 			continue
 		}
-		if err := p.srv.paceCopy(ctx, n); err != nil {
+		if err := pace(ctx, p.srv.copyLimit, n); err != nil {
 			return
 		}
 	}
 }
 
-// paceCopy waits until this replica's copies together may have copied n
-// more bytes (Options.CatchUpBytesPerSecond; at once when uncapped). It
-// fails only when ctx ends.
-func (s *Server) paceCopy(ctx context.Context, n int64) error {
-	if s.copyLimit == nil {
+// pace waits until lim lets n more bytes through (copyLimit: this
+// replica's copies together; serveLimit: the history it serves to copies;
+// at once when lim is nil). It fails only when ctx ends.
+func pace(ctx context.Context, lim *rate.Limiter, n int64) error {
+	if lim == nil {
 		return nil
 	}
 	for n > 0 {
-		k := min(n, int64(s.copyLimit.Burst()))
-		if err := s.copyLimit.WaitN(ctx, int(k)); err != nil {
+		k := min(n, int64(lim.Burst()))
+		if err := lim.WaitN(ctx, int(k)); err != nil {
 			return err
 		}
 		n -= k

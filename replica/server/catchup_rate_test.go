@@ -88,13 +88,65 @@ func TestACopyIsDurableOnceItHoldsTheSourcesCommittedLog(t *testing.T) {
 	})
 }
 
+// TestTheCatchUpRateCapsTheCopiesAReplicaServes: replicas returning at
+// once (a power cut, several nodes back together) all copy from the
+// survivors, each at its own cap; a source serving them all at every
+// copier's cap would read and send at a multiple of the rate meant to
+// leave its disk and CPU to its chains. Two uncapped replicas copy the
+// same 2 MiB partition from a source capped at 2 MiB/s: at least the time
+// 4 MiB take at that rate, less what is not waited for (a lower bound: a
+// slower machine only takes longer; uncapped at the source, each copy took
+// a few milliseconds).
+func TestTheCatchUpRateCapsTheCopiesAReplicaServes(t *testing.T) {
+	ctx := context.Background()
+	const rate = 2 << 20
+	src := sourceOfCopiesWith(t, Options{CatchUpBytesPerSecond: rate}, "s")
+	var copiers []*node
+	start := time.Now()
+	for _, id := range []string{"c", "d"} {
+		n := startNode(t, id, nil)
+		copiers = append(copiers, n)
+		chain := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(src), Config: testConfig}
+		if _, err := client(t, n.addr).CatchUp(ctx, &catenapb.CatchUpRequest{Chain: chain, SourceId: "b", SourceAddr: src.addr}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 30*time.Second, func() error {
+		for _, n := range copiers {
+			if end := status0(t, n).GetLogEnd(); end < 2048 {
+				return fmt.Errorf("%s copied %d of 2048 records", n.id, end)
+			}
+		}
+		return nil
+	})
+	elapsed := time.Since(start)
+	p, err := src.srv.lookup("s", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size, _ := p.log.Usage()
+	// The source waits after reading each answer: its limiter's burst is
+	// not waited for.
+	least := time.Duration(float64(2*uint64(size)-copyBurstBytes) / rate * float64(time.Second))
+	if elapsed < least {
+		t.Errorf("serving two copies of %d KiB under a cap of %d KiB/s took %v, want at least %v: the source did not cap what it served", size>>10, rate>>10, elapsed.Round(time.Millisecond), least.Round(time.Millisecond))
+	}
+}
+
 // sourceOfCopies starts replica b, the sole member of a chain of each
 // stream, holding 2,048 records of 1,000 bytes in each: 32 frames of 64
 // records, 8 whole chunks of a copy.
 func sourceOfCopies(t *testing.T, streams ...string) *node {
 	t.Helper()
+	return sourceOfCopiesWith(t, Options{}, streams...)
+}
+
+// sourceOfCopiesWith is sourceOfCopies with b started with opts.
+func sourceOfCopiesWith(t *testing.T, opts Options, streams ...string) *node {
+	t.Helper()
 	ctx := context.Background()
-	src := startNode(t, "b", nil)
+	src := &node{id: "b", fatal: make(chan error, 4)}
+	startWith(t, src, t.TempDir(), opts)
 	bc := client(t, src.addr)
 	value := bytes.Repeat([]byte("v"), 1000)
 	for _, stream := range streams {
@@ -120,13 +172,21 @@ func sourceOfCopies(t *testing.T, streams ...string) *node {
 // A chain written at about twice the cap would otherwise leave its copy
 // further behind every second, and the copy would never join (nor would
 // any of many copies sharing the cap, each written faster than its share).
+// The cap paces history at both ends: at the copying replica and at the
+// source it copies from.
 func TestACopyClosesInOnAChainWrittenFasterThanTheCap(t *testing.T) {
+	const rate = 512 << 10
+	capped := Options{CatchUpBytesPerSecond: rate}
+	t.Run("capped copier", func(t *testing.T) { copyClosesIn(t, Options{}, capped) })
+	t.Run("capped source", func(t *testing.T) { copyClosesIn(t, capped, Options{}) })
+}
+
+func copyClosesIn(t *testing.T, source, copier Options) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	const rate = 512 << 10
-	src := sourceOfCopies(t, "s") // 2 MiB of history
+	src := sourceOfCopiesWith(t, source, "s") // 2 MiB of history
 	c := &node{id: "c", fatal: make(chan error, 4)}
-	startWith(t, c, t.TempDir(), Options{CatchUpBytesPerSecond: rate})
+	startWith(t, c, t.TempDir(), copier)
 
 	// The chain goes on at about 1 MiB/s: 64 KiB every 60 ms.
 	bc := client(t, src.addr)

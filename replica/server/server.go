@@ -70,9 +70,10 @@ type Options struct {
 	FS partlog.FS
 	// CatchUpBytesPerSecond caps how fast this replica copies the
 	// partitions it catches up on outside their chains, all of them
-	// together, so that the copies leave disk and CPU to the chains it
-	// serves (0: no cap; `catena replica --catch-up-rate` defaults to
-	// DefaultCatchUpMiBPerSecond).
+	// together, and, on its own, how fast it serves history to the
+	// replicas copying from it, all of them together: so that copies
+	// leave disk and CPU to the chains at both ends (0: no cap; `catena
+	// replica --catch-up-rate` defaults to DefaultCatchUpMiBPerSecond).
 	CatchUpBytesPerSecond int64
 }
 
@@ -89,9 +90,10 @@ type Server struct {
 	dataDir string
 	logger  logr.Logger
 	pool    *transport.Pool
-	// copyLimit paces all catch-up copies together
-	// (Options.CatchUpBytesPerSecond; nil: no cap).
-	copyLimit *rate.Limiter
+	// copyLimit paces all catch-up copies together, and serveLimit the
+	// history this replica serves to every copy from it
+	// (Options.CatchUpBytesPerSecond each; nil: no cap).
+	copyLimit, serveLimit *rate.Limiter
 	// copyWait: copyWait (tests lengthen it).
 	copyWait time.Duration
 	metrics  *metrics
@@ -137,6 +139,7 @@ func New(opts Options) (*Server, error) {
 		logger:     opts.Logger,
 		pool:       transport.NewPool(opts.TLS, opts.DialOptions...),
 		copyLimit:  newCopyLimit(opts.CatchUpBytesPerSecond),
+		serveLimit: newCopyLimit(opts.CatchUpBytesPerSecond),
 		copyWait:   copyWait,
 		metrics:    newMetrics(opts.Registerer),
 		fatalFn:    opts.Fatal,

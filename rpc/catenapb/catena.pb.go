@@ -4162,8 +4162,13 @@ type ReadFramesRequest struct {
 	Partition uint32                 `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
 	From      uint64                 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
 	// 0: a default; capped by the server.
-	MaxBytes      uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
-	WaitMs        uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	MaxBytes uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	WaitMs   uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	// The reader copies history: what lay below the source's committed
+	// offset when its copy began. The source paces such reads, all copies it
+	// serves together, at its catch-up rate; what the chain committed since
+	// is served at once, so that every copy closes in on its chain.
+	History       bool `protobuf:"varint,6,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4231,6 +4236,13 @@ func (x *ReadFramesRequest) GetWaitMs() uint32 {
 		return x.WaitMs
 	}
 	return 0
+}
+
+func (x *ReadFramesRequest) GetHistory() bool {
+	if x != nil {
+		return x.History
+	}
+	return false
 }
 
 type ReadFramesResponse struct {
@@ -6264,13 +6276,14 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05chain\x18\x01 \x01(\v2\x1b.catena.v1.ConfigureRequestR\x05chain\x12\x1b\n" +
 	"\tsource_id\x18\x02 \x01(\tR\bsourceId\x12\x1f\n" +
 	"\vsource_addr\x18\x03 \x01(\tR\n" +
-	"sourceAddr\"\x93\x01\n" +
+	"sourceAddr\"\xad\x01\n" +
 	"\x11ReadFramesRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x12\n" +
 	"\x04from\x18\x03 \x01(\x04R\x04from\x12\x1b\n" +
 	"\tmax_bytes\x18\x04 \x01(\rR\bmaxBytes\x12\x17\n" +
-	"\await_ms\x18\x05 \x01(\rR\x06waitMs\"\x96\x01\n" +
+	"\await_ms\x18\x05 \x01(\rR\x06waitMs\x12\x18\n" +
+	"\ahistory\x18\x06 \x01(\bR\ahistory\"\x96\x01\n" +
 	"\x12ReadFramesResponse\x12\x16\n" +
 	"\x06frames\x18\x01 \x03(\fR\x06frames\x12\x1c\n" +
 	"\tcommitted\x18\x02 \x01(\x04R\tcommitted\x12\x1b\n" +
