@@ -346,8 +346,8 @@ type Producer struct {
 	reqNum   uint64   // owned by the flusher goroutine
 
 	// ps is the open ProduceStream, if any (producestream.go);
-	// unaryUntil (Unix nanoseconds) is when to try one again after
-	// ingestion said it does not serve one.
+	// unaryUntil (nanoseconds after monoStart) is when to try one again
+	// after ingestion said it does not serve one.
 	psMu       sync.Mutex
 	ps         *produceStream
 	unaryUntil atomic.Int64

@@ -44,12 +44,16 @@ type produceAnswer struct {
 // address) soon does. A variable for tests.
 var unaryRecheck = time.Minute
 
+// monoStart is the origin of Producer.unaryUntil: times since it are read
+// on the monotonic clock, which a step of the wall clock does not move.
+var monoStart = time.Now()
+
 // produce sends req once and waits for its answer: on the producer's
 // ProduceStream, or as a unary Produce where ingestion does not serve the
 // stream (a node older than it, in a rolling upgrade), which it then keeps
 // to for unaryRecheck.
 func (p *Producer) produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
-	if time.Now().UnixNano() < p.unaryUntil.Load() {
+	if time.Since(monoStart) < time.Duration(p.unaryUntil.Load()) {
 		return p.c.ingest.Produce(ctx, req)
 	}
 	s, err := p.produceStream(ctx)
@@ -63,7 +67,7 @@ func (p *Producer) produce(ctx context.Context, req *catenapb.ProduceRequest) (*
 	// not an HTTP proxy's 404 for a moment, which gRPC reports as
 	// Unimplemented too (conn.go redials on those).
 	if status.Code(err) == codes.Unimplemented && !notGRPCServer(err) && (s == nil || !s.hasAnswered()) {
-		p.unaryUntil.Store(time.Now().Add(unaryRecheck).UnixNano())
+		p.unaryUntil.Store(int64(time.Since(monoStart) + unaryRecheck))
 		return p.c.ingest.Produce(ctx, req)
 	}
 	return nil, err

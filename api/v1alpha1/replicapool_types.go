@@ -44,9 +44,9 @@ type ReplicaPoolSpec struct {
 	// catchUpMiBPerSecond caps how fast each replica copies the partitions
 	// it catches up on outside their chains (a replica back from a failure,
 	// or one replacing a replica lost with its volume), all of them
-	// together, and, separately, how fast it serves that history to all
-	// the replicas copying from it, so that copies leave CPU and disk to
-	// the writes of the chains at both ends. 0 removes the cap. Omitted:
+	// together, and, separately, how fast it serves the history of its
+	// partitions to all the replicas copying from it, so that copies leave
+	// CPU and disk to the writes of the chains at both ends. 0 removes the cap. Omitted:
 	// the replica's default, 160 MiB/s.
 	// +optional
 	// +kubebuilder:validation:Minimum=0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -37,8 +38,10 @@ const (
 	// copyWait is how long a ReadFrames long-polls once the copy has
 	// reached the source's committed offset.
 	copyWait = time.Second
-	// copyRetry is the pause after a failed ReadFrames.
-	copyRetry = 100 * time.Millisecond
+	// copyRetry is the pause after a failed ReadFrames, and copyBusyRetry
+	// (plus up to as much again) after one the source refused as busy.
+	copyRetry     = 100 * time.Millisecond
+	copyBusyRetry = time.Second
 	// copySyncBytes is how much a copy appends between fsyncs while it is
 	// far behind. A copy is not a member: nothing waits for its
 	// durability until it joins, and fewer, larger fsyncs leave the disk
@@ -99,6 +102,17 @@ func (s *Server) ReadFrames(ctx context.Context, req *catenapb.ReadFramesRequest
 	if req.GetFrom() >= committed {
 		return resp, nil
 	}
+	granted := maxBytes
+	if req.GetHistory() {
+		// Several replicas returning at once (after a power cut, say)
+		// all copy from the survivors, each at its own cap: paced here
+		// too, the copies a replica serves share one cap. Before the
+		// read, so that a busy source reads nothing it cannot send.
+		if granted, err = s.reserveServe(ctx, maxBytes); err != nil {
+			return nil, err
+		}
+		maxBytes = granted
+	}
 	frames, err := p.committedFrames(req.GetFrom(), committed, maxBytes)
 	if err != nil {
 		return nil, err
@@ -108,16 +122,62 @@ func (s *Server) ReadFrames(ctx context.Context, req *catenapb.ReadFramesRequest
 	for _, fr := range frames {
 		n += len(fr)
 	}
-	if req.GetHistory() {
-		// Several replicas returning at once (after a power cut, say)
-		// all copy from the survivors, each at its own cap: paced here
-		// too, the copies a replica serves share one cap.
-		if err := pace(ctx, s.serveLimit, int64(n)); err != nil {
-			return nil, status.FromContextError(err).Err()
-		}
+	if req.GetHistory() && n > granted && s.serveLimit != nil {
+		// One frame larger than the grant (a frame is served whole):
+		// charged to the next reads, not waited for here.
+		s.serveLimit.ReserveN(time.Now(), min(n-granted, s.serveLimit.Burst()))
 	}
 	p.m.bytesOut.Add(float64(n))
 	return resp, nil
+}
+
+const (
+	// maxServeWait bounds how long a history read waits for the serve
+	// limiter, and serveMargin is left of the reader's deadline for the
+	// read and the answer.
+	maxServeWait = 5 * time.Second
+	serveMargin  = time.Second
+)
+
+// reserveServe waits until the serve limiter lets a history read of up to
+// want bytes through, and returns how much it may read (want, or the
+// limiter's burst if less). A read that would wait past the reader's
+// deadline (or maxServeWait) is refused at once, RESOURCE_EXHAUSTED with
+// nothing read or reserved: more copies read from this replica than its
+// cap serves in that time, and the copier backs off.
+func (s *Server) reserveServe(ctx context.Context, want int) (int, error) {
+	lim := s.serveLimit
+	if lim == nil {
+		return want, nil
+	}
+	n := min(want, lim.Burst())
+	r := lim.ReserveN(time.Now(), n)
+	if !r.OK() {
+		return n, nil // not for n <= burst
+	}
+	limit := maxServeWait
+	if d, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(d)-serveMargin)
+	}
+	delay := r.Delay()
+	if delay > limit {
+		r.Cancel()
+		s.metrics.serveRefused.Inc()
+		return 0, status.Errorf(codes.ResourceExhausted, "replica %s serves history to the replicas copying from it at %.0f MiB/s in all (its catch-up rate), and the reads queued ahead of this one would hold it %v; retry later",
+			s.id, float64(lim.Limit())/(1<<20), delay.Round(time.Millisecond))
+	}
+	if delay > 0 {
+		s.metrics.serveWaitSeconds.Add(delay.Seconds())
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			r.Cancel()
+			return 0, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return n, nil
 }
 
 // copier is a running copy from a source.
@@ -227,7 +287,10 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 
 		wait := p.srv.copyWait
 		rctx, cancel := context.WithTimeout(ctx, wait+10*time.Second)
-		history := backlog == 0 || from < backlog
+		// The first read is not history: it learns where history ends,
+		// and a replica that missed a few records is not queued behind
+		// the full copies a busy source serves.
+		history := backlog != 0 && from < backlog
 		resp, err := rc.ReadFrames(rctx, &catenapb.ReadFramesRequest{Stream: p.stream, Partition: p.index, From: from, MaxBytes: copyChunkBytes, WaitMs: uint32(wait / time.Millisecond), History: history})
 		cancel()
 		switch {
@@ -241,6 +304,17 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 			reset, rerr := p.resetBelowSource(ctx, rc, from)
 			if rerr != nil || !reset {
 				logger.Info("The catch-up source cannot serve the next offset; stopping", "from", from, "reason", err.Error(), "resetError", rerr)
+				return
+			}
+			backlog = 0 // history ends where the source's committed offset is now
+			continue
+		case status.Code(err) == codes.ResourceExhausted:
+			// The source serves more copies than its cap lets through
+			// before this read's deadline: ask again later, at a time of
+			// its own so that the copies waiting do not come back together.
+			select {
+			case <-time.After(copyBusyRetry + rand.N(copyBusyRetry)):
+			case <-ctx.Done():
 				return
 			}
 			continue
@@ -284,9 +358,9 @@ func (p *partition) copyFrom(ctx context.Context, c *copier) {
 	}
 }
 
-// pace waits until lim lets n more bytes through (copyLimit: this
-// replica's copies together; serveLimit: the history it serves to copies;
-// at once when lim is nil). It fails only when ctx ends.
+// pace waits until lim lets n more bytes through (at once when lim is
+// nil): copyLimit, this replica's copies together. It fails only when ctx
+// ends.
 func pace(ctx context.Context, lim *rate.Limiter, n int64) error {
 	if lim == nil {
 		return nil

@@ -4,9 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -125,12 +132,74 @@ func TestTheCatchUpRateCapsTheCopiesAReplicaServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	size, _ := p.log.Usage()
-	// The source waits after reading each answer: its limiter's burst is
-	// not waited for.
-	least := time.Duration(float64(2*uint64(size)-copyBurstBytes) / rate * float64(time.Second))
+	// Not waited for: the source limiter's burst, and each copy's first
+	// read (it learns where history ends).
+	least := time.Duration(float64(2*uint64(size)-copyBurstBytes-2*copyChunkBytes) / rate * float64(time.Second))
 	if elapsed < least {
 		t.Errorf("serving two copies of %d KiB under a cap of %d KiB/s took %v, want at least %v: the source did not cap what it served", size>>10, rate>>10, elapsed.Round(time.Millisecond), least.Round(time.Millisecond))
 	}
+}
+
+// TestABusySourceRefusesHistoryItCannotServeInTime: a source whose cap is
+// spoken for past a history read's deadline refuses the read at once,
+// before reading anything (RESOURCE_EXHAUSTED; the copier backs off), and
+// serves what is not history unpaced. Waiting past the deadline instead
+// failed the read after the source had read it, and the copier asked again
+// 100 ms later: with more copies than the cap serves, the source read
+// about 40 times what it sent (found in review).
+func TestABusySourceRefusesHistoryItCannotServeInTime(t *testing.T) {
+	const rate = 64 << 10 // a 256 KiB read past the burst waits 4 s
+	src := sourceOfCopiesWith(t, Options{CatchUpBytesPerSecond: rate}, "s")
+	rc := client(t, src.addr)
+	read := func(from uint64, history bool) (*catenapb.ReadFramesResponse, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		return rc.ReadFrames(ctx, &catenapb.ReadFramesRequest{Stream: "s", From: from, MaxBytes: copyChunkBytes, History: history})
+	}
+	// The burst: four chunks at once.
+	var from uint64
+	for i := range copyBurstBytes / copyChunkBytes {
+		resp, err := read(from, true)
+		if err != nil {
+			t.Fatalf("history read %d, within the burst: %v", i, err)
+		}
+		from = frameEnd(t, resp)
+	}
+	before := counterValue(src.srv.metrics.serveRefused)
+	_, err := read(from, true)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "retry later") {
+		t.Fatalf("a history read past the burst, 2 s to its deadline: %v; want RESOURCE_EXHAUSTED saying to retry later", err)
+	}
+	if got := counterValue(src.srv.metrics.serveRefused) - before; got != 1 {
+		t.Errorf("catena_replica_copy_serve_refused_total rose by %v, want 1", got)
+	}
+	// What is not history is not paced.
+	if _, err := read(from, false); err != nil {
+		t.Fatalf("a read of what is not history while the cap is spoken for: %v", err)
+	}
+}
+
+// counterValue reads c.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetCounter().GetValue()
+}
+
+// frameEnd is the offset after the last frame of resp.
+func frameEnd(t *testing.T, resp *catenapb.ReadFramesResponse) uint64 {
+	t.Helper()
+	frames := resp.GetFrames()
+	if len(frames) == 0 {
+		t.Fatal("no frames in the answer")
+	}
+	h, err := partlog.DecodeHeader(frames[len(frames)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.End()
 }
 
 // sourceOfCopies starts replica b, the sole member of a chain of each

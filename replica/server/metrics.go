@@ -19,6 +19,10 @@ type metrics struct {
 	committed     *prometheus.GaugeVec
 	epoch         *prometheus.GaugeVec
 	logEnd        *prometheus.GaugeVec
+	// serveWaitSeconds and serveRefused: history reads of copies from
+	// this replica, paced and refused by its serve cap.
+	serveWaitSeconds prometheus.Counter
+	serveRefused     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -63,9 +67,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "catena", Subsystem: "replica", Name: "log_end_offset",
 			Help: "Next offset of the local log.",
 		}, labels),
+		serveWaitSeconds: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "replica", Name: "copy_serve_wait_seconds_total",
+			Help: "Time history reads of replicas copying from this one waited for its catch-up rate.",
+		}),
+		serveRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "replica", Name: "copy_serve_refused_total",
+			Help: "History reads refused as busy: the reads queued ahead would have held them past their deadline.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.syncSeconds, m.commitSeconds, m.bytesIn, m.recordsIn, m.bytesOut, m.recordsOut, m.committed, m.epoch, m.logEnd)
+		reg.MustRegister(m.syncSeconds, m.commitSeconds, m.bytesIn, m.recordsIn, m.bytesOut, m.recordsOut, m.committed, m.epoch, m.logEnd,
+			m.serveWaitSeconds, m.serveRefused)
 	}
 	return m
 }

@@ -4165,9 +4165,12 @@ type ReadFramesRequest struct {
 	MaxBytes uint32 `protobuf:"varint,4,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	WaitMs   uint32 `protobuf:"varint,5,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	// The reader copies history: what lay below the source's committed
-	// offset when its copy began. The source paces such reads, all copies it
-	// serves together, at its catch-up rate; what the chain committed since
-	// is served at once, so that every copy closes in on its chain.
+	// offset when its copy began (learnt from its first read, which is not
+	// history). The source paces such reads, all copies it serves together,
+	// at its catch-up rate, and refuses one it cannot serve before the
+	// reader's deadline with RESOURCE_EXHAUSTED (nothing read; retry later);
+	// what the chain committed since is served at once, so that every copy
+	// closes in on its chain.
 	History       bool `protobuf:"varint,6,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

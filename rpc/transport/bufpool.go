@@ -3,6 +3,7 @@ package transport
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/mem"
@@ -39,8 +40,9 @@ func init() { experimental.SetDefaultBufferPool(processPool) }
 
 var _ mem.BufferPool = (*bufferPool)(nil)
 
-// testHookGet, when set (by tests), sees every Get.
-var testHookGet func(size int)
+// testHookGet, when set (by tests), sees every Get; atomic, as servers of
+// earlier tests may still be reading.
+var testHookGet atomic.Pointer[func(size int)]
 
 // tier is the index of the smallest power of two holding size, or -1.
 func tier(size int) int {
@@ -56,8 +58,8 @@ func tier(size int) int {
 
 // Get returns a buffer of length size, its contents undefined.
 func (p *bufferPool) Get(size int) *[]byte {
-	if testHookGet != nil {
-		testHookGet(size)
+	if hook := testHookGet.Load(); hook != nil {
+		(*hook)(size)
 	}
 	t := tier(size)
 	if t < 0 {
