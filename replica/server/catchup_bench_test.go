@@ -35,7 +35,17 @@ func BenchmarkCatchUp(b *testing.B) {
 
 func runCatchUpBench(b *testing.B, mib int) {
 	ctx := context.Background()
-	a, bb := startNode(b, "a", nil), startNode(b, "b", nil)
+	// The copy rate as catena replica --catch-up-rate sets it, on every
+	// replica (the source paces what it serves at it too): its default
+	// unless CATENA_CATCHUP_RATE says (0: no cap).
+	mibps := DefaultCatchUpMiBPerSecond
+	if v, err := strconv.Atoi(os.Getenv("CATENA_CATCHUP_RATE")); err == nil && v >= 0 {
+		mibps = v
+	}
+	opts := Options{CatchUpBytesPerSecond: int64(mibps) << 20}
+	a, bb := &node{id: "a", fatal: make(chan error, 4)}, &node{id: "b", fatal: make(chan error, 4)}
+	startWith(b, a, b.TempDir(), opts)
+	startWith(b, bb, b.TempDir(), opts)
 	req := &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: []*catenapb.Member{{Id: "a", Addr: a.addr}, {Id: "b", Addr: bb.addr}}, Config: testConfig}
 	for _, n := range []*node{bb, a} {
 		if _, err := client(b, n.addr).Configure(ctx, req); err != nil {
@@ -118,14 +128,8 @@ func runCatchUpBench(b *testing.B, mib int) {
 		}
 		b.Cleanup(func() { _ = os.RemoveAll(dir) })
 	}
-	// The copy rate as catena replica --catch-up-rate sets it: its
-	// default unless CATENA_CATCHUP_RATE says (0: no cap).
-	mibps := DefaultCatchUpMiBPerSecond
-	if v, err := strconv.Atoi(os.Getenv("CATENA_CATCHUP_RATE")); err == nil && v >= 0 {
-		mibps = v
-	}
 	c := &node{id: "c", fatal: make(chan error, 4)}
-	startWith(b, c, dir, Options{CatchUpBytesPerSecond: int64(mibps) << 20})
+	startWith(b, c, dir, opts)
 	cc := client(b, c.addr)
 	mu.Lock()
 	phase = 1
