@@ -44,6 +44,17 @@ const (
 	stallAfter = 150 * time.Millisecond
 	// headReportTimeout bounds a report of an unreachable head.
 	headReportTimeout = 300 * time.Millisecond
+	// retryOrderHold is how long a producer's later records are held back
+	// at a partition after ingestion failed some of its records there,
+	// waiting for their retries (see heldBack). A producer retries within
+	// its MaxRetryBackoff (1 s by default) of each failure, and each retry
+	// that fails again holds the rest back anew; past it, the producer is
+	// taken to have given up on the failed records.
+	retryOrderHold = 5 * time.Second
+	// maxHeldBack bounds the failed chunks remembered per producer and
+	// partition; past it the producer's order there is no longer held
+	// (the head still refuses what would take it back).
+	maxHeldBack = 1024
 )
 
 // headKey names a head under one epoch: how long appends have failed is
@@ -78,6 +89,9 @@ type chunk struct {
 	dups     []bool
 	err      error
 	done     chan struct{}
+	// alone: the head refused an append that carried it with others; it
+	// is sent in an append of its own, so that only the one at fault fails.
+	alone bool
 }
 
 func (c *chunk) fail(err error) {
@@ -185,6 +199,11 @@ type appender struct {
 	queue  []*chunk
 	wake   chan struct{}
 	nextID uint64
+	// held: producers some of whose records this partition failed with an
+	// error they retry, and whose later records wait for those retries;
+	// heldSwept is when holds past their time were last dropped.
+	held      map[uint64]*heldBack
+	heldSwept time.Time
 
 	// scratch gathers a request's records while it is encoded; spare holds
 	// answered requests' frames for reuse.
@@ -258,6 +277,11 @@ func newAppender(srv *Server, stream string, partition uint32) *appender {
 // reordered: the head refuses the retry then, and says why.)
 func (a *appender) enqueue(c *chunk) {
 	a.mu.Lock()
+	if err := a.admitHeldLocked(c, time.Now()); err != nil {
+		a.mu.Unlock()
+		c.fail(err)
+		return
+	}
 	at := len(a.queue)
 	if p, first := chunkProducer(c); p != 0 {
 		for i, q := range a.queue {
@@ -275,12 +299,205 @@ func (a *appender) enqueue(c *chunk) {
 	}
 }
 
+// heldBack is what a partition remembers of a producer some of whose
+// records it failed with an error the producer retries (its chain below
+// the minimum length, no head in time): the first sequences of those
+// chunks, whose retries have not come yet. The producer's later records
+// must not reach the partition before those retries: the head would store
+// them and then refuse each retry as taking the producer back
+// (OUT_OF_RANGE), failing records the producer was only asked to retry. So
+// the partition fails the producer's later chunks too, queued, in flight
+// or arriving, until the retries come in order (ABORTED, which producers
+// retry). Kafka's idempotent producer keeps the same order by per-partition
+// sequences, the broker refusing a batch whose predecessor it lacks; a
+// Catena producer numbers its records per producer, so only the node that
+// failed the records knows that the gap is one.
+type heldBack struct {
+	pending []uint64 // ascending
+	until   time.Time
+	cause   string // why the latest of them failed, for the held-back ones' error
+}
+
+// holdBackLocked remembers that c, a chunk of a producer, failed or was held
+// back, and will be retried. A failure (cause non-nil) starts the wait for
+// the retries anew; a chunk only held back behind them does not, or a
+// producer that gave up on a record would be held back for as long as it
+// kept sending. Records sent without a producer id are ingestion's own
+// (retried under new sequences, in no order to keep). Callers hold a.mu.
+func (a *appender) holdBackLocked(c *chunk, now time.Time, cause error) {
+	p, first := chunkProducer(c)
+	if p == 0 || p == a.srv.ownProducer {
+		return
+	}
+	if a.held == nil {
+		a.held = map[uint64]*heldBack{}
+	}
+	h := a.held[p]
+	if h == nil {
+		h = &heldBack{until: now.Add(retryOrderHold)}
+		a.held[p] = h
+	}
+	if cause != nil {
+		h.until = now.Add(retryOrderHold)
+		h.cause = status.Convert(cause).Message()
+	}
+	i, found := slices.BinarySearch(h.pending, first)
+	if found {
+		return
+	}
+	if len(h.pending) >= maxHeldBack {
+		delete(a.held, p)
+		return
+	}
+	h.pending = slices.Insert(h.pending, i, first)
+}
+
+// heldError is the error of a chunk of producer held back behind h: it
+// names the earliest record still to be retried and why records failed.
+func (a *appender) heldError(producer uint64, h *heldBack) error {
+	return status.Errorf(codes.Aborted, "partition %s/%d: producer %d's earlier sequence %d failed here (%s) and has not been retried yet; retry this record after it",
+		a.stream, a.partition, producer, h.pending[0], h.cause)
+}
+
+// checkHeldLocked decides c's place in its producer's held-back order: a
+// chunk that starts at or before the earliest retry still awaited is that
+// retry (or earlier) and goes on, releasing every retry it covers; a later
+// one is held back too and gets the error to fail it with. Callers hold
+// a.mu.
+func (a *appender) checkHeldLocked(c *chunk, now time.Time) error {
+	p, first := chunkProducer(c)
+	h := a.held[p]
+	if p == 0 || h == nil {
+		return nil
+	}
+	if first > h.pending[0] {
+		a.holdBackLocked(c, now, nil) // its retry has its place in the order too
+		return a.heldError(p, h)
+	}
+	last := first
+	for _, r := range c.recs {
+		last = max(last, r.Sequence)
+	}
+	i, _ := slices.BinarySearch(h.pending, last+1)
+	h.pending = h.pending[i:]
+	if len(h.pending) == 0 {
+		delete(a.held, p)
+	}
+	return nil
+}
+
+// admitHeldLocked checks a chunk arriving from a produce request against
+// its producer's held-back retries (checkHeldLocked); a hold past its time
+// is dropped first. Callers hold a.mu.
+func (a *appender) admitHeldLocked(c *chunk, now time.Time) error {
+	p, _ := chunkProducer(c)
+	if h := a.held[p]; h != nil && now.After(h.until) {
+		delete(a.held, p)
+	}
+	return a.checkHeldLocked(c, now)
+}
+
+// sweepHeldLocked drops holds past their time; take calls it at most once
+// a second, so that producers that went quiet are forgotten. Callers hold
+// a.mu.
+func (a *appender) sweepHeldLocked(now time.Time) {
+	if len(a.held) == 0 || now.Sub(a.heldSwept) < time.Second {
+		return
+	}
+	a.heldSwept = now
+	for p, h := range a.held {
+		if now.After(h.until) {
+			delete(a.held, p)
+		}
+	}
+}
+
+// holdBack fails failed, chunks taken out of inflight and the queue, with
+// cause, an error their producers retry, having first held those
+// producers' later records back: their chunks still in inflight or
+// queued that come later in their order are failed too (in flight they may
+// have been stored; their retries are then answered as duplicates), while
+// a retry already there goes on (checkHeldLocked, in the order the chunks
+// were sent and queued). It returns the survivors of inflight. Only the
+// run goroutine calls it.
+func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*sent {
+	now := time.Now()
+	a.mu.Lock()
+	a.heldSwept = time.Time{}
+	a.sweepHeldLocked(now)
+	for _, c := range failed {
+		a.holdBackLocked(c, now, cause)
+	}
+	var heldErrs []error
+	var heldChunks []*chunk
+	later := func(c *chunk) bool {
+		if err := a.checkHeldLocked(c, now); err != nil {
+			heldChunks, heldErrs = append(heldChunks, c), append(heldErrs, err)
+			return true
+		}
+		return false
+	}
+	out := inflight[:0]
+	var rebuild []*sent
+	if len(a.held) > 0 {
+		for _, s := range inflight {
+			keep := s.chunks[:0]
+			for _, c := range s.chunks {
+				if !later(c) {
+					keep = append(keep, c)
+				}
+			}
+			if len(keep) == 0 {
+				continue
+			}
+			if len(keep) != len(s.chunks) {
+				s.chunks = keep
+				rebuild = append(rebuild, s)
+			}
+			out = append(out, s)
+		}
+		q := a.queue[:0]
+		for _, c := range a.queue {
+			if !later(c) {
+				q = append(q, c)
+			}
+		}
+		clear(a.queue[len(q):])
+		a.queue = q
+	} else {
+		out = inflight
+	}
+	a.mu.Unlock()
+	for _, c := range failed {
+		c.fail(cause)
+	}
+	for i, c := range heldChunks {
+		c.fail(heldErrs[i])
+	}
+	// Requests that lost chunks are made again from the rest.
+	final := out[:0]
+	for _, s := range out {
+		if slices.Contains(rebuild, s) {
+			a.recycle(s.req.GetFrame()) // unanswered, and about to be replaced
+			if err := a.build(s); err != nil {
+				s.fail(err)
+				continue
+			}
+		}
+		final = append(final, s)
+	}
+	return final
+}
+
 // take removes queued chunks, up to maxAppendBytes, into one request.
 func (a *appender) take() *sent {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.queue) == 0 {
 		return nil
+	}
+	if len(a.held) > 0 {
+		a.sweepHeldLocked(time.Now())
 	}
 	s := &sent{}
 	size, n := 0, 0
@@ -292,6 +509,9 @@ func (a *appender) take() *sent {
 	for n < len(a.queue) && (n == 0 || (size+a.queue[n].bytes <= maxAppendBytes && count+len(a.queue[n].recs) <= partlog.MaxBatchRecords &&
 		headers+a.queue[n].headers <= partlog.MaxBatchHeaders)) {
 		c := a.queue[n]
+		if c.alone && n > 0 {
+			break
+		}
 		if p, first := chunkProducer(c); p != 0 {
 			if l, ok := last[p]; ok && first <= l {
 				break
@@ -307,6 +527,9 @@ func (a *appender) take() *sent {
 		count += len(c.recs)
 		headers += c.headers
 		n++
+		if c.alone {
+			break
+		}
 	}
 	s.chunks = append(s.chunks, a.queue[:n]...)
 	a.queue = a.queue[n:]
@@ -330,9 +553,10 @@ func chunkProducer(c *chunk) (producer, first uint64) {
 // expire fails queued and unanswered chunks past their deadline, keeping
 // the rest in order. Returns the survivors of inflight.
 func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent {
+	var expired []*chunk
 	gone := func(c *chunk) bool {
 		if now.After(c.deadline) {
-			c.fail(status.Errorf(codes.Unavailable, "partition %s/%d: no chain head accepted the records in time: %v", a.stream, a.partition, cause))
+			expired = append(expired, c) // failed by holdBack
 			return true
 		}
 		return false
@@ -365,9 +589,13 @@ func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent 
 			q = append(q, c)
 		}
 	}
+	clear(a.queue[len(q):])
 	a.queue = q
 	a.mu.Unlock()
-	return out
+	if len(expired) == 0 {
+		return out
+	}
+	return a.holdBack(expired, status.Errorf(codes.Unavailable, "partition %s/%d: no chain head accepted the records in time: %v", a.stream, a.partition, cause), out)
 }
 
 // connect waits until conn, to the head of pr, is ready. Opening a stream
@@ -781,13 +1009,30 @@ func (a *appender) answered(resp *catenapb.AppendResponse, head *catenapb.Member
 			// this stream is refused (the head ends the stream after
 			// this answer, storing none of the later ones). The producer
 			// gets the head's reason and retries on its own schedule.
+			var failed []*chunk
 			for _, r := range inflight {
-				r.fail(err)
+				failed = append(failed, r.chunks...)
 			}
+			a.holdBack(failed, err, nil)
 			return nil, true, err
 		}
 		if code != codes.InvalidArgument && code != codes.OutOfRange {
 			return nil, false, err // the head ends the stream too
+		}
+		if len(s.chunks) > 1 && len(inflight) == 1 {
+			// The head refuses an append whole, for any record in it,
+			// and stores nothing: one producer's record out of order (or
+			// invalid) must not fail the others merged with it. Nothing
+			// later was sent, so the chunks go again, first, one an
+			// append.
+			a.mu.Lock()
+			for _, c := range s.chunks {
+				c.alone = true
+			}
+			a.queue = append(slices.Clone(s.chunks), a.queue...)
+			a.mu.Unlock()
+			a.recycle(s.req.GetFrame())
+			return s, false, nil
 		}
 		s.fail(err)
 		a.recycle(s.req.GetFrame())
