@@ -111,10 +111,10 @@ type ProducerOptions struct {
 	RequestTimeout time.Duration
 	// RetryBackoff is the first retry delay (doubling up to MaxRetryBackoff,
 	// with jitter). Defaults 10ms and 1s. After ingestion fails records it
-	// holds the producer's later records to that partition back for 5 s
-	// while it waits for their retries, in order (docs/architecture.md);
-	// with MaxRetryBackoff above that, a retry can come too late and be
-	// refused (OUT_OF_RANGE) behind a later record.
+	// parks the producer's later records to that partition for up to 5 s
+	// while it waits for their retries (docs/architecture.md); with
+	// MaxRetryBackoff above that, a retry can come too late and be refused
+	// (OUT_OF_RANGE) behind a later record.
 	RetryBackoff    time.Duration
 	MaxRetryBackoff time.Duration
 	// ProducerID overrides the random producer id (tests, resuming). Zero
@@ -272,38 +272,6 @@ type request struct {
 	num, prev, prevSeq uint64
 	lastSeq            uint64 // its highest sequence
 	done               chan struct{}
-	// retrying is the partitions of its records being retried (unrouted:
-	// records ingestion routes, which may go to any); nil while none is
-	// (Producer.retryMu).
-	retrying []uint32
-}
-
-// partitionsOf is the partitions fs's records name, unrouted for records
-// that name none.
-func partitionsOf(fs []*Future) []uint32 {
-	parts := make([]uint32, 0, 1)
-	for _, f := range fs {
-		part := unrouted
-		if f.pr.Partition != nil {
-			part = *f.pr.Partition
-		}
-		if !slices.Contains(parts, part) {
-			parts = append(parts, part)
-		}
-	}
-	return parts
-}
-
-// overlap reports whether partitions a and b have one in common.
-func overlap(a, b []uint32) bool {
-	for _, x := range a {
-		for _, y := range b {
-			if x == y || x == unrouted || y == unrouted {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // unrouted is the batch key of records that ingestion routes: every record
@@ -340,11 +308,8 @@ const recordOverhead = 24
 // partition's records travel in a few large appends instead of a thin
 // slice of every request (with 256 partitions, 4 producers and 6 requests
 // in flight each, a slice was about 20 records). Order holds per
-// partition: a partition's batches are sent in order, ingestion admits
-// a producer's requests in the order they were sent (prev_request), and
-// retries too go in order: a request is retried only once no earlier one
-// to the same partitions is being retried (awaitEarlierRetries), while
-// ingestion holds the producer's later records back. If the
+// partition: a partition's batches are sent in order, and ingestion admits
+// a producer's requests in the order they were sent (prev_request). If the
 // count grows, keys move to the partitions the new count gives them (as
 // ingestion's routing does); if ingestion refuses a request, or answers
 // without the count (an older ingestion node), the producer routes nothing
@@ -384,13 +349,6 @@ type Producer struct {
 	lastSent *request // owned by the flusher goroutine
 	reqNum   uint64   // owned by the flusher goroutine
 
-	// outstanding is the requests sent and not yet complete, in the order
-	// they were made; retryDone is closed and replaced when one that was
-	// retrying completes (awaitEarlierRetries).
-	retryMu     sync.Mutex
-	outstanding []*request
-	retryDone   chan struct{}
-
 	// ps is the open ProduceStream, if any (producestream.go);
 	// unaryUntil (nanoseconds after monoStart) is when to try one again
 	// after ingestion said it does not serve one.
@@ -415,13 +373,12 @@ func NewProducer(c *Client, stream string, opts ProducerOptions) *Producer {
 	p := &Producer{
 		c: c, stream: stream, id: id, opts: opts,
 		ctx: ctx, cancel: cancel,
-		live:      make(map[*batch]struct{}),
-		open:      make(map[uint32]*batch),
-		spaceCh:   make(chan struct{}),
-		retryDone: make(chan struct{}),
-		kick:      make(chan struct{}, 1),
-		sem:       make(chan struct{}, opts.MaxInFlight),
-		lastCap:   64,
+		live:    make(map[*batch]struct{}),
+		open:    make(map[uint32]*batch),
+		spaceCh: make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		sem:     make(chan struct{}, opts.MaxInFlight),
+		lastCap: 64,
 	}
 	p.wg.Add(1)
 	go p.flusher()
@@ -746,9 +703,6 @@ func (p *Producer) flusher() {
 			r.lastSeq = max(r.lastSeq, b.futs[len(b.futs)-1].pr.Sequence)
 		}
 		p.lastSent = r
-		p.retryMu.Lock()
-		p.outstanding = append(p.outstanding, r)
-		p.retryMu.Unlock()
 		p.wg.Add(1)
 		go p.sendRequest(r)
 	}
@@ -896,14 +850,7 @@ func (p *Producer) sendRequest(r *request) {
 				}
 			}
 		}
-		// Retry with backoff and jitter, within the deadline, after the
-		// retries of earlier requests to the same partitions.
-		parts := partitionsOf(todo)
-		p.retryMu.Lock()
-		r.retrying = parts
-		close(p.retryDone) // it may retry fewer partitions than before
-		p.retryDone = make(chan struct{})
-		p.retryMu.Unlock()
+		// Retry with backoff and jitter, within the deadline.
 		sleep := backoff/2 + mrand.N(backoff/2+1)
 		backoff = min(2*backoff, p.opts.MaxRetryBackoff)
 		if now.Add(sleep).After(deadline) {
@@ -918,77 +865,6 @@ func (p *Producer) sendRequest(r *request) {
 			resolveErr(todo, fmt.Errorf("catena: producer aborted: %w", lastErr), time.Now())
 			return
 		}
-		waitErr := p.awaitEarlierRetries(r, parts, deadline)
-		switch now := time.Now(); {
-		case p.ctx.Err() != nil:
-			resolveErr(todo, fmt.Errorf("catena: producer aborted: %w", lastErr), now)
-			return
-		case waitErr != nil || !now.Before(deadline):
-			resolveErr(todo, &RetryTimeoutError{Attempts: attempt, Elapsed: now.Sub(created), Last: lastErr}, now)
-			return
-		}
-	}
-}
-
-// maxRetryOrderWait bounds awaitEarlierRetries' wait, well within the 5 s
-// for which ingestion holds a producer's later records back after a
-// failure: that hold is what keeps the order, and a retry that waited
-// longer (behind a request that keeps failing at another partition) could
-// find it lapsed and a later record stored before it.
-const maxRetryOrderWait = 2 * time.Second
-
-// awaitEarlierRetries waits until no request made before r that retries
-// records for one of parts is being retried, until deadline, or for
-// maxRetryOrderWait at most.
-// A partition keeps a producer's records in order: ingestion holds a
-// producer's later records back (ABORTED) while records it failed there
-// wait for their retries, and the head refuses a record that would take
-// the producer back. Retries sent alongside an earlier request's, while
-// that one still failed (a chain below its minimum length), only met the
-// hold again, each refusal doubling their back-off: a producer of several
-// requests in flight then took seconds, not a round trip, to get going
-// once the chain was back. Kafka's producer retries a partition's batches
-// in order for the same reason.
-func (p *Producer) awaitEarlierRetries(r *request, parts []uint32, deadline time.Time) error {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	p.retryMu.Lock()
-	for {
-		blocked := false
-		for _, o := range p.outstanding {
-			if o == r {
-				break
-			}
-			if o.retrying != nil && overlap(o.retrying, parts) {
-				blocked = true
-				break
-			}
-		}
-		ch := p.retryDone
-		p.retryMu.Unlock()
-		if !blocked {
-			return nil
-		}
-		if timer == nil {
-			wait := min(time.Until(deadline), maxRetryOrderWait)
-			if wait <= 0 {
-				return context.DeadlineExceeded
-			}
-			timer = time.NewTimer(wait)
-		}
-		select {
-		case <-ch:
-		case <-timer.C:
-			// Waited long enough: go, ingestion keeps the order.
-			return nil
-		case <-p.ctx.Done():
-			return p.ctx.Err()
-		}
-		p.retryMu.Lock()
 	}
 }
 
@@ -1000,15 +876,6 @@ func resolveErr(fs []*Future, err error, at time.Time) {
 
 // complete publishes r's results and releases its buffer space.
 func (p *Producer) complete(r *request) {
-	p.retryMu.Lock()
-	if i := slices.Index(p.outstanding, r); i >= 0 {
-		p.outstanding = slices.Delete(p.outstanding, i, i+1)
-	}
-	if r.retrying != nil {
-		close(p.retryDone)
-		p.retryDone = make(chan struct{})
-	}
-	p.retryMu.Unlock()
 	for _, b := range r.batches {
 		b.futs = nil // let resolved futures be collected independently
 		close(b.done)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -442,58 +441,5 @@ func TestAProducerSendsABurstOnceItsCallerPauses(t *testing.T) {
 	reqs := srv.Requests()
 	if len(reqs) != 2 || len(reqs[1].Records) != 10 {
 		t.Fatalf("%d requests (the last of %d records), want the burst's 10 records in one", len(reqs), len(reqs[len(reqs)-1].Records))
-	}
-}
-
-// TestRetriesGoInTheProducersOrder: when records of several requests fail
-// with errors the producer retries (a chain below its minimum length, and
-// the records ingestion holds back behind them), the later requests' retries
-// wait until the earlier request's records are through: sent while it
-// still fails, they only meet ingestion's hold again, and each refusal
-// doubles their back-off, so a producer of many requests in flight came
-// back in seconds instead of one round trip after the chain. (Ingestion's
-// hold is what keeps the order; the producer's is what keeps it quick.)
-func TestRetriesGoInTheProducersOrder(t *testing.T) {
-	srv, c := setup(t, 1)
-	// The back-off (10-40 ms) leaves the first request time to learn of its
-	// failure before the later ones retry.
-	srv.SetRecordHook(func(req *catenapb.ProduceRequest, i, attempt int) (codes.Code, string) {
-		switch v := string(req.Records[i].Value); {
-		case v == "first" && attempt <= 4:
-			return codes.FailedPrecondition, "partition s/0 has 1 of the 2 members required for writes"
-		case v != "first" && attempt == 1:
-			return codes.Aborted, "held back behind sequence 1"
-		}
-		return codes.OK, ""
-	})
-	release := srv.GateProduce()
-	p := client.NewProducer(c, "s", client.ProducerOptions{MaxInFlight: 4, MaxBatchRecords: 1, Linger: -1, RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 40 * time.Millisecond})
-	defer p.Close()
-	var fs []*client.Future
-	for _, v := range []string{"first", "second", "third"} {
-		fs = append(fs, p.Send(context.Background(), client.Record{Value: []byte(v), Partition: client.PartitionOf(0)}))
-	}
-	eventually(t, func() bool { return len(srv.Requests()) >= 3 })
-	release()
-	waitAll(t, fs)
-
-	// Every attempt, in the order the server took them.
-	var order []string
-	for _, r := range srv.Requests() {
-		for _, rec := range r.Records {
-			order = append(order, string(rec.Value))
-		}
-	}
-	firstDone := slices.Index(order, "first")
-	for n := 0; n < 4; n++ { // its fifth attempt is the one stored
-		firstDone += 1 + slices.Index(order[firstDone+1:], "first")
-	}
-	for i, v := range order[3:] {
-		if v != "first" && 3+i < firstDone {
-			t.Fatalf("attempts %v: %q was retried before the first record's retries were through (attempt %d)", order, v, 3+i)
-		}
-	}
-	if got := len(srv.Records("s", 0)); got != 3 {
-		t.Fatalf("%d records stored, want 3", got)
 	}
 }

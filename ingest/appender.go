@@ -44,12 +44,12 @@ const (
 	stallAfter = 150 * time.Millisecond
 	// headReportTimeout bounds a report of an unreachable head.
 	headReportTimeout = 300 * time.Millisecond
-	// retryOrderHold is how long a producer's later records are held back
-	// at a partition after ingestion failed some of its records there,
-	// waiting for their retries (see heldBack). A producer retries within
-	// its MaxRetryBackoff (1 s by default) of each failure, and each retry
-	// that fails again holds the rest back anew; past it, the producer is
-	// taken to have given up on the failed records.
+	// retryOrderHold is how long a producer's later records stay parked
+	// at a partition after ingestion failed some of its records there, or
+	// after the latest of their retries came (see heldBack). A producer
+	// retries within its MaxRetryBackoff (1 s by default) of each failure;
+	// past it, the producer is taken to have given up on the failed
+	// records, and the parked ones go.
 	retryOrderHold = 5 * time.Second
 	// maxHeldBack bounds the failed chunks remembered per producer and
 	// partition; past it the producer's order there is no longer held
@@ -201,9 +201,9 @@ type appender struct {
 	nextID uint64
 	// held: producers some of whose records this partition failed with an
 	// error they retry, and whose later records wait for those retries;
-	// heldSwept is when holds past their time were last dropped.
+	// heldTimer wakes the run goroutine when the latest hold lapses.
 	held      map[uint64]*heldBack
-	heldSwept time.Time
+	heldTimer *time.Timer
 
 	// scratch gathers a request's records while it is encoded; spare holds
 	// answered requests' frames for reuse.
@@ -274,14 +274,11 @@ func newAppender(srv *Server, stream string, partition uint32) *appender {
 // producer retries each request on its own, so the retry of an unanswered
 // request can arrive after the request sent next; sent in arrival order,
 // the later records would be stored first. (What was already sent is not
-// reordered: the head refuses the retry then, and says why.)
+// reordered: the head refuses the retry then, and says why.) A retry that
+// its producer's parked chunks wait for lets them go (heldBack).
 func (a *appender) enqueue(c *chunk) {
 	a.mu.Lock()
-	if err := a.admitHeldLocked(c, time.Now()); err != nil {
-		a.mu.Unlock()
-		c.fail(err)
-		return
-	}
+	a.releaseLocked(c, time.Now())
 	at := len(a.queue)
 	if p, first := chunkProducer(c); p != 0 {
 		for i, q := range a.queue {
@@ -306,25 +303,28 @@ func (a *appender) enqueue(c *chunk) {
 // must not reach the partition before those retries: the head would store
 // them and then refuse each retry as taking the producer back
 // (OUT_OF_RANGE), failing records the producer was only asked to retry. So
-// the partition fails the producer's later chunks too, queued, in flight
-// or arriving, until the retries come in order (ABORTED, which producers
-// retry). Kafka's idempotent producer keeps the same order by per-partition
-// sequences, the broker refusing a batch whose predecessor it lacks; a
-// Catena producer numbers its records per producer, so only the node that
-// failed the records knows that the gap is one.
+// the producer's later chunks are parked in the queue (take passes them
+// over; in flight, they are taken back into it) until the retry of the
+// earliest failed chunk is queued, then the next. A parked chunk waits,
+// answered when it is stored, and is not refused: refusing it made it a
+// retry in turn, and a producer that kept sending formed a train of
+// requests each refused once, which never drained. Kafka's idempotent
+// producer keeps the same order by per-partition sequences, the broker
+// refusing a batch whose predecessor it lacks; a Catena producer numbers
+// its records per producer, so only the node that failed the records
+// knows that the gap is one.
 type heldBack struct {
 	pending []uint64 // ascending
-	until   time.Time
-	cause   string // why the latest of them failed, for the held-back ones' error
+	// until is when the hold lapses: retryOrderHold after the latest
+	// failure or retry, so that a producer that gave up on its records
+	// does not park the rest for longer.
+	until time.Time
 }
 
-// holdBackLocked remembers that c, a chunk of a producer, failed or was held
-// back, and will be retried. A failure (cause non-nil) starts the wait for
-// the retries anew; a chunk only held back behind them does not, or a
-// producer that gave up on a record would be held back for as long as it
-// kept sending. Records sent without a producer id are ingestion's own
+// holdBackLocked remembers that c, a chunk of a producer, failed and will
+// be retried. Records sent without a producer id are ingestion's own
 // (retried under new sequences, in no order to keep). Callers hold a.mu.
-func (a *appender) holdBackLocked(c *chunk, now time.Time, cause error) {
+func (a *appender) holdBackLocked(c *chunk, now time.Time) {
 	p, first := chunkProducer(c)
 	if p == 0 || p == a.srv.ownProducer {
 		return
@@ -334,13 +334,10 @@ func (a *appender) holdBackLocked(c *chunk, now time.Time, cause error) {
 	}
 	h := a.held[p]
 	if h == nil {
-		h = &heldBack{until: now.Add(retryOrderHold)}
+		h = &heldBack{}
 		a.held[p] = h
 	}
-	if cause != nil {
-		h.until = now.Add(retryOrderHold)
-		h.cause = status.Convert(cause).Message()
-	}
+	a.extendLocked(h, now)
 	i, found := slices.BinarySearch(h.pending, first)
 	if found {
 		return
@@ -352,27 +349,53 @@ func (a *appender) holdBackLocked(c *chunk, now time.Time, cause error) {
 	h.pending = slices.Insert(h.pending, i, first)
 }
 
-// heldError is the error of a chunk of producer held back behind h: it
-// names the earliest record still to be retried and why records failed.
-func (a *appender) heldError(producer uint64, h *heldBack) error {
-	return status.Errorf(codes.Aborted, "partition %s/%d: producer %d's earlier sequence %d failed here (%s) and has not been retried yet; retry this record after it",
-		a.stream, a.partition, producer, h.pending[0], h.cause)
+// extendLocked moves h's lapse to retryOrderHold from now, and arranges for
+// the run goroutine to be woken then: chunks parked by a hold that lapses
+// may go, and nothing else would wake it. Callers hold a.mu.
+func (a *appender) extendLocked(h *heldBack, now time.Time) {
+	h.until = now.Add(retryOrderHold)
+	wake := func() {
+		select {
+		case a.wake <- struct{}{}:
+		default:
+		}
+	}
+	if a.heldTimer == nil {
+		a.heldTimer = time.AfterFunc(retryOrderHold+time.Millisecond, wake)
+	} else {
+		a.heldTimer.Reset(retryOrderHold + time.Millisecond)
+	}
 }
 
-// checkHeldLocked decides c's place in its producer's held-back order: a
-// chunk that starts at or before the earliest retry still awaited is that
-// retry (or earlier) and goes on, releasing every retry it covers; a later
-// one is held back too and gets the error to fail it with. Callers hold
-// a.mu.
-func (a *appender) checkHeldLocked(c *chunk, now time.Time) error {
+// heldLocked returns c's producer's hold, if it has one that has not
+// lapsed (one that has is dropped). Callers hold a.mu.
+func (a *appender) heldLocked(c *chunk, now time.Time) (*heldBack, uint64, uint64) {
 	p, first := chunkProducer(c)
 	h := a.held[p]
 	if p == 0 || h == nil {
-		return nil
+		return nil, p, first
 	}
-	if first > h.pending[0] {
-		a.holdBackLocked(c, now, nil) // its retry has its place in the order too
-		return a.heldError(p, h)
+	if now.After(h.until) {
+		delete(a.held, p)
+		return nil, p, first
+	}
+	return h, p, first
+}
+
+// parkedLocked reports whether c waits for the retry of an earlier chunk
+// of its producer. Callers hold a.mu.
+func (a *appender) parkedLocked(c *chunk, now time.Time) bool {
+	h, _, first := a.heldLocked(c, now)
+	return h != nil && first > h.pending[0]
+}
+
+// releaseLocked takes c, if it starts at or before the earliest failed
+// chunk its producer's hold waits for, as that chunk's retry: every failed
+// chunk it covers is no longer waited for. Callers hold a.mu.
+func (a *appender) releaseLocked(c *chunk, now time.Time) {
+	h, p, first := a.heldLocked(c, now)
+	if h == nil || first > h.pending[0] {
+		return
 	}
 	last := first
 	for _, r := range c.recs {
@@ -382,97 +405,54 @@ func (a *appender) checkHeldLocked(c *chunk, now time.Time) error {
 	h.pending = h.pending[i:]
 	if len(h.pending) == 0 {
 		delete(a.held, p)
-	}
-	return nil
-}
-
-// admitHeldLocked checks a chunk arriving from a produce request against
-// its producer's held-back retries (checkHeldLocked); a hold past its time
-// is dropped first. Callers hold a.mu.
-func (a *appender) admitHeldLocked(c *chunk, now time.Time) error {
-	p, _ := chunkProducer(c)
-	if h := a.held[p]; h != nil && now.After(h.until) {
-		delete(a.held, p)
-	}
-	return a.checkHeldLocked(c, now)
-}
-
-// sweepHeldLocked drops holds past their time; take calls it at most once
-// a second, so that producers that went quiet are forgotten. Callers hold
-// a.mu.
-func (a *appender) sweepHeldLocked(now time.Time) {
-	if len(a.held) == 0 || now.Sub(a.heldSwept) < time.Second {
 		return
 	}
-	a.heldSwept = now
-	for p, h := range a.held {
-		if now.After(h.until) {
-			delete(a.held, p)
-		}
-	}
+	a.extendLocked(h, now) // the producer is retrying: wait for the rest
 }
 
 // holdBack fails failed, chunks taken out of inflight and the queue, with
-// cause, an error their producers retry, having first held those
-// producers' later records back: their chunks still in inflight or
-// queued that come later in their order are failed too (in flight they may
-// have been stored; their retries are then answered as duplicates), while
-// a retry already there goes on (checkHeldLocked, in the order the chunks
-// were sent and queued). It returns the survivors of inflight. Only the
-// run goroutine calls it.
+// cause, an error their producers retry, having first parked those
+// producers' later records: their chunks in inflight that come later in
+// their order are taken back into the queue (they may have been stored;
+// sent again after the retries, they are answered as duplicates), and
+// later chunks queued stay there until the retries come. A retry already
+// in flight or queued counts as come. It returns the survivors of
+// inflight. Only the run goroutine calls it.
 func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*sent {
 	now := time.Now()
 	a.mu.Lock()
-	a.heldSwept = time.Time{}
-	a.sweepHeldLocked(now)
 	for _, c := range failed {
-		a.holdBackLocked(c, now, cause)
+		a.holdBackLocked(c, now)
 	}
-	var heldErrs []error
-	var heldChunks []*chunk
-	later := func(c *chunk) bool {
-		if err := a.checkHeldLocked(c, now); err != nil {
-			heldChunks, heldErrs = append(heldChunks, c), append(heldErrs, err)
-			return true
-		}
-		return false
-	}
+	var parked []*chunk
 	out := inflight[:0]
 	var rebuild []*sent
-	if len(a.held) > 0 {
-		for _, s := range inflight {
-			keep := s.chunks[:0]
-			for _, c := range s.chunks {
-				if !later(c) {
-					keep = append(keep, c)
-				}
-			}
-			if len(keep) == 0 {
-				continue
-			}
-			if len(keep) != len(s.chunks) {
-				s.chunks = keep
-				rebuild = append(rebuild, s)
-			}
-			out = append(out, s)
-		}
-		q := a.queue[:0]
-		for _, c := range a.queue {
-			if !later(c) {
-				q = append(q, c)
+	for _, s := range inflight {
+		keep := s.chunks[:0]
+		for _, c := range s.chunks {
+			a.releaseLocked(c, now)
+			if a.parkedLocked(c, now) {
+				parked = append(parked, c)
+			} else {
+				keep = append(keep, c)
 			}
 		}
-		clear(a.queue[len(q):])
-		a.queue = q
-	} else {
-		out = inflight
+		if len(keep) == 0 {
+			continue
+		}
+		if len(keep) != len(s.chunks) {
+			s.chunks = keep
+			rebuild = append(rebuild, s)
+		}
+		out = append(out, s)
 	}
+	for _, c := range a.queue {
+		a.releaseLocked(c, now)
+	}
+	a.queue = append(parked, a.queue...)
 	a.mu.Unlock()
 	for _, c := range failed {
 		c.fail(cause)
-	}
-	for i, c := range heldChunks {
-		c.fail(heldErrs[i])
 	}
 	// Requests that lost chunks are made again from the rest.
 	final := out[:0]
@@ -489,27 +469,37 @@ func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*s
 	return final
 }
 
-// take removes queued chunks, up to maxAppendBytes, into one request.
+// take removes queued chunks, up to maxAppendBytes, into one request;
+// chunks parked behind their producer's retries stay (nil: none to take).
 func (a *appender) take() *sent {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if len(a.queue) == 0 {
 		return nil
 	}
-	if len(a.held) > 0 {
-		a.sweepHeldLocked(time.Now())
-	}
+	now := time.Now()
 	s := &sent{}
-	size, n := 0, 0
-	count, headers := 0, 0
+	size, count, headers := 0, 0, 0
 	// last is each producer's highest sequence in the request so far: a
 	// chunk that would take a producer back (overlapping retries) waits
 	// for the next request, since the head refuses such a request whole.
 	var last map[uint64]uint64
-	for n < len(a.queue) && (n == 0 || (size+a.queue[n].bytes <= maxAppendBytes && count+len(a.queue[n].recs) <= partlog.MaxBatchRecords &&
-		headers+a.queue[n].headers <= partlog.MaxBatchHeaders)) {
-		c := a.queue[n]
-		if c.alone && n > 0 {
+	rest := a.queue[:0] // what stays queued, in order
+	i := 0
+	for ; i < len(a.queue); i++ {
+		c := a.queue[i]
+		if len(a.held) > 0 {
+			// In its producer's order: a retry queued behind another
+			// one (its original failed later, by its deadline) is come
+			// once that one is.
+			a.releaseLocked(c, now)
+			if a.parkedLocked(c, now) {
+				rest = append(rest, c)
+				continue
+			}
+		}
+		if n := len(s.chunks); n > 0 && (size+c.bytes > maxAppendBytes || count+len(c.recs) > partlog.MaxBatchRecords ||
+			headers+c.headers > partlog.MaxBatchHeaders || c.alone || s.chunks[n-1].alone) {
 			break
 		}
 		if p, first := chunkProducer(c); p != 0 {
@@ -523,18 +513,19 @@ func (a *appender) take() *sent {
 				last[p] = max(last[p], r.Sequence)
 			}
 		}
+		s.chunks = append(s.chunks, c)
 		size += c.bytes
 		count += len(c.recs)
 		headers += c.headers
-		n++
-		if c.alone {
-			break
-		}
 	}
-	s.chunks = append(s.chunks, a.queue[:n]...)
-	a.queue = a.queue[n:]
+	rest = append(rest, a.queue[i:]...)
+	clear(a.queue[len(rest):])
+	a.queue = rest
 	if len(a.queue) == 0 {
 		a.queue = nil
+	}
+	if len(s.chunks) == 0 {
+		return nil
 	}
 	a.nextID++
 	s.id = a.nextID

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,10 +131,10 @@ func queued(s *Server) int {
 // must not reach the partition before the retry: the head would store
 // them and then refuse the retry, whose records come earlier in the
 // producer's order (OUT_OF_RANGE), and the producer would lose records it
-// was only ever asked to retry. This is how `bench-compare`'s tail
-// failover refused records: the returning replica was still copying, the
-// chain was one member short for a moment, and the requests queued behind
-// the refused one were stored first.
+// was only ever asked to retry. They wait for it instead, and are stored
+// after it without being retried themselves. `bench-compare`'s tail
+// failover refused records this way: the head's replacement was still
+// copying, so killing the tail left the chain one member short for 17 ms.
 func TestARetryAfterAShortChainKeepsTheProducersOrder(t *testing.T) {
 	head, addr := newOrderedHead(t)
 	s := startIngestion(t, []string{addr})
@@ -156,8 +155,7 @@ func TestARetryAfterAShortChainKeepsTheProducersOrder(t *testing.T) {
 	produce := func(req *catenapb.ProduceRequest) outcome {
 		resp, err := s.Produce(ctx, req)
 		if err != nil {
-			t.Errorf("request %d: %v", req.GetRequest(), err)
-			return outcome{n: req.GetRequest(), code: status.Code(err)}
+			return outcome{n: req.GetRequest(), code: status.Code(err), msg: err.Error()}
 		}
 		r := resp.GetResults()[0]
 		return outcome{n: req.GetRequest(), code: codes.Code(r.GetErrorCode()), msg: r.GetErrorMessage()}
@@ -166,6 +164,16 @@ func TestARetryAfterAShortChainKeepsTheProducersOrder(t *testing.T) {
 		ch := make(chan outcome, 1)
 		go func() { ch <- produce(req) }()
 		return ch
+	}
+	waitQueued := func(n int) {
+		t.Helper()
+		for queued(s) < n {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%d chunks queued, want %d", queued(s), n)
+			case <-time.After(time.Millisecond):
+			}
+		}
 	}
 
 	// Request 1 reaches the head and waits there; 2 and 3 queue behind it.
@@ -180,45 +188,28 @@ func TestARetryAfterAShortChainKeepsTheProducersOrder(t *testing.T) {
 		t.Fatal("request 1 never reached the head")
 	}
 	later := []<-chan outcome{async(request(2, 1)), async(request(3, 2))}
-	for queued(s) < 2 {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("requests 2 and 3 never queued (%d queued)", queued(s))
-		case <-time.After(time.Millisecond):
-		}
-	}
+	waitQueued(2)
 	// The chain is short for request 1 only: it has regrown by the time
-	// ingestion sends the next append.
+	// ingestion could send the next append.
 	close(gate)
-	got := <-first
-	if got.code != codes.FailedPrecondition {
+	if got := <-first; got.code != codes.FailedPrecondition {
 		t.Fatalf("request 1: %v %q; want FAILED_PRECONDITION, the short chain's refusal", got.code, got.msg)
 	}
-	var retry []uint64
-	for _, ch := range later {
-		o := <-ch
-		switch {
-		case o.code == codes.OK:
-		case o.code == codes.Aborted:
-			retry = append(retry, o.n)
-		default:
-			t.Fatalf("request %d: %v %q; want it stored or refused for a retry", o.n, o.code, o.msg)
-		}
-	}
-	// A request the producer sends before its retry of 1 waits for it too.
-	if o := produce(request(4, 3)); o.code == codes.OK {
-		t.Errorf("request 4, sent before request 1's retry, was stored first")
-	} else if o.code != codes.Aborted || !strings.Contains(o.msg, "sequence 1 failed here") || !strings.Contains(o.msg, "members required") {
-		t.Fatalf("request 4: %v %q; want ABORTED, to be retried after request 1, saying why that one failed", o.code, o.msg)
-	} else {
-		retry = append(retry, 4)
+	// A request the producer sends before its retry of 1 waits too.
+	later = append(later, async(request(4, 0)))
+	waitQueued(3)
+	if got := head.storedSeqs(); len(got) != 0 {
+		t.Fatalf("the head stored sequences %v before the retry of 1", got)
 	}
 
-	// The producer retries what failed, as it does: the same request
-	// numbers and sequences, naming no predecessor.
-	for _, n := range append([]uint64{1}, retry...) {
-		if o := produce(request(n, 0)); o.code != codes.OK {
-			t.Fatalf("retry of request %d: %v %q; want it stored", n, o.code, o.msg)
+	// The producer retries request 1, as it does: the same request number
+	// and sequence, naming no predecessor.
+	if o := produce(request(1, 0)); o.code != codes.OK {
+		t.Fatalf("retry of request 1: %v %q; want it stored", o.code, o.msg)
+	}
+	for _, ch := range later {
+		if o := <-ch; o.code != codes.OK {
+			t.Errorf("request %d, parked behind request 1's retry: %v %q; want it stored", o.n, o.code, o.msg)
 		}
 	}
 	if got, want := head.storedSeqs(), []uint64{1, 2, 3, 4}; !slices.Equal(got, want) {
@@ -229,11 +220,11 @@ func TestARetryAfterAShortChainKeepsTheProducersOrder(t *testing.T) {
 // TestAnExpiredChunkHoldsBackItsProducersLaterOnes: the other way
 // ingestion fails records the producer retries is the deadline, when no
 // head took them in time; a producer's later chunks (with later
-// deadlines) would survive and be stored first. They are failed too,
-// queued or in flight, and the producer's chunks that come after are held
-// back until the retries come in order. Other producers are not touched,
-// nor are ingestion's own sequences (no producer to retry them), and a
-// producer that never retries is held back for retryOrderHold only.
+// deadlines) would survive and be stored first. They are parked instead,
+// taken back from the request in flight, until the retries come in order.
+// Other producers are not touched, nor are ingestion's own sequences (no
+// producer to retry them), and a producer that never retries is held back
+// for retryOrderHold only.
 func TestAnExpiredChunkHoldsBackItsProducersLaterOnes(t *testing.T) {
 	const own = 99
 	a := &appender{srv: &Server{ownProducer: own}, stream: "s", wake: make(chan struct{}, 1)}
@@ -242,6 +233,25 @@ func TestAnExpiredChunkHoldsBackItsProducersLaterOnes(t *testing.T) {
 		c := testChunk(producer, first, n, 10)
 		c.deadline, c.done = deadline, make(chan struct{})
 		return c
+	}
+	code := func(c *chunk) codes.Code {
+		select {
+		case <-c.done:
+			return status.Code(c.err)
+		default:
+			return codes.OK // not failed
+		}
+	}
+	// taken is the first sequences of the chunks of each request take
+	// makes until the queue has nothing it may send.
+	taken := func() (out [][2]uint64) {
+		for s := a.take(); s != nil; s = a.take() {
+			for _, c := range s.chunks {
+				p, first := chunkProducer(c)
+				out = append(out, [2]uint64{p, first})
+			}
+		}
+		return out
 	}
 	past, future := now.Add(-time.Second), now.Add(time.Minute)
 	c1, c2, other := chunkAt(1, 1, 2, past), chunkAt(1, 3, 2, future), chunkAt(2, 1, 2, future)
@@ -254,26 +264,15 @@ func TestAnExpiredChunkHoldsBackItsProducersLaterOnes(t *testing.T) {
 	a.queue = []*chunk{c3, other2, mine2}
 
 	inflight := a.expire([]*sent{s}, now, status.Error(codes.Unavailable, "head gone"))
-	code := func(c *chunk) codes.Code {
-		select {
-		case <-c.done:
-			return status.Code(c.err)
-		default:
-			return codes.OK // not failed
-		}
-	}
 	for _, tc := range []struct {
 		name string
 		c    *chunk
 		want codes.Code
 	}{
 		{"the expired chunk", c1, codes.Unavailable},
-		{"its producer's later chunk in flight", c2, codes.Aborted},
-		{"its producer's later chunk queued", c3, codes.Aborted},
-		{"another producer's chunk in flight", other, codes.OK},
-		{"another producer's chunk queued", other2, codes.OK},
 		{"ingestion's own expired chunk", mine1, codes.Unavailable},
-		{"ingestion's own later chunk", mine2, codes.OK},
+		{"its producer's later chunk in flight", c2, codes.OK},
+		{"its producer's later chunk queued", c3, codes.OK},
 	} {
 		if got := code(tc.c); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
@@ -282,57 +281,62 @@ func TestAnExpiredChunkHoldsBackItsProducersLaterOnes(t *testing.T) {
 	if len(inflight) != 1 || len(inflight[0].chunks) != 1 || inflight[0].chunks[0] != other || inflight[0].count() != 2 {
 		t.Fatalf("in flight after expiry: %+v, want the request rebuilt with producer 2's chunk alone", inflight)
 	}
-	if q := a.queue; len(q) != 2 || q[0] != other2 || q[1] != mine2 {
-		t.Fatalf("queue after expiry: %d chunks, want producer 2's and ingestion's own", len(q))
+	if got, want := taken(), [][2]uint64{{2, 3}, {own, 2}}; !slices.Equal(got, want) {
+		t.Fatalf("sent after expiry %v, want %v: producer 1's later chunks parked", got, want)
 	}
 
-	// Producer 1's retries are taken in its order only.
-	enqueue := func(c *chunk) codes.Code {
-		a.enqueue(c)
-		return code(c)
+	// Producer 1's chunks go again once its retry is queued, in its order.
+	a.enqueue(chunkAt(1, 7, 1, future)) // sent before the retry: parked too
+	if got := taken(); len(got) != 0 {
+		t.Fatalf("sent %v before producer 1's retry", got)
 	}
-	if got := enqueue(chunkAt(1, 7, 1, future)); got != codes.Aborted {
-		t.Errorf("a new chunk of producer 1 before its retries: %v, want ABORTED", got)
-	}
-	if got := enqueue(chunkAt(1, 3, 2, future)); got != codes.Aborted {
-		t.Errorf("the retry of sequences 3-4 before that of 1-2: %v, want ABORTED", got)
-	}
-	for _, first := range []uint64{1, 3, 5, 7} {
-		if got := enqueue(chunkAt(1, first, 2, future)); got != codes.OK {
-			t.Errorf("the retry from sequence %d, in order: %v, want it queued", first, got)
-		}
+	a.enqueue(chunkAt(1, 1, 2, future))
+	if got, want := taken(), [][2]uint64{{1, 1}, {1, 3}, {1, 5}, {1, 7}}; !slices.Equal(got, want) {
+		t.Fatalf("sent after the retry %v, want %v", got, want)
 	}
 	if len(a.held) != 0 {
-		t.Errorf("producer 1 still held back after every retry came: %+v", a.held[1])
+		t.Errorf("producer 1 still held back after its retry came: %+v", a.held[1])
 	}
-	a.queue = nil
 
 	// A retry can be queued already when its original expires (the
 	// producer's deadline is the chunk's, and expiry waits for the session
-	// to end): it goes on, and so does what follows it.
+	// to end): it counts as come.
 	orig := chunkAt(4, 1, 2, past)
 	s = &sent{id: 2, chunks: []*chunk{orig}}
 	if err := a.build(s); err != nil {
 		t.Fatal(err)
 	}
-	later3 := chunkAt(4, 3, 2, future)
-	a.enqueue(later3)
-	retry1, retry3 := chunkAt(4, 1, 2, future), chunkAt(4, 3, 2, future)
-	a.enqueue(retry1)
-	a.enqueue(retry3)
+	a.enqueue(chunkAt(4, 3, 2, future))
+	a.enqueue(chunkAt(4, 1, 2, future))
 	if inflight := a.expire([]*sent{s}, now, status.Error(codes.Unavailable, "head gone")); len(inflight) != 0 {
 		t.Fatalf("%d requests still in flight, want none", len(inflight))
 	}
 	if got := code(orig); got != codes.Unavailable {
 		t.Errorf("the expired original: %v, want UNAVAILABLE", got)
 	}
-	for _, c := range []*chunk{retry1, later3, retry3} {
-		if got := code(c); got != codes.OK {
-			t.Errorf("producer 4's chunk from sequence %d, queued after the retry: %v, want it queued", c.recs[0].Sequence, got)
-		}
+	if got, want := taken(), [][2]uint64{{4, 1}, {4, 3}}; !slices.Equal(got, want) || len(a.held) != 0 {
+		t.Errorf("sent %v (%d producers held), want %v and none held", got, len(a.held), want)
 	}
-	if len(a.queue) != 3 || len(a.held) != 0 {
-		t.Errorf("%d chunks queued, %d producers held back; want 3 and none", len(a.queue), len(a.held))
+
+	// A retry queued behind another one, whose original failed later (by
+	// its deadline, queued and parked): it is come once the first retry
+	// is, and what the producer sends after it is not parked.
+	f1 := chunkAt(5, 1, 2, past)
+	s = &sent{id: 3, chunks: []*chunk{f1}}
+	if err := a.build(s); err != nil {
+		t.Fatal(err)
+	}
+	e := chunkAt(5, 3, 2, past)
+	a.enqueue(e)
+	a.enqueue(chunkAt(5, 3, 2, future)) // its retry, there already
+	a.expire([]*sent{s}, now, status.Error(codes.Unavailable, "head gone"))
+	if code(f1) != codes.Unavailable || code(e) != codes.Unavailable {
+		t.Fatalf("the expired chunks: %v and %v, want UNAVAILABLE", code(f1), code(e))
+	}
+	a.enqueue(chunkAt(5, 1, 2, future))
+	a.enqueue(chunkAt(5, 5, 1, future))
+	if got, want := taken(), [][2]uint64{{5, 1}, {5, 3}, {5, 5}}; !slices.Equal(got, want) || len(a.held) != 0 {
+		t.Errorf("sent %v (%d producers held), want %v and none held", got, len(a.held), want)
 	}
 
 	// A producer that gives up on its failed records is held back for
@@ -340,11 +344,11 @@ func TestAnExpiredChunkHoldsBackItsProducersLaterOnes(t *testing.T) {
 	a.holdBack([]*chunk{chunkAt(3, 1, 1, past)}, status.Error(codes.Unavailable, "head gone"), nil)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := a.admitHeldLocked(chunkAt(3, 2, 1, future), now.Add(retryOrderHold/2)); status.Code(err) != codes.Aborted {
-		t.Errorf("producer 3's later chunk within the hold: %v, want ABORTED", err)
+	if !a.parkedLocked(chunkAt(3, 2, 1, future), now.Add(retryOrderHold/2)) {
+		t.Errorf("producer 3's later chunk within the hold is not parked")
 	}
-	if err := a.admitHeldLocked(chunkAt(3, 3, 1, future), now.Add(retryOrderHold+time.Second)); err != nil {
-		t.Errorf("producer 3's later chunk after the hold: %v, want it taken", err)
+	if a.parkedLocked(chunkAt(3, 3, 1, future), now.Add(retryOrderHold+time.Second)) {
+		t.Errorf("producer 3's later chunk after the hold is still parked")
 	}
 }
 
