@@ -111,10 +111,10 @@ type ProducerOptions struct {
 	RequestTimeout time.Duration
 	// RetryBackoff is the first retry delay (doubling up to MaxRetryBackoff,
 	// with jitter). Defaults 10ms and 1s. After ingestion fails records it
-	// parks the producer's later records to that partition for up to 5 s
-	// while it waits for their retries (docs/architecture.md); with
-	// MaxRetryBackoff above that, a retry can come too late and be refused
-	// (OUT_OF_RANGE) behind a later record.
+	// parks the producer's later records to that partition while it waits
+	// for their retries, until 5 s after the last failure or retry there
+	// (docs/architecture.md); with MaxRetryBackoff above that, a retry can
+	// come too late and be refused (OUT_OF_RANGE) behind a later record.
 	RetryBackoff    time.Duration
 	MaxRetryBackoff time.Duration
 	// ProducerID overrides the random producer id (tests, resuming). Zero

@@ -92,6 +92,9 @@ type chunk struct {
 	// alone: the head refused an append that carried it with others; it
 	// is sent in an append of its own, so that only the one at fault fails.
 	alone bool
+	// inOrder: its producer resends in order itself (EnqueueInOrder); held
+	// back, it is refused rather than parked.
+	inOrder bool
 }
 
 func (c *chunk) fail(err error) {
@@ -278,7 +281,25 @@ func newAppender(srv *Server, stream string, partition uint32) *appender {
 // its producer's parked chunks wait for lets them go (heldBack).
 func (a *appender) enqueue(c *chunk) {
 	a.mu.Lock()
-	a.releaseLocked(c, time.Now())
+	now := time.Now()
+	a.releaseLocked(c, now)
+	if c.inOrder && a.parkedLocked(c, now) {
+		err := a.heldError(c, now)
+		a.mu.Unlock()
+		c.fail(err)
+		return
+	}
+	a.insertLocked(c)
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// insertLocked queues c before the first queued chunk of its producer that
+// starts at a higher sequence (at the end if none does). Callers hold a.mu.
+func (a *appender) insertLocked(c *chunk) {
 	at := len(a.queue)
 	if p, first := chunkProducer(c); p != 0 {
 		for i, q := range a.queue {
@@ -289,11 +310,6 @@ func (a *appender) enqueue(c *chunk) {
 		}
 	}
 	a.queue = slices.Insert(a.queue, at, c)
-	a.mu.Unlock()
-	select {
-	case a.wake <- struct{}{}:
-	default:
-	}
 }
 
 // heldBack is what a partition remembers of a producer some of whose
@@ -332,7 +348,7 @@ func (a *appender) holdBackLocked(c *chunk, now time.Time) {
 	if a.held == nil {
 		a.held = map[uint64]*heldBack{}
 	}
-	h := a.held[p]
+	h, _, _ := a.heldLocked(c, now) // a lapsed hold is gone
 	if h == nil {
 		h = &heldBack{}
 		a.held[p] = h
@@ -349,22 +365,52 @@ func (a *appender) holdBackLocked(c *chunk, now time.Time) {
 	h.pending = slices.Insert(h.pending, i, first)
 }
 
-// extendLocked moves h's lapse to retryOrderHold from now, and arranges for
-// the run goroutine to be woken then: chunks parked by a hold that lapses
-// may go, and nothing else would wake it. Callers hold a.mu.
+// extendLocked moves h's lapse to retryOrderHold from now. Callers hold
+// a.mu.
 func (a *appender) extendLocked(h *heldBack, now time.Time) {
 	h.until = now.Add(retryOrderHold)
-	wake := func() {
-		select {
-		case a.wake <- struct{}{}:
-		default:
+	a.armHeldTimerLocked(now)
+}
+
+// armHeldTimerLocked drops lapsed holds and arranges for the run goroutine
+// to be woken when the earliest of the others lapses: chunks parked by it
+// may go then, and nothing else would wake it. Callers hold a.mu.
+func (a *appender) armHeldTimerLocked(now time.Time) {
+	var next time.Time
+	for p, h := range a.held {
+		switch {
+		case now.After(h.until):
+			delete(a.held, p)
+		case next.IsZero() || h.until.Before(next):
+			next = h.until
 		}
 	}
-	if a.heldTimer == nil {
-		a.heldTimer = time.AfterFunc(retryOrderHold+time.Millisecond, wake)
-	} else {
-		a.heldTimer.Reset(retryOrderHold + time.Millisecond)
+	if next.IsZero() {
+		if a.heldTimer != nil {
+			a.heldTimer.Stop()
+		}
+		return
 	}
+	d := next.Sub(now) + time.Millisecond
+	if a.heldTimer == nil {
+		a.heldTimer = time.AfterFunc(d, func() {
+			select {
+			case a.wake <- struct{}{}:
+			default:
+			}
+		})
+		return
+	}
+	a.heldTimer.Reset(d)
+}
+
+// heldError is the error of an in-order producer's chunk held back behind
+// the retry of an earlier one (ABORTED: Kafka's NOT_LEADER_FOR_PARTITION,
+// which producers retry). Callers hold a.mu.
+func (a *appender) heldError(c *chunk, now time.Time) error {
+	h, p, _ := a.heldLocked(c, now)
+	return status.Errorf(codes.Aborted, "partition %s/%d: producer %d's earlier sequence %d failed here and has not been retried yet; retry this record after it",
+		a.stream, a.partition, p, h.pending[0])
 }
 
 // heldLocked returns c's producer's hold, if it has one that has not
@@ -402,9 +448,13 @@ func (a *appender) releaseLocked(c *chunk, now time.Time) {
 		last = max(last, r.Sequence)
 	}
 	i, _ := slices.BinarySearch(h.pending, last+1)
+	if i == 0 {
+		return // an older chunk (a duplicate, or one before the failures)
+	}
 	h.pending = h.pending[i:]
 	if len(h.pending) == 0 {
 		delete(a.held, p)
+		a.armHeldTimerLocked(now)
 		return
 	}
 	a.extendLocked(h, now) // the producer is retrying: wait for the rest
@@ -424,16 +474,26 @@ func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*s
 	for _, c := range failed {
 		a.holdBackLocked(c, now)
 	}
-	var parked []*chunk
+	var parked, refused []*chunk
+	var refusedErrs []error
+	held := func(c *chunk) bool {
+		a.releaseLocked(c, now)
+		if !a.parkedLocked(c, now) {
+			return false
+		}
+		if c.inOrder {
+			refused, refusedErrs = append(refused, c), append(refusedErrs, a.heldError(c, now))
+		} else {
+			parked = append(parked, c)
+		}
+		return true
+	}
 	out := inflight[:0]
 	var rebuild []*sent
 	for _, s := range inflight {
 		keep := s.chunks[:0]
 		for _, c := range s.chunks {
-			a.releaseLocked(c, now)
-			if a.parkedLocked(c, now) {
-				parked = append(parked, c)
-			} else {
+			if !held(c) {
 				keep = append(keep, c)
 			}
 		}
@@ -446,13 +506,28 @@ func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*s
 		}
 		out = append(out, s)
 	}
+	q := a.queue[:0]
 	for _, c := range a.queue {
-		a.releaseLocked(c, now)
+		if !held(c) || !c.inOrder {
+			q = append(q, c) // parked ones stay where they are
+		}
 	}
-	a.queue = append(parked, a.queue...)
+	clear(a.queue[len(q):])
+	a.queue = q
+	// Taken back from the request in flight: each at its place in its
+	// producer's order, behind a retry already queued.
+	for _, c := range parked {
+		if slices.Contains(a.queue, c) {
+			continue
+		}
+		a.insertLocked(c)
+	}
 	a.mu.Unlock()
 	for _, c := range failed {
 		c.fail(cause)
+	}
+	for i, c := range refused {
+		c.fail(refusedErrs[i])
 	}
 	// Requests that lost chunks are made again from the rest.
 	final := out[:0]
@@ -478,8 +553,14 @@ func (a *appender) take() *sent {
 		return nil
 	}
 	now := time.Now()
+	if len(a.held) > 0 {
+		a.armHeldTimerLocked(now) // drops lapsed holds
+	}
 	s := &sent{}
 	size, count, headers := 0, 0, 0
+	// skipped: producers one of whose chunks is parked; their later chunks
+	// stay too, whatever the queue's order.
+	var skipped map[uint64]bool
 	// last is each producer's highest sequence in the request so far: a
 	// chunk that would take a producer back (overlapping retries) waits
 	// for the next request, since the head refuses such a request whole.
@@ -492,8 +573,15 @@ func (a *appender) take() *sent {
 			// In its producer's order: a retry queued behind another
 			// one (its original failed later, by its deadline) is come
 			// once that one is.
-			a.releaseLocked(c, now)
-			if a.parkedLocked(c, now) {
+			p, _ := chunkProducer(c)
+			if !skipped[p] {
+				a.releaseLocked(c, now)
+			}
+			if skipped[p] || a.parkedLocked(c, now) {
+				if skipped == nil {
+					skipped = map[uint64]bool{}
+				}
+				skipped[p] = true
 				rest = append(rest, c)
 				continue
 			}

@@ -329,6 +329,20 @@ type Pending struct {
 // its requests without holding the next one back until the last is
 // answered. An error means nothing was queued.
 func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pending, error) {
+	return s.enqueue(ctx, req, false)
+}
+
+// EnqueueInOrder is Enqueue for a producer that resends a partition's
+// batches in order itself after one fails, as Kafka's idempotent producers
+// do: once ingestion has failed some of its records at a partition, its
+// later records there are refused (ABORTED, retried) instead of parked
+// behind the retry (heldBack), since such a producer sends the retry only
+// once every request in flight is answered.
+func (s *Server) EnqueueInOrder(ctx context.Context, req *catenapb.ProduceRequest) (*Pending, error) {
+	return s.enqueue(ctx, req, true)
+}
+
+func (s *Server) enqueue(ctx context.Context, req *catenapb.ProduceRequest, inOrder bool) (*Pending, error) {
 	start := time.Now()
 	sr, err := s.stream(ctx, req.GetStream())
 	if err != nil {
@@ -436,7 +450,7 @@ func (s *Server) Enqueue(ctx context.Context, req *catenapb.ProduceRequest) (*Pe
 	for _, g := range order {
 		a := s.appenderFor(req.GetStream(), g.partition)
 		for _, idx := range splitChunks(g.idx, recs) {
-			c := &chunk{recs: make([]partlog.Record, len(idx)), queued: start, deadline: deadline, done: make(chan struct{})}
+			c := &chunk{recs: make([]partlog.Record, len(idx)), queued: start, deadline: deadline, done: make(chan struct{}), inOrder: inOrder}
 			for k, i := range idx {
 				r := recs[i]
 				ts := r.GetTimestampMs()

@@ -339,6 +339,48 @@ func TestAnExpiredChunkHoldsBackItsProducersLaterOnes(t *testing.T) {
 		t.Errorf("sent %v (%d producers held), want %v and none held", got, len(a.held), want)
 	}
 
+	// A later chunk in flight with the one that expired goes back into the
+	// queue behind a retry already queued there, not ahead of it.
+	f, x := chunkAt(6, 1, 2, past), chunkAt(6, 10, 1, future)
+	s = &sent{id: 4, chunks: []*chunk{f, x}}
+	if err := a.build(s); err != nil {
+		t.Fatal(err)
+	}
+	a.enqueue(chunkAt(6, 1, 2, future)) // the producer's retry of f
+	if inflight := a.expire([]*sent{s}, now, status.Error(codes.Unavailable, "head gone")); len(inflight) != 0 {
+		t.Fatalf("%d requests still in flight, want none", len(inflight))
+	}
+	if got, want := taken(), [][2]uint64{{6, 1}, {6, 10}}; !slices.Equal(got, want) || code(x) != codes.OK {
+		t.Errorf("sent %v (the later chunk: %v), want %v", got, code(x), want)
+	}
+
+	// A producer that resends in order itself (Kafka's) has its later
+	// chunks refused, not parked: it sends the retry only once they are
+	// answered.
+	k1, k2 := chunkAt(7, 1, 1, past), chunkAt(7, 2, 1, future)
+	k1.inOrder, k2.inOrder = true, true
+	s = &sent{id: 5, chunks: []*chunk{k1}}
+	if err := a.build(s); err != nil {
+		t.Fatal(err)
+	}
+	a.enqueue(k2)
+	a.expire([]*sent{s}, now, status.Error(codes.Unavailable, "head gone"))
+	k3 := chunkAt(7, 3, 1, future)
+	k3.inOrder = true
+	a.enqueue(k3)
+	if code(k1) != codes.Unavailable || code(k2) != codes.Aborted || code(k3) != codes.Aborted {
+		t.Errorf("in-order producer: the expired chunk %v, the later one queued %v, one arriving %v; want UNAVAILABLE, ABORTED, ABORTED",
+			code(k1), code(k2), code(k3))
+	}
+	for _, first := range []uint64{1, 2, 3} {
+		c := chunkAt(7, first, 1, future)
+		c.inOrder = true
+		a.enqueue(c)
+	}
+	if got, want := taken(), [][2]uint64{{7, 1}, {7, 2}, {7, 3}}; !slices.Equal(got, want) {
+		t.Errorf("in-order producer's resends: sent %v, want %v", got, want)
+	}
+
 	// A producer that gives up on its failed records is held back for
 	// retryOrderHold, not for as long as it keeps sending.
 	a.holdBack([]*chunk{chunkAt(3, 1, 1, past)}, status.Error(codes.Unavailable, "head gone"), nil)

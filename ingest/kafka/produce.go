@@ -225,7 +225,7 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 				}
 				continue
 			}
-			pending, err := cn.srv.ing.Enqueue(ctx, req)
+			pending, err := cn.srv.ing.EnqueueInOrder(ctx, req)
 			if err != nil {
 				fail(kafkaError(err, opProduce))
 				continue

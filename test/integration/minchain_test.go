@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/catena-streams/catena/client"
 )
 
@@ -100,24 +102,74 @@ func TestMinChainLengthRefusesWrites(t *testing.T) {
 // later records (to be retried) instead of parking them never drained
 // under a producer that kept sending, and failed records when it lapsed.
 func TestAShortChainLosesNoRetriedRecord(t *testing.T) {
-	d := startDev(t, t.TempDir(), "--min-chain-length", "3", "--failure-timeout", "1s")
+	t.Run("catena producer", func(t *testing.T) {
+		d := startDev(t, t.TempDir(), "--min-chain-length", "3", "--failure-timeout", "1s")
+		// The default back-off (up to 1 s).
+		prod := client.NewProducer(d.client, d.state.Stream, client.ProducerOptions{RetryTimeout: 2 * time.Minute, RequestTimeout: 3 * time.Second})
+		defer prod.Close()
+		shortChainKeepsEveryRecord(t, d, func(ctx context.Context, key, value []byte) *sentRecord {
+			f := prod.Send(ctx, client.Record{Key: key, Value: value})
+			r := &sentRecord{done: f.Done()}
+			r.result = func() (uint32, error) {
+				ack, err := f.Result()
+				return ack.Partition, err
+			}
+			return r
+		})
+	})
+	// Kafka's idempotent producers resend a failed batch only once every
+	// request in flight is answered: ingestion refuses their later batches
+	// instead of parking them (EnqueueInOrder).
+	t.Run("franz-go through the Kafka listener", func(t *testing.T) {
+		kafkaAddr := freeAddr(t)
+		d := startDev(t, t.TempDir(), "--min-chain-length", "3", "--failure-timeout", "1s", "--kafka-listen", kafkaAddr)
+		prod, err := kgo.NewClient(kgo.SeedBrokers(kafkaAddr), kgo.DefaultProduceTopic(d.state.Stream), kgo.RecordDeliveryTimeout(2*time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer prod.Close()
+		shortChainKeepsEveryRecord(t, d, func(ctx context.Context, key, value []byte) *sentRecord {
+			done := make(chan struct{})
+			r := &sentRecord{done: done}
+			var part uint32
+			var perr error
+			prod.Produce(ctx, &kgo.Record{Key: key, Value: value}, func(rec *kgo.Record, err error) {
+				part, perr = uint32(rec.Partition), err
+				close(done)
+			})
+			r.result = func() (uint32, error) { return part, perr }
+			return r
+		})
+	})
+}
+
+// sentRecord is a record a producer was given: done is closed once it is
+// acknowledged or failed, and result then says which.
+type sentRecord struct {
+	done   <-chan struct{}
+	result func() (partition uint32, err error)
+}
+
+// shortChainKeepsEveryRecord has send write one key without pause, pauses a
+// member until its chains are below --min-chain-length, resumes it, and
+// checks that every record was acknowledged and is stored once, in order.
+func shortChainKeepsEveryRecord(t *testing.T, d *devCluster, send func(ctx context.Context, key, value []byte) *sentRecord) {
 	stream := d.state.Stream
 	ctx := ctxT(t, 3*time.Minute)
-	// The default back-off (up to 1 s).
-	prod := client.NewProducer(d.client, stream, client.ProducerOptions{RetryTimeout: 2 * time.Minute, RequestTimeout: 3 * time.Second})
-	defer prod.Close()
 	key := []byte("ordered")
 
 	var mu sync.Mutex
-	var futs []*client.Future
+	var sent []*sentRecord
 	acked := func() (n int) {
 		mu.Lock()
 		defer mu.Unlock()
-		for _, f := range futs {
-			if isDone(f) {
-				if _, err := f.Result(); err == nil {
+		for _, r := range sent {
+			select {
+			case <-r.done:
+				if _, err := r.result(); err == nil {
 					n++
 				}
+			default:
 			}
 		}
 		return n
@@ -131,9 +183,9 @@ func TestAShortChainLosesNoRetriedRecord(t *testing.T) {
 				return
 			default:
 			}
-			f := prod.Send(ctx, client.Record{Key: key, Value: []byte(fmt.Sprintf("%09d", i))})
+			r := send(ctx, key, []byte(fmt.Sprintf("%09d", i)))
 			mu.Lock()
-			futs = append(futs, f)
+			sent = append(sent, r)
 			mu.Unlock()
 			if i%10 == 9 {
 				time.Sleep(time.Millisecond) // a few thousand records a second
@@ -202,24 +254,24 @@ func TestAShortChainLosesNoRetriedRecord(t *testing.T) {
 	<-stopped
 
 	mu.Lock()
-	all := slices.Clone(futs)
+	all := slices.Clone(sent)
 	mu.Unlock()
 	var part uint32
 	failed := 0
-	for i, f := range all {
+	for i, r := range all {
 		select {
-		case <-f.Done():
+		case <-r.done:
 		case <-ctx.Done():
 			t.Fatalf("record %d of %d never resolved", i, len(all))
 		}
-		ack, err := f.Result()
+		p, err := r.result()
 		if err != nil {
 			if failed++; failed <= 5 {
-				t.Errorf("record %d (sequence %d) failed: %v", i, f.Sequence(), err)
+				t.Errorf("record %d failed: %v", i, err)
 			}
 			continue
 		}
-		part = ack.Partition
+		part = p
 	}
 	if failed > 0 {
 		t.Fatalf("%d of %d records failed", failed, len(all))
