@@ -488,24 +488,7 @@ func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*s
 		}
 		return true
 	}
-	out := inflight[:0]
-	var rebuild []*sent
-	for _, s := range inflight {
-		keep := s.chunks[:0]
-		for _, c := range s.chunks {
-			if !held(c) {
-				keep = append(keep, c)
-			}
-		}
-		if len(keep) == 0 {
-			continue
-		}
-		if len(keep) != len(s.chunks) {
-			s.chunks = keep
-			rebuild = append(rebuild, s)
-		}
-		out = append(out, s)
-	}
+	out, changed := dropChunks(inflight, held)
 	q := a.queue[:0]
 	for _, c := range a.queue {
 		if !held(c) || !c.inOrder {
@@ -529,10 +512,43 @@ func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*s
 	for i, c := range refused {
 		c.fail(refusedErrs[i])
 	}
-	// Requests that lost chunks are made again from the rest.
+	return a.rebuild(out, changed)
+}
+
+// dropChunks removes from each request of inflight the chunks drop reports,
+// and returns the requests left and those of them that lost chunks.
+func dropChunks(inflight []*sent, drop func(*chunk) bool) (out, changed []*sent) {
+	out = inflight[:0]
+	for _, s := range inflight {
+		keep := s.chunks[:0]
+		for _, c := range s.chunks {
+			if !drop(c) {
+				keep = append(keep, c)
+			}
+		}
+		if len(keep) == 0 {
+			continue
+		}
+		if len(keep) != len(s.chunks) {
+			clear(s.chunks[len(keep):])
+			s.chunks = keep
+			changed = append(changed, s)
+		}
+		out = append(out, s)
+	}
+	return out, changed
+}
+
+// rebuild makes the requests of changed, unanswered ones that lost chunks,
+// again from the rest, and returns out without those it could not make
+// (their chunks failed). Only the run goroutine calls it.
+func (a *appender) rebuild(out, changed []*sent) []*sent {
+	if len(changed) == 0 {
+		return out
+	}
 	final := out[:0]
 	for _, s := range out {
-		if slices.Contains(rebuild, s) {
+		if slices.Contains(changed, s) {
 			a.recycle(s.req.GetFrame()) // unanswered, and about to be replaced
 			if err := a.build(s); err != nil {
 				s.fail(err)
@@ -640,27 +656,7 @@ func (a *appender) expire(inflight []*sent, now time.Time, cause error) []*sent 
 		}
 		return false
 	}
-	out := inflight[:0]
-	for _, s := range inflight {
-		keep := s.chunks[:0]
-		for _, c := range s.chunks {
-			if !gone(c) {
-				keep = append(keep, c)
-			}
-		}
-		if len(keep) == 0 {
-			continue
-		}
-		if len(keep) != len(s.chunks) {
-			s.chunks = keep
-			a.recycle(s.req.GetFrame()) // unanswered, and about to be replaced
-			if err := a.build(s); err != nil {
-				s.fail(err)
-				continue
-			}
-		}
-		out = append(out, s)
-	}
+	out := a.rebuild(dropChunks(inflight, gone))
 	a.mu.Lock()
 	q := a.queue[:0]
 	for _, c := range a.queue {

@@ -36,37 +36,7 @@ func TestMinChainLengthRefusesWrites(t *testing.T) {
 		t.Fatalf("write to a healthy cluster: %v", err)
 	}
 
-	victim := d.replica("r1")
-	if err := syscall.Kill(victim.PID, syscall.SIGSTOP); err != nil {
-		t.Fatalf("pause r1 (pid %d): %v", victim.PID, err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(victim.PID, syscall.SIGCONT)
-		}
-	}
-	defer resume()
-	var others []string
-	for _, r := range d.state.Replicas {
-		if r.ID != victim.ID {
-			others = append(others, r.Addr)
-		}
-	}
-	cv := newClusterView(t)
-	eventually(t, 30*time.Second, func() error {
-		for p := range partitions {
-			v, err := cv.chain(others, stream, uint32(p))
-			if err != nil {
-				return err
-			}
-			if len(v.members) != 2 {
-				return fmt.Errorf("partition %d not shortened yet: %v", p, v)
-			}
-		}
-		return nil
-	})
+	resume := pauseUntilShortened(t, d, partitions)
 	err := send(client.ProducerOptions{RetryTimeout: 2 * time.Second, RequestTimeout: time.Second, MaxRetryBackoff: 100 * time.Millisecond}, "refused")
 	if err == nil {
 		t.Fatalf("a write to a chain of 2 with --min-chain-length 3 was acknowledged")
@@ -207,38 +177,9 @@ func shortChainKeepsEveryRecord(t *testing.T, d *devCluster, send func(ctx conte
 		return nil
 	})
 
-	victim := d.replica("r1")
-	if err := syscall.Kill(victim.PID, syscall.SIGSTOP); err != nil {
-		t.Fatalf("pause r1 (pid %d): %v", victim.PID, err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(victim.PID, syscall.SIGCONT)
-		}
-	}
-	defer resume()
-	var others []string
-	for _, r := range d.state.Replicas {
-		if r.ID != victim.ID {
-			others = append(others, r.Addr)
-		}
-	}
-	cv := newClusterView(t)
-	eventually(t, 30*time.Second, func() error {
-		for p := range 4 { // catena dev's stream has 4 partitions
-			v, err := cv.chain(others, stream, uint32(p))
-			if err != nil {
-				return err
-			}
-			if len(v.members) != 2 {
-				return fmt.Errorf("partition %d not shortened yet: %v", p, v)
-			}
-		}
-		return nil
-	})
-	time.Sleep(500 * time.Millisecond) // writes refused and retried meanwhile
+	resume := pauseUntilShortened(t, d, 4) // catena dev's stream has 4 partitions
+	// Writes are refused and retried meanwhile.
+	time.Sleep(500 * time.Millisecond)
 	resume()
 	resumedAt := time.Now()
 	before := acked()
@@ -298,4 +239,38 @@ func shortChainKeepsEveryRecord(t *testing.T, d *devCluster, send func(ctx conte
 		}
 	}
 	t.Logf("%d records, each stored once and in order, across a chain below its minimum length", len(all))
+}
+
+// pauseUntilShortened pauses replica r1 (SIGSTOP) and waits until each of
+// the stream's partitions has a chain of the two others; resume, run at
+// the test's end too, continues it.
+func pauseUntilShortened(t *testing.T, d *devCluster, partitions int) (resume func()) {
+	t.Helper()
+	victim := d.replica("r1")
+	if err := syscall.Kill(victim.PID, syscall.SIGSTOP); err != nil {
+		t.Fatalf("pause r1 (pid %d): %v", victim.PID, err)
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { _ = syscall.Kill(victim.PID, syscall.SIGCONT) }) }
+	t.Cleanup(resume)
+	var others []string
+	for _, r := range d.state.Replicas {
+		if r.ID != victim.ID {
+			others = append(others, r.Addr)
+		}
+	}
+	cv := newClusterView(t)
+	eventually(t, 30*time.Second, func() error {
+		for p := range partitions {
+			v, err := cv.chain(others, d.state.Stream, uint32(p))
+			if err != nil {
+				return err
+			}
+			if len(v.members) != 2 {
+				return fmt.Errorf("partition %d not shortened yet: %v", p, v)
+			}
+		}
+		return nil
+	})
+	return resume
 }
