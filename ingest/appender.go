@@ -204,7 +204,7 @@ type appender struct {
 	nextID uint64
 	// held: producers some of whose records this partition failed with an
 	// error they retry, and whose later records wait for those retries;
-	// heldTimer wakes the run goroutine when the latest hold lapses.
+	// heldTimer wakes the run goroutine when the earliest hold lapses.
 	held      map[uint64]*heldBack
 	heldTimer *time.Timer
 
@@ -474,7 +474,9 @@ func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*s
 	for _, c := range failed {
 		a.holdBackLocked(c, now)
 	}
-	var parked, refused []*chunk
+	// held reports whether c now waits for an earlier chunk's retry; an
+	// in-order producer's chunk is refused then (refused).
+	var refused []*chunk
 	var refusedErrs []error
 	held := func(c *chunk) bool {
 		a.releaseLocked(c, now)
@@ -483,26 +485,31 @@ func (a *appender) holdBack(failed []*chunk, cause error, inflight []*sent) []*s
 		}
 		if c.inOrder {
 			refused, refusedErrs = append(refused, c), append(refusedErrs, a.heldError(c, now))
-		} else {
-			parked = append(parked, c)
 		}
 		return true
 	}
-	out, changed := dropChunks(inflight, held)
+	var parked []*chunk // taken back from the requests in flight
+	out, changed := dropChunks(inflight, func(c *chunk) bool {
+		if !held(c) {
+			return false
+		}
+		if !c.inOrder {
+			parked = append(parked, c)
+		}
+		return true
+	})
 	q := a.queue[:0]
 	for _, c := range a.queue {
-		if !held(c) || !c.inOrder {
-			q = append(q, c) // parked ones stay where they are
+		if held(c) && c.inOrder {
+			continue // refused; parked ones stay where they are
 		}
+		q = append(q, c)
 	}
 	clear(a.queue[len(q):])
 	a.queue = q
-	// Taken back from the request in flight: each at its place in its
-	// producer's order, behind a retry already queued.
+	// Each at its place in its producer's order, behind a retry already
+	// queued.
 	for _, c := range parked {
-		if slices.Contains(a.queue, c) {
-			continue
-		}
 		a.insertLocked(c)
 	}
 	a.mu.Unlock()
@@ -568,8 +575,9 @@ func (a *appender) take() *sent {
 	if len(a.queue) == 0 {
 		return nil
 	}
-	now := time.Now()
+	var now time.Time
 	if len(a.held) > 0 {
+		now = time.Now()
 		a.armHeldTimerLocked(now) // drops lapsed holds
 	}
 	s := &sent{}
@@ -622,9 +630,13 @@ func (a *appender) take() *sent {
 		count += len(c.recs)
 		headers += c.headers
 	}
-	rest = append(rest, a.queue[i:]...)
-	clear(a.queue[len(rest):])
-	a.queue = rest
+	if len(rest) == 0 {
+		a.queue = a.queue[i:] // nothing parked: the queue's tail, as it is
+	} else {
+		rest = append(rest, a.queue[i:]...)
+		clear(a.queue[len(rest):])
+		a.queue = rest
+	}
 	if len(a.queue) == 0 {
 		a.queue = nil
 	}
