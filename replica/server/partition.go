@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -267,6 +268,15 @@ func (p *partition) syncLoop(interval time.Duration) {
 				continue
 			}
 		}
+		// Let what the append that woke this loop made runnable go first:
+		// the link's forward of the same frames above all. An fsync holds
+		// this goroutine's P for its whole length, and a replica often has
+		// one P (catena dev gives each process its share of the cores; a
+		// pod's CPU limit does the same). A middle readies its link and
+		// then this loop, which the scheduler runs first: the forward sat
+		// behind the fsync and reached the tail 150 us later, on the path
+		// of every write (docs/benchmarks.md, 2026-12-05, fourth session).
+		runtime.Gosched()
 		gen := p.truncations.Load()
 		end := p.log.NextOffset()
 		start := time.Now()
