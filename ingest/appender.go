@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/writetrace"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
@@ -249,6 +250,7 @@ func (s *sent) assign(resp *catenapb.AppendResponse) {
 // complete answers s's producers: its records are committed up to
 // committed, as the tail's completion (byTail) or the head's answer said.
 func (a *appender) complete(s *sent, committed uint64, byTail bool) {
+	writetrace.Mark(writetrace.IngestDone, a.partition, s.end)
 	a.metrics.appendSeconds.Observe(time.Since(s.at).Seconds())
 	a.metrics.appends.Inc()
 	if byTail {
@@ -1020,6 +1022,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		case err := <-recvErr:
 			return inflight, fmt.Errorf("append stream to head %s broke: %w", head.GetId(), err)
 		case c := <-completions:
+			writetrace.Mark(writetrace.IngestCompleted, a.partition, c)
 			completed = max(completed, c)
 			resolve()
 			if idle() {
@@ -1075,6 +1078,10 @@ func (a *appender) answered(resp *catenapb.AppendResponse, head *catenapb.Member
 			return nil, false, err
 		}
 		inflight[i].assign(resp)
+		if writetrace.On() {
+			writetrace.MarkAt(writetrace.IngestSent, a.partition, inflight[i].end, inflight[i].at)
+			writetrace.Mark(writetrace.IngestAssigned, a.partition, inflight[i].end)
+		}
 		a.progressed = true
 		return nil, false, nil
 	}

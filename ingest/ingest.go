@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/internal/heard"
+	"github.com/catena-streams/catena/internal/writetrace"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
@@ -122,6 +123,7 @@ type Server struct {
 
 // New starts discovery and returns the server.
 func New(opts Options) (*Server, error) {
+	writetrace.SetRole("ingest")
 	if len(opts.Replicas) == 0 {
 		return nil, errors.New("ingestion needs at least one replica address")
 	}

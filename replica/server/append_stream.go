@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/writetrace"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -79,6 +80,10 @@ func (s *Server) receiveAppends(ctx context.Context, stream catenapb.Replica_App
 			pa.cuts = pa.p.truncations.Load()
 			pa.resp, pa.epoch, pa.waitEnd, pa.err = pa.p.appendLocked(req)
 			pa.p.mu.Unlock()
+			if writetrace.On() && pa.err == nil {
+				writetrace.MarkAt(writetrace.HeadReceived, pa.p.index, pa.waitEnd, pa.start)
+				writetrace.Mark(writetrace.HeadWritten, pa.p.index, pa.waitEnd)
+			}
 		}
 		if pa.err != nil {
 			pa.resp = &catenapb.AppendResponse{RequestId: req.GetRequestId()}
@@ -187,6 +192,7 @@ func (s *Server) Completions(req *catenapb.CompletionsRequest, stream catenapb.R
 		committed, ch := p.committed, p.changed
 		p.mu.Unlock()
 		if committed > sent || first {
+			writetrace.Mark(writetrace.CompletionSent, p.index, committed)
 			if err := stream.Send(&catenapb.Completion{Epoch: req.GetEpoch(), Committed: committed}); err != nil {
 				return err
 			}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/writetrace"
 	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -214,6 +215,12 @@ func (p *partition) linkOnce(ctx context.Context, epoch uint64, succID, succAddr
 			f.Body = &catenapb.ReplicateFrame_Commit{Commit: &catenapb.CommitNotice{Committed: committed, UpstreamDurable: durableDown}}
 		}
 		sentCommitted, sentDown = committed, durableDown
+		if writetrace.On() {
+			if f.GetData() != nil {
+				writetrace.Mark(writetrace.Forwarded, p.index, sent)
+			}
+			writetrace.Mark(writetrace.DownSent, p.index, durableDown)
+		}
 		if err := stream.Send(f); err != nil {
 			return fmt.Errorf("failed to send to %s: %w", succID, err)
 		}
@@ -282,6 +289,9 @@ func (s *Server) Replicate(stream catenapb.Replica_ReplicateServer) error {
 			}
 			return err
 		}
+		if writetrace.On() {
+			traceReceived(p.index, f)
+		}
 		if f.GetEpoch() != epoch || f.GetFrom() != from {
 			return status.Errorf(codes.InvalidArgument, "frame for epoch %d from %s on a link of epoch %d from %s", f.GetEpoch(), f.GetFrom(), epoch, from)
 		}
@@ -293,6 +303,22 @@ func (s *Server) Replicate(stream catenapb.Replica_ReplicateServer) error {
 			return err
 		default:
 		}
+	}
+}
+
+// traceReceived marks forwarded frames and upstream-durable offsets as
+// they come off a link.
+func traceReceived(partition uint32, f *catenapb.ReplicateFrame) {
+	now := time.Now()
+	if d := f.GetData(); d != nil {
+		if frames := d.GetFrames(); len(frames) > 0 {
+			if h, err := partlog.DecodeHeader(frames[len(frames)-1]); err == nil {
+				writetrace.MarkAt(writetrace.Received, partition, h.End(), now)
+			}
+		}
+		writetrace.MarkAt(writetrace.DownReceived, partition, d.GetUpstreamDurable(), now)
+	} else if c := f.GetCommit(); c != nil {
+		writetrace.MarkAt(writetrace.DownReceived, partition, c.GetUpstreamDurable(), now)
 	}
 }
 
@@ -354,6 +380,7 @@ func (p *partition) receive(epoch uint64, from string, f *catenapb.ReplicateFram
 		}
 		if wrote {
 			p.appended()
+			writetrace.Mark(writetrace.Written, p.index, p.log.NextOffset())
 		}
 	case *catenapb.ReplicateFrame_Commit:
 		eff, err := p.core.CommitNotice(epoch, from, body.Commit.GetCommitted(), body.Commit.GetUpstreamDurable())

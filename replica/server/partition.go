@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/writetrace"
 	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -285,6 +286,10 @@ func (p *partition) syncLoop(interval time.Duration) {
 			return
 		}
 		lastSync = start
+		if writetrace.On() {
+			writetrace.MarkAt(writetrace.SyncStarted, p.index, end, start)
+			writetrace.Mark(writetrace.Synced, p.index, end)
+		}
 		p.m.syncSeconds.Observe(time.Since(start).Seconds())
 		p.mu.Lock()
 		if p.truncations.Load() == gen {

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/catena-streams/catena/internal/heard"
+	"github.com/catena-streams/catena/internal/writetrace"
 	"github.com/catena-streams/catena/replica/chain"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
@@ -124,6 +125,7 @@ type Server struct {
 // New opens every partition found under opts.DataDir (recovering its log and
 // reinstalling its last accepted chain configuration) and returns the server.
 func New(opts Options) (*Server, error) {
+	writetrace.SetRole(opts.ID)
 	if !nameRE.MatchString(opts.ID) || len(opts.ID) > maxNameLen {
 		return nil, fmt.Errorf("replica id %q must be 1-%d lowercase letters, digits or '-'", opts.ID, maxNameLen)
 	}
