@@ -1022,7 +1022,6 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		case err := <-recvErr:
 			return inflight, fmt.Errorf("append stream to head %s broke: %w", head.GetId(), err)
 		case c := <-completions:
-			writetrace.Mark(writetrace.IngestCompleted, a.partition, c)
 			completed = max(completed, c)
 			resolve()
 			if idle() {
@@ -1181,6 +1180,7 @@ func (a *appender) watchCompletions(ctx context.Context, pr *partitionRoute) <-c
 						return err
 					}
 					if c.GetEpoch() == pr.epoch {
+						writetrace.Mark(writetrace.IngestCompleted, a.partition, c.GetCommitted())
 						push(c.GetCommitted())
 						backoff = retryMin
 					}

@@ -22,9 +22,9 @@ func main() {
 	}
 	events, err := writetrace.Read(os.Args[1])
 	if err == nil {
-		var rows []writetrace.Row
-		if rows, err = writetrace.Breakdown(events); err == nil {
-			report(rows)
+		var points, steps []writetrace.Row
+		if points, steps, err = writetrace.Breakdown(events); err == nil {
+			report(points, steps)
 			return
 		}
 	}
@@ -32,15 +32,20 @@ func main() {
 	os.Exit(1)
 }
 
-func report(rows []writetrace.Row) {
+func report(points, steps []writetrace.Row) {
 	us := func(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond)) }
 	n := 0
-	for _, r := range rows {
+	for _, r := range points {
 		n = max(n, len(r.Since))
 	}
-	fmt.Printf("µs after ingestion sent the append to the head, over %d appends\n\n", n)
-	fmt.Printf("%-40s %8s %8s %8s %8s\n", "reached", "p50", "p90", "p99", "appends")
-	for _, r := range rows {
-		fmt.Printf("%-40s %8s %8s %8s %8d\n", r.Name, us(r.Quantile(0.5)), us(r.Quantile(0.9)), us(r.Quantile(0.99)), len(r.Since))
+	table := func(title string, rows []writetrace.Row) {
+		fmt.Printf("%-44s %8s %8s %8s %8s\n", title, "p50", "p90", "p99", "appends")
+		for _, r := range rows {
+			fmt.Printf("%-44s %8s %8s %8s %8d\n", r.Name, us(r.Quantile(0.5)), us(r.Quantile(0.9)), us(r.Quantile(0.99)), len(r.Since))
+		}
 	}
+	fmt.Printf("%d appends; times in µs\n\n", n)
+	table("reached, after ingestion sent the append", points)
+	fmt.Println()
+	table("each step, append by append", steps)
 }

@@ -86,12 +86,14 @@ func (r Row) Quantile(q float64) time.Duration {
 }
 
 // Breakdown works out, for every append ingestion sent and answered, when
-// it reached each stage in each member, measured from ingestion's send;
+// it reached each stage in each member, measured from ingestion's send
+// (points), and how long each step between two stages took (steps: a hop,
+// a write, an fsync, a notice);
 // the members are named by their place in the chain (head, member 2, ...,
 // tail), learned from who received what who forwarded. An offset that
 // only grows (a durable end, a completion) counts for an append from the
 // first mark at or past its end.
-func Breakdown(events []Event) ([]Row, error) {
+func Breakdown(events []Event) (reachedRows, stepRows []Row, err error) {
 	type key struct {
 		role      string
 		stage     Stage
@@ -206,7 +208,7 @@ func Breakdown(events []Event) ([]Row, error) {
 		}
 	}
 	if ingest == "" {
-		return nil, fmt.Errorf("no %s marks: was ingestion traced?", IngestSent)
+		return nil, nil, fmt.Errorf("no %s marks: was ingestion traced?", IngestSent)
 	}
 	var parts []uint32
 	seen := map[uint32]bool{}
@@ -221,7 +223,7 @@ func Breakdown(events []Event) ([]Row, error) {
 		chainLen = max(chainLen, len(chainOf(p)))
 	}
 	if chainLen == 0 {
-		return nil, fmt.Errorf("no %s marks: were the replicas traced?", HeadReceived)
+		return nil, nil, fmt.Errorf("no %s marks: were the replicas traced?", HeadReceived)
 	}
 	member := func(i int, st Stage, growing bool) func(chain []string, p uint32, end uint64) (time.Time, bool) {
 		return func(chain []string, p uint32, end uint64) (time.Time, bool) {
@@ -254,15 +256,72 @@ func Breakdown(events []Event) ([]Row, error) {
 		at(place(i+1, chainLen)+" heard it durable upstream", member(i+1, DownReceived, true))
 	}
 	at(place(chainLen-1, chainLen)+" completion sent", member(chainLen-1, CompletionSent, true))
-	at("ingestion completion taken", func(_ []string, p uint32, end uint64) (time.Time, bool) {
+	at("ingestion heard the completion", func(_ []string, p uint32, end uint64) (time.Time, bool) {
 		return reached(ingest, IngestCompleted, p, end)
 	})
 	at("ingestion answered", func(_ []string, p uint32, end uint64) (time.Time, bool) { return exact(ingest, IngestDone, p, end) })
+
+	// Spans: how long each step took, append by append.
+	index := map[string]int{}
+	for i, pt := range points {
+		index[pt.name] = i
+	}
+	type span struct {
+		name     string
+		from, to int // -1: ingestion's send
+	}
+	var spans []span
+	step := func(name, from, to string) {
+		f, ok1 := index[from]
+		t, ok2 := index[to]
+		if from == "" {
+			f, ok1 = -1, true
+		}
+		if ok1 && ok2 {
+			spans = append(spans, span{name, f, t})
+		}
+	}
+	step("ingestion to the head", "", "head received")
+	step("head: received to written", "head received", "head written")
+	for i := range chainLen {
+		me := place(i, chainLen)
+		if i > 0 {
+			step(me+": received to written", me+" received", me+" written")
+		}
+		if i < chainLen-1 {
+			next := place(i+1, chainLen)
+			step(me+": written to forwarded", me+" written", me+" forwarded")
+			step("link "+me+" to "+next, me+" forwarded", next+" received")
+		}
+	}
+	for i := range chainLen {
+		me := place(i, chainLen)
+		step(me+": fsync", me+" fsync started", me+" fsync done")
+	}
+	if chainLen > 1 {
+		step("head: fsync done to durable sent down", "head fsync done", "head durable sent down")
+	}
+	for i := range chainLen - 1 {
+		me, next := place(i, chainLen), place(i+1, chainLen)
+		step("durable notice "+me+" to "+next, me+" durable sent down", next+" heard it durable upstream")
+		if i+1 < chainLen-1 {
+			step(next+": heard durable to sent down", next+" heard it durable upstream", next+" durable sent down")
+		}
+	}
+	tail := place(chainLen-1, chainLen)
+	step(tail+": durable everywhere to completion sent", tail+" heard it durable upstream", tail+" completion sent")
+	step("completion to ingestion", tail+" completion sent", "ingestion heard the completion")
 
 	rows := make([]Row, len(points))
 	for i, pt := range points {
 		rows[i].Name = pt.name
 	}
+	steps := make([]Row, len(spans))
+	for i, sp := range spans {
+		steps[i].Name = sp.name
+	}
+	times := make([]time.Time, len(points))
+	reachedAt := make([]bool, len(points))
 	for _, p := range parts {
 		chain := chainOf(p)
 		if len(chain) != chainLen {
@@ -273,8 +332,19 @@ func Breakdown(events []Event) ([]Row, error) {
 				continue
 			}
 			for i, pt := range points {
-				if t, ok := pt.at(chain, p, sent.Offset); ok && !t.Before(sent.At) {
+				t, ok := pt.at(chain, p, sent.Offset)
+				times[i], reachedAt[i] = t, ok && !t.Before(sent.At)
+				if reachedAt[i] {
 					rows[i].Since = append(rows[i].Since, t.Sub(sent.At))
+				}
+			}
+			for i, sp := range spans {
+				from, ok := sent.At, true
+				if sp.from >= 0 {
+					from, ok = times[sp.from], reachedAt[sp.from]
+				}
+				if ok && reachedAt[sp.to] && !times[sp.to].Before(from) {
+					steps[i].Since = append(steps[i].Since, times[sp.to].Sub(from))
 				}
 			}
 		}
@@ -282,5 +352,8 @@ func Breakdown(events []Event) ([]Row, error) {
 	for i := range rows {
 		slices.Sort(rows[i].Since)
 	}
-	return rows, nil
+	for i := range steps {
+		slices.Sort(steps[i].Since)
+	}
+	return rows, steps, nil
 }

@@ -58,7 +58,7 @@ const (
 	DownReceived
 	// CompletionSent: the tail sent a completion (committed offset).
 	CompletionSent
-	// IngestCompleted: ingestion's appender took a completion (value).
+	// IngestCompleted: a completion reached ingestion (value).
 	IngestCompleted
 	// IngestDone: ingestion answered the append's records (end).
 	IngestDone

@@ -78,9 +78,27 @@ func TestBreakdownFollowsEachAppendThroughTheChain(t *testing.T) {
 		add("ingest", IngestDone, end, start+570)
 	}
 	add("r1", Synced, 11, 1450) // covers both appends
-	rows, err := Breakdown(events)
+	rows, steps, err := Breakdown(events)
 	if err != nil {
 		t.Fatal(err)
+	}
+	took := map[string][]time.Duration{}
+	for _, r := range steps {
+		took[r.Name] = r.Since
+	}
+	for name, want := range map[string][]time.Duration{
+		"ingestion to the head":                       {50 * time.Microsecond, 50 * time.Microsecond},
+		"link head to member 2":                       {80 * time.Microsecond, 80 * time.Microsecond},
+		"link member 2 to tail":                       {80 * time.Microsecond, 80 * time.Microsecond},
+		"durable notice head to member 2":             {90 * time.Microsecond, 90 * time.Microsecond},
+		"member 2: heard durable to sent down":        {10 * time.Microsecond, 10 * time.Microsecond},
+		"durable notice member 2 to tail":             {70 * time.Microsecond, 70 * time.Microsecond},
+		"tail: durable everywhere to completion sent": {20 * time.Microsecond, 20 * time.Microsecond},
+		"completion to ingestion":                     {60 * time.Microsecond, 60 * time.Microsecond},
+	} {
+		if !slices.Equal(took[name], want) {
+			t.Errorf("step %s: %v, want %v", name, took[name], want)
+		}
 	}
 	got := map[string][]time.Duration{}
 	var names []string
