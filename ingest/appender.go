@@ -1077,10 +1077,7 @@ func (a *appender) answered(resp *catenapb.AppendResponse, head *catenapb.Member
 			return nil, false, err
 		}
 		inflight[i].assign(resp)
-		if writetrace.On() {
-			writetrace.MarkAt(writetrace.IngestSent, a.partition, inflight[i].end, inflight[i].at)
-			writetrace.Mark(writetrace.IngestAssigned, a.partition, inflight[i].end)
-		}
+		a.traceAssigned(inflight[i])
 		a.progressed = true
 		return nil, false, nil
 	}
@@ -1134,9 +1131,22 @@ func (a *appender) answered(resp *catenapb.AppendResponse, head *catenapb.Member
 	if err := counts(s); err != nil {
 		return nil, false, err
 	}
+	early := s.assigned
 	s.assign(resp)
+	if !early {
+		a.traceAssigned(s) // a chain of one answers once
+	}
 	a.complete(s, max(resp.GetCommitted(), s.end), false)
 	return s, false, nil
+}
+
+// traceAssigned marks, once the head assigned s its offsets, when it was
+// sent and when that answer came (writetrace names appends by their end).
+func (a *appender) traceAssigned(s *sent) {
+	if writetrace.On() {
+		writetrace.MarkAt(writetrace.IngestSent, a.partition, s.end, s.at)
+		writetrace.Mark(writetrace.IngestAssigned, a.partition, s.end)
+	}
 }
 
 // watchCompletions follows the completions of pr's epoch from its tail,

@@ -24,6 +24,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/catena-streams/catena/internal/writetrace"
 	"github.com/catena-streams/catena/rpc/transport"
 )
 
@@ -31,7 +32,9 @@ import (
 var version = "dev"
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	err := newRootCommand().Execute()
+	writetrace.Flush() // the marks since the last flush (CATENA_WRITE_TRACE)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "catena:", err)
 		os.Exit(1)
 	}

@@ -22,9 +22,9 @@ func main() {
 	}
 	events, err := writetrace.Read(os.Args[1])
 	if err == nil {
-		var points, steps []writetrace.Row
-		if points, steps, err = writetrace.Breakdown(events); err == nil {
-			report(points, steps)
+		var rep *writetrace.Report
+		if rep, err = writetrace.Breakdown(events); err == nil {
+			report(rep)
 			return
 		}
 	}
@@ -32,20 +32,24 @@ func main() {
 	os.Exit(1)
 }
 
-func report(points, steps []writetrace.Row) {
+func report(rep *writetrace.Report) {
 	us := func(d time.Duration) string { return fmt.Sprintf("%.0f", float64(d)/float64(time.Microsecond)) }
-	n := 0
-	for _, r := range points {
-		n = max(n, len(r.Since))
-	}
 	table := func(title string, rows []writetrace.Row) {
-		fmt.Printf("%-44s %8s %8s %8s %8s\n", title, "p50", "p90", "p99", "appends")
+		fmt.Printf("%-50s %8s %8s %8s %8s\n", title, "p50", "p90", "p99", "appends")
 		for _, r := range rows {
-			fmt.Printf("%-44s %8s %8s %8s %8d\n", r.Name, us(r.Quantile(0.5)), us(r.Quantile(0.9)), us(r.Quantile(0.99)), len(r.Since))
+			fmt.Printf("%-50s %8s %8s %8s %8d\n", r.Name, us(r.Quantile(0.5)), us(r.Quantile(0.9)), us(r.Quantile(0.99)), len(r.Durations))
 		}
 	}
-	fmt.Printf("%d appends; times in µs\n\n", n)
-	table("reached, after ingestion sent the append", points)
+	fmt.Printf("%d appends; times in µs\n", rep.Appends)
+	if rep.Skipped > 0 {
+		fmt.Printf("%d appends of partitions with a shorter chain left out\n", rep.Skipped)
+	}
 	fmt.Println()
-	table("each step, append by append", steps)
+	table("reached, after ingestion sent the append", rep.Reached)
+	fmt.Println()
+	table("each step, append by append", rep.Steps)
+	if rep.Appends > 0 && rep.ChainLength > 1 {
+		fmt.Printf("\nthe tail heard an append durable upstream after its own fsync ended for %d of %d appends (%.0f%%)\n",
+			rep.UpstreamLast, rep.Appends, 100*float64(rep.UpstreamLast)/float64(rep.Appends))
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,7 +24,10 @@ type Event struct {
 	At        time.Time
 }
 
-// Read reads every trace file in dir.
+// Read reads every trace file in dir: one run's, one file per process. A
+// process killed while writing may leave its last line cut short, which
+// is dropped; a role with files of several processes means several runs
+// traced into one directory, whose offsets would mix, and is refused.
 func Read(dir string) ([]Event, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.trace"))
 	if err != nil {
@@ -32,10 +36,19 @@ func Read(dir string) ([]Event, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("no trace files (*.trace) in %s", dir)
 	}
+	pids := map[string][]string{}
 	var events []Event
 	for _, path := range files {
 		base := strings.TrimSuffix(filepath.Base(path), ".trace")
-		role := base[:max(strings.LastIndexByte(base, '-'), 0)]
+		cut := strings.LastIndexByte(base, '-')
+		if cut <= 0 {
+			return nil, fmt.Errorf("%s: not a trace file's name (ROLE-PID.trace)", path)
+		}
+		role := base[:cut]
+		pids[role] = append(pids[role], base[cut+1:])
+		if len(pids[role]) > 1 {
+			return nil, fmt.Errorf("%s holds traces of %s from processes %s: trace each run into an empty directory", dir, role, strings.Join(pids[role], ", "))
+		}
 		f, err := os.Open(path)
 		if err != nil {
 			return nil, err
@@ -53,307 +66,378 @@ func Read(dir string) ([]Event, error) {
 func parse(r io.Reader, role string) ([]Event, error) {
 	var events []Event
 	sc := bufio.NewScanner(r)
+	var bad error
 	for line := 1; sc.Scan(); line++ {
+		if bad != nil {
+			return nil, bad // a malformed line before the last
+		}
 		f := strings.Fields(sc.Text())
 		if len(f) != 4 {
-			return nil, fmt.Errorf("line %d: want stage, partition, offset and time, got %q", line, sc.Text())
+			bad = fmt.Errorf("line %d: want stage, partition, offset and time, got %q", line, sc.Text())
+			continue
 		}
 		st, ok := ParseStage(f[0])
 		part, err1 := strconv.ParseUint(f[1], 10, 32)
 		off, err2 := strconv.ParseUint(f[2], 10, 64)
 		at, err3 := strconv.ParseInt(f[3], 10, 64)
 		if !ok || err1 != nil || err2 != nil || err3 != nil {
-			return nil, fmt.Errorf("line %d: malformed mark %q", line, sc.Text())
+			bad = fmt.Errorf("line %d: malformed mark %q", line, sc.Text())
+			continue
 		}
 		events = append(events, Event{Role: role, Stage: st, Partition: uint32(part), Offset: off, At: time.Unix(0, at)})
 	}
+	// A malformed last line is a write cut short by a kill: dropped.
 	return events, sc.Err()
 }
 
-// Row is one point of the breakdown: how long after ingestion sent an
-// append it was reached, over the appends that reached it.
+// Row is one line of a breakdown: a duration per append that has it,
+// sorted.
 type Row struct {
-	Name  string
-	Since []time.Duration // one per append, sorted
+	Name      string
+	Durations []time.Duration
 }
 
-// Quantile of the row's times (0 without any).
+// Quantile is the nearest-rank q-quantile of the row (0 without any).
 func (r Row) Quantile(q float64) time.Duration {
-	if len(r.Since) == 0 {
+	n := len(r.Durations)
+	if n == 0 {
 		return 0
 	}
-	return r.Since[min(len(r.Since)-1, int(q*float64(len(r.Since))))]
+	return r.Durations[min(n-1, max(0, int(math.Ceil(q*float64(n)))-1))]
 }
 
-// Breakdown works out, for every append ingestion sent and answered, when
-// it reached each stage in each member, measured from ingestion's send
-// (points), and how long each step between two stages took (steps: a hop,
-// a write, an fsync, a notice);
-// the members are named by their place in the chain (head, member 2, ...,
-// tail), learned from who received what who forwarded. An offset that
-// only grows (a durable end, a completion) counts for an append from the
-// first mark at or past its end.
-func Breakdown(events []Event) (reachedRows, stepRows []Row, err error) {
-	type key struct {
-		role      string
-		stage     Stage
-		partition uint32
-	}
-	byKey := map[key][]Event{}
-	for _, e := range events {
-		k := key{e.Role, e.Stage, e.Partition}
-		byKey[k] = append(byKey[k], e)
-	}
-	// The first time each append's end was marked, and for offsets that
-	// only grow, the times each new high was first marked.
-	type high struct {
-		offset uint64
-		at     time.Time
-	}
-	firsts := map[key]map[uint64]time.Time{}
-	highs := map[key][]high{}
-	for k, evs := range byKey {
-		slices.SortFunc(evs, func(a, b Event) int { return a.At.Compare(b.At) })
-		m := make(map[uint64]time.Time, len(evs))
-		var hs []high
-		for _, e := range evs {
-			if _, ok := m[e.Offset]; !ok {
-				m[e.Offset] = e.At
-			}
-			if len(hs) == 0 || e.Offset > hs[len(hs)-1].offset {
-				hs = append(hs, high{e.Offset, e.At})
-			}
-		}
-		firsts[k], highs[k] = m, hs
-	}
-	// exact: when role passed stage with an append ending at off.
-	exact := func(role string, st Stage, p uint32, off uint64) (time.Time, bool) {
-		t, ok := firsts[key{role, st, p}][off]
-		return t, ok
-	}
-	// reached: when role's growing offset first reached off.
-	reached := func(role string, st Stage, p uint32, off uint64) (time.Time, bool) {
-		hs := highs[key{role, st, p}]
-		i := sort.Search(len(hs), func(i int) bool { return hs[i].offset >= off })
-		if i == len(hs) {
-			return time.Time{}, false
-		}
-		return hs[i].at, true
-	}
-	roles := map[string]bool{}
-	for _, e := range events {
-		roles[e.Role] = true
-	}
-	// The chain of each partition, head first: the first member to take
-	// an append from ingestion (a trace is read as of one chain; one that
-	// spans a reconfiguration counts the appends of the first).
-	chainOf := func(p uint32) []string {
-		var head string
-		var first time.Time
-		for r := range roles {
-			if evs := byKey[key{r, HeadReceived, p}]; len(evs) > 0 && (head == "" || evs[0].At.Before(first)) {
-				head, first = r, evs[0].At
-			}
-		}
-		if head == "" {
-			return nil
-		}
-		chain := []string{head}
-		for {
-			last := chain[len(chain)-1]
-			fwd := byKey[key{last, Forwarded, p}]
-			if len(fwd) == 0 {
-				return chain
-			}
-			// Its successor received those frames first; members further
-			// down received them after.
-			next, first := "", time.Time{}
-			for r := range roles {
-				if slices.Contains(chain, r) {
-					continue
-				}
-				if t, ok := exact(r, Received, p, fwd[0].Offset); ok && (next == "" || t.Before(first)) {
-					next, first = r, t
-				}
-			}
-			if next == "" {
-				return chain
-			}
-			chain = append(chain, next)
-		}
-	}
-	type point struct {
-		name string
-		at   func(chain []string, p uint32, end uint64) (time.Time, bool)
-	}
-	place := func(i, n int) string {
-		switch {
-		case i == 0:
-			return "head"
-		case i == n-1:
-			return "tail"
-		}
-		return fmt.Sprintf("member %d", i+1)
-	}
-	var chainLen int
-	var points []point
-	at := func(name string, f func(chain []string, p uint32, end uint64) (time.Time, bool)) {
-		points = append(points, point{name, f})
-	}
+// Report is a breakdown of a trace.
+type Report struct {
+	// Reached: when the appends reached each stage, after ingestion sent
+	// them to the head.
+	Reached []Row
+	// Steps: how long each step between two stages took, append by append
+	// (a link, a write, an fsync, a durability notice).
+	Steps []Row
+	// ChainLength is the longest chain of the trace's partitions.
+	ChainLength int
+	// Appends ingestion sent and answered, in partitions whose chain has
+	// that length; Skipped, those of other partitions.
+	Appends, Skipped int
+	// UpstreamLast counts the appends whose tail heard them durable on
+	// every member before it only after its own fsync of them ended: the
+	// tail's last wait was for a notice, not for its disk.
+	UpstreamLast int
+}
+
+// Breakdown follows every append ingestion sent and answered through its
+// partition's chain. The chain is read from the marks: the head is the
+// member that took appends from ingestion first, each next member the one
+// that received the frames its predecessor forwarded first. Members are
+// named by their place (head, member 2, ..., tail). An offset that only
+// grows (a forward, a durable end, a completion) counts for an append
+// from the first mark at or past its end.
+func Breakdown(events []Event) (*Report, error) {
+	t := index(events)
 	ingest := ""
-	for _, e := range events {
-		if e.Stage == IngestSent {
-			ingest = e.Role
-			break
-		}
-	}
-	if ingest == "" {
-		return nil, nil, fmt.Errorf("no %s marks: was ingestion traced?", IngestSent)
-	}
 	var parts []uint32
 	seen := map[uint32]bool{}
 	for _, e := range events {
-		if e.Stage == IngestSent && !seen[e.Partition] {
+		if e.Stage != IngestSent {
+			continue
+		}
+		ingest = e.Role
+		if !seen[e.Partition] {
 			seen[e.Partition] = true
 			parts = append(parts, e.Partition)
 		}
 	}
-	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
+	if ingest == "" {
+		return nil, fmt.Errorf("no %s marks: was ingestion traced?", IngestSent)
+	}
+	slices.Sort(parts)
+	chains := map[uint32][]string{}
+	chainLen := 0
 	for _, p := range parts {
-		chainLen = max(chainLen, len(chainOf(p)))
+		chains[p] = t.chain(p)
+		chainLen = max(chainLen, len(chains[p]))
 	}
 	if chainLen == 0 {
-		return nil, nil, fmt.Errorf("no %s marks: were the replicas traced?", HeadReceived)
+		return nil, fmt.Errorf("no %s marks: were the replicas traced?", HeadReceived)
 	}
-	member := func(i int, st Stage, growing bool) func(chain []string, p uint32, end uint64) (time.Time, bool) {
-		return func(chain []string, p uint32, end uint64) (time.Time, bool) {
-			if i >= len(chain) {
-				return time.Time{}, false
-			}
-			if growing {
-				return reached(chain[i], st, p, end)
-			}
-			return exact(chain[i], st, p, end)
+	pts, steps := plan(chainLen)
+	rep := &Report{Reached: make([]Row, len(pts)), Steps: make([]Row, len(steps)), ChainLength: chainLen}
+	for i, pt := range pts {
+		rep.Reached[i].Name = pt.name
+	}
+	for i, st := range steps {
+		rep.Steps[i].Name = st.name
+	}
+	at := make([]time.Time, len(pts))
+	ok := make([]bool, len(pts))
+	tailFsync, tailHeard := -1, -1
+	for i, pt := range pts {
+		switch pt.name {
+		case place(chainLen-1, chainLen) + " fsync done":
+			tailFsync = i
+		case place(chainLen-1, chainLen) + " heard it durable upstream":
+			tailHeard = i
 		}
 	}
-	at(place(0, chainLen)+" received", member(0, HeadReceived, false))
-	at(place(0, chainLen)+" written", member(0, HeadWritten, false))
-	for i := range chainLen {
-		if i > 0 {
-			at(place(i, chainLen)+" received", member(i, Received, false))
-			at(place(i, chainLen)+" written", member(i, Written, true))
-		}
-		if i < chainLen-1 {
-			at(place(i, chainLen)+" forwarded", member(i, Forwarded, true))
-		}
-	}
-	for i := range chainLen {
-		at(place(i, chainLen)+" fsync started", member(i, SyncStarted, true))
-		at(place(i, chainLen)+" fsync done", member(i, Synced, true))
-	}
-	for i := range chainLen - 1 {
-		at(place(i, chainLen)+" durable sent down", member(i, DownSent, true))
-		at(place(i+1, chainLen)+" heard it durable upstream", member(i+1, DownReceived, true))
-	}
-	at(place(chainLen-1, chainLen)+" completion sent", member(chainLen-1, CompletionSent, true))
-	at("ingestion heard the completion", func(_ []string, p uint32, end uint64) (time.Time, bool) {
-		return reached(ingest, IngestCompleted, p, end)
-	})
-	at("ingestion answered", func(_ []string, p uint32, end uint64) (time.Time, bool) { return exact(ingest, IngestDone, p, end) })
-
-	// Spans: how long each step took, append by append.
-	index := map[string]int{}
-	for i, pt := range points {
-		index[pt.name] = i
-	}
-	type span struct {
-		name     string
-		from, to int // -1: ingestion's send
-	}
-	var spans []span
-	step := func(name, from, to string) {
-		f, ok1 := index[from]
-		t, ok2 := index[to]
-		if from == "" {
-			f, ok1 = -1, true
-		}
-		if ok1 && ok2 {
-			spans = append(spans, span{name, f, t})
-		}
-	}
-	step("ingestion to the head", "", "head received")
-	step("head: received to written", "head received", "head written")
-	for i := range chainLen {
-		me := place(i, chainLen)
-		if i > 0 {
-			step(me+": received to written", me+" received", me+" written")
-		}
-		if i < chainLen-1 {
-			next := place(i+1, chainLen)
-			step(me+": written to forwarded", me+" written", me+" forwarded")
-			step("link "+me+" to "+next, me+" forwarded", next+" received")
-		}
-	}
-	for i := range chainLen {
-		me := place(i, chainLen)
-		step(me+": fsync", me+" fsync started", me+" fsync done")
-	}
-	if chainLen > 1 {
-		step("head: fsync done to durable sent down", "head fsync done", "head durable sent down")
-	}
-	for i := range chainLen - 1 {
-		me, next := place(i, chainLen), place(i+1, chainLen)
-		step("durable notice "+me+" to "+next, me+" durable sent down", next+" heard it durable upstream")
-		if i+1 < chainLen-1 {
-			step(next+": heard durable to sent down", next+" heard it durable upstream", next+" durable sent down")
-		}
-	}
-	tail := place(chainLen-1, chainLen)
-	step(tail+": durable everywhere to completion sent", tail+" heard it durable upstream", tail+" completion sent")
-	step("completion to ingestion", tail+" completion sent", "ingestion heard the completion")
-
-	rows := make([]Row, len(points))
-	for i, pt := range points {
-		rows[i].Name = pt.name
-	}
-	steps := make([]Row, len(spans))
-	for i, sp := range spans {
-		steps[i].Name = sp.name
-	}
-	times := make([]time.Time, len(points))
-	reachedAt := make([]bool, len(points))
 	for _, p := range parts {
-		chain := chainOf(p)
-		if len(chain) != chainLen {
-			continue
-		}
-		for _, sent := range byKey[key{ingest, IngestSent, p}] {
-			if _, ok := exact(ingest, IngestDone, p, sent.Offset); !ok {
+		chain := chains[p]
+		for _, sent := range t.events[key{ingest, IngestSent, p}] {
+			if _, done := t.exact(ingest, IngestDone, p, sent.Offset); !done {
 				continue
 			}
-			for i, pt := range points {
-				t, ok := pt.at(chain, p, sent.Offset)
-				times[i], reachedAt[i] = t, ok && !t.Before(sent.At)
-				if reachedAt[i] {
-					rows[i].Since = append(rows[i].Since, t.Sub(sent.At))
+			if len(chain) != chainLen {
+				rep.Skipped++
+				continue
+			}
+			rep.Appends++
+			for i, pt := range pts {
+				role := ingest
+				if pt.member >= 0 {
+					role = chain[pt.member]
+				}
+				var when time.Time
+				if pt.grows {
+					when, ok[i] = t.reached(role, pt.stage, p, sent.Offset)
+				} else {
+					when, ok[i] = t.exact(role, pt.stage, p, sent.Offset)
+				}
+				ok[i] = ok[i] && !when.Before(sent.At)
+				at[i] = when
+				if ok[i] {
+					rep.Reached[i].Durations = append(rep.Reached[i].Durations, when.Sub(sent.At))
 				}
 			}
-			for i, sp := range spans {
-				from, ok := sent.At, true
-				if sp.from >= 0 {
-					from, ok = times[sp.from], reachedAt[sp.from]
+			for i, st := range steps {
+				from, have := sent.At, true
+				for _, f := range st.from {
+					have = have && ok[f]
+					if have && at[f].After(from) {
+						from = at[f]
+					}
 				}
-				if ok && reachedAt[sp.to] && !times[sp.to].Before(from) {
-					steps[i].Since = append(steps[i].Since, times[sp.to].Sub(from))
+				if have && ok[st.to] && !at[st.to].Before(from) {
+					rep.Steps[i].Durations = append(rep.Steps[i].Durations, at[st.to].Sub(from))
 				}
+			}
+			if tailHeard >= 0 && ok[tailHeard] && ok[tailFsync] && at[tailHeard].After(at[tailFsync]) {
+				rep.UpstreamLast++
 			}
 		}
 	}
-	for i := range rows {
-		slices.Sort(rows[i].Since)
+	for i := range rep.Reached {
+		slices.Sort(rep.Reached[i].Durations)
 	}
-	for i := range steps {
-		slices.Sort(steps[i].Since)
+	for i := range rep.Steps {
+		slices.Sort(rep.Steps[i].Durations)
 	}
-	return rows, steps, nil
+	return rep, nil
+}
+
+type key struct {
+	role      string
+	stage     Stage
+	partition uint32
+}
+
+// marks indexes a trace: each role's marks of a stage and partition in
+// time order, the first time each offset was marked, and for offsets that
+// only grow, each new high.
+type marks struct {
+	roles  []string
+	events map[key][]Event
+	firsts map[key]map[uint64]time.Time
+	highs  map[key][]Event
+}
+
+func index(events []Event) *marks {
+	t := &marks{events: map[key][]Event{}, firsts: map[key]map[uint64]time.Time{}, highs: map[key][]Event{}}
+	for _, e := range events {
+		k := key{e.Role, e.Stage, e.Partition}
+		t.events[k] = append(t.events[k], e)
+		if !slices.Contains(t.roles, e.Role) {
+			t.roles = append(t.roles, e.Role)
+		}
+	}
+	slices.Sort(t.roles)
+	for k, evs := range t.events {
+		slices.SortStableFunc(evs, func(a, b Event) int { return a.At.Compare(b.At) })
+		firsts := make(map[uint64]time.Time, len(evs))
+		var highs []Event
+		for _, e := range evs {
+			if _, ok := firsts[e.Offset]; !ok {
+				firsts[e.Offset] = e.At
+			}
+			if len(highs) == 0 || e.Offset > highs[len(highs)-1].Offset {
+				highs = append(highs, e)
+			}
+		}
+		t.firsts[k], t.highs[k] = firsts, highs
+	}
+	return t
+}
+
+// exact is when role marked stage for the append ending at off.
+func (t *marks) exact(role string, st Stage, p uint32, off uint64) (time.Time, bool) {
+	at, ok := t.firsts[key{role, st, p}][off]
+	return at, ok
+}
+
+// reached is when role's growing offset for stage first reached off.
+func (t *marks) reached(role string, st Stage, p uint32, off uint64) (time.Time, bool) {
+	hs := t.highs[key{role, st, p}]
+	i := sort.Search(len(hs), func(i int) bool { return hs[i].Offset >= off })
+	if i == len(hs) {
+		return time.Time{}, false
+	}
+	return hs[i].At, true
+}
+
+// chainOf is partition p's chain, head first.
+func (t *marks) chain(p uint32) []string {
+	var head string
+	var first time.Time
+	for _, r := range t.roles {
+		if evs := t.events[key{r, HeadReceived, p}]; len(evs) > 0 && (head == "" || evs[0].At.Before(first)) {
+			head, first = r, evs[0].At
+		}
+	}
+	if head == "" {
+		return nil
+	}
+	chain := []string{head}
+	for {
+		next := t.successor(chain, p)
+		if next == "" {
+			return chain
+		}
+		chain = append(chain, next)
+	}
+}
+
+// successor is the member after the last of chain: of the roles that
+// received a frame the last forwarded, the one that received it first
+// (members further down receive it after). A few forwards are tried, in
+// case the first one's receipt was not traced.
+func (t *marks) successor(chain []string, p uint32) string {
+	fwd := t.events[key{chain[len(chain)-1], Forwarded, p}]
+	for _, f := range fwd[:min(len(fwd), 16)] {
+		next, first := "", time.Time{}
+		for _, r := range t.roles {
+			if slices.Contains(chain, r) {
+				continue
+			}
+			if at, ok := t.exact(r, Received, p, f.Offset); ok && (next == "" || at.Before(first)) {
+				next, first = r, at
+			}
+		}
+		if next != "" {
+			return next
+		}
+	}
+	return ""
+}
+
+func place(i, n int) string {
+	switch {
+	case i == 0:
+		return "head"
+	case i == n-1:
+		return "tail"
+	}
+	return fmt.Sprintf("member %d", i+1)
+}
+
+// point is a stage reached in one process: member is the place in the
+// chain, or -1 for ingestion.
+type point struct {
+	name   string
+	member int
+	stage  Stage
+	grows  bool
+}
+
+// step runs from the latest of the points from (none: ingestion's send)
+// to the point to.
+type step struct {
+	name string
+	from []int
+	to   int
+}
+
+// plan lists the points and steps of a chain of n members.
+func plan(n int) ([]point, []step) {
+	var pts []point
+	idx := map[string]int{}
+	add := func(name string, member int, st Stage, grows bool) {
+		idx[name] = len(pts)
+		pts = append(pts, point{name, member, st, grows})
+	}
+	add("head received", 0, HeadReceived, false)
+	add("head written", 0, HeadWritten, false)
+	for i := range n {
+		me := place(i, n)
+		if i > 0 {
+			add(me+" received", i, Received, false)
+			add(me+" written", i, Written, true)
+		}
+		if i < n-1 {
+			add(me+" forwarded", i, Forwarded, true)
+		}
+	}
+	for i := range n {
+		add(place(i, n)+" fsync started", i, SyncStarted, true)
+		add(place(i, n)+" fsync done", i, Synced, true)
+	}
+	for i := range n - 1 {
+		add(place(i, n)+" durable sent down", i, DownSent, true)
+		add(place(i+1, n)+" heard it durable upstream", i+1, DownReceived, true)
+	}
+	if n > 1 {
+		add(place(n-1, n)+" completion sent", n-1, CompletionSent, true)
+		add("ingestion heard the completion", -1, IngestCompleted, true)
+	}
+	add("ingestion answered", -1, IngestDone, false)
+
+	var steps []step
+	span := func(name string, to string, from ...string) {
+		s := step{name: name, to: idx[to]}
+		for _, f := range from {
+			s.from = append(s.from, idx[f])
+		}
+		steps = append(steps, s)
+	}
+	span("ingestion to the head", "head received")
+	span("head: received to written", "head written", "head received")
+	for i := range n {
+		me := place(i, n)
+		if i > 0 {
+			span(me+": received to written", me+" written", me+" received")
+		}
+		if i < n-1 {
+			next := place(i+1, n)
+			span(me+": written to forwarded", me+" forwarded", me+" written")
+			span("link "+me+" to "+next, next+" received", me+" forwarded")
+		}
+	}
+	for i := range n {
+		me := place(i, n)
+		span(me+": written to fsync started", me+" fsync started", me+" written")
+		span(me+": fsync", me+" fsync done", me+" fsync started")
+	}
+	if n > 1 {
+		span("head: fsync done to durable sent down", "head durable sent down", "head fsync done")
+	}
+	for i := range n - 1 {
+		me, next := place(i, n), place(i+1, n)
+		span("durable notice "+me+" to "+next, next+" heard it durable upstream", me+" durable sent down")
+		if i+1 < n-1 {
+			span(next+": durable here and upstream to sent down", next+" durable sent down", next+" heard it durable upstream", next+" fsync done")
+		}
+	}
+	if n > 1 {
+		tail := place(n-1, n)
+		span(tail+": durable everywhere to completion sent", tail+" completion sent", tail+" heard it durable upstream", tail+" fsync done")
+		span("completion to ingestion", "ingestion heard the completion", tail+" completion sent")
+	}
+	return pts, steps
 }

@@ -5,7 +5,9 @@
 // goes"). It is a measuring instrument for catena dev on one machine, off
 // unless the environment names a directory in CATENA_WRITE_TRACE; a mark
 // then costs a clock read and an append under a mutex, and the process
-// writes its marks to DIR/ROLE-PID.trace twice a second.
+// writes its marks to DIR/ROLE-PID.trace five times a second. Trace one
+// run into an empty directory, and one stream: marks name a partition,
+// not its stream.
 //
 // Every mark names a partition and an offset: an append's end offset for
 // the stages an append passes (sent, received, written, forwarded), or the
@@ -119,35 +121,51 @@ func SetRole(name string) {
 	mu.Unlock()
 }
 
-// Mark records that an append passed stage now.
+// Mark records that an append passed stage now. Off, it is a test of a
+// boolean (small enough to be inlined); callers that compute an argument
+// test On first.
 func Mark(stage Stage, partition uint32, offset uint64) {
 	if on {
-		add(mark{stage, partition, offset, time.Now().UnixNano()})
+		recordNow(stage, partition, offset)
 	}
+}
+
+//go:noinline
+func recordNow(stage Stage, partition uint32, offset uint64) {
+	record(stage, partition, offset, time.Now())
 }
 
 // MarkAt records that an append passed stage at t.
 func MarkAt(stage Stage, partition uint32, offset uint64, t time.Time) {
 	if on {
-		add(mark{stage, partition, offset, t.UnixNano()})
+		record(stage, partition, offset, t)
 	}
 }
 
-func add(m mark) {
+//go:noinline
+func record(stage Stage, partition uint32, offset uint64, t time.Time) {
 	started.Do(func() {
 		go func() {
-			for range time.Tick(500 * time.Millisecond) {
+			for range time.Tick(flushEvery) {
 				flush()
 			}
 		}()
 	})
 	mu.Lock()
-	pending = append(pending, m)
+	pending = append(pending, mark{stage, partition, offset, t.UnixNano()})
 	mu.Unlock()
 }
 
-// Flush writes the marks recorded so far.
-func Flush() { flush() }
+// flushEvery is how often a process writes its marks; a process killed
+// loses at most the last interval's (one that exits calls Flush).
+const flushEvery = 200 * time.Millisecond
+
+// Flush writes the marks recorded so far (nothing when off).
+func Flush() {
+	if on {
+		flush()
+	}
+}
 
 func flush() {
 	mu.Lock()
@@ -157,9 +175,14 @@ func flush() {
 	if len(ms) == 0 {
 		return
 	}
+	// An instrument: the write path does not fail for it; a directory it
+	// cannot write to leaves no trace files, which Read reports.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return
+	}
 	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("%s-%d.trace", name, os.Getpid())), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
-		return // an instrument: the write path does not fail for it
+		return
 	}
 	w := bufio.NewWriter(f)
 	for _, m := range ms {

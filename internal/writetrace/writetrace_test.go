@@ -4,12 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
 
 func TestMarksAreWrittenAndReadBack(t *testing.T) {
-	d := t.TempDir()
+	d := filepath.Join(t.TempDir(), "made on the first flush")
 	dir, on = d, true
 	t.Cleanup(func() { dir, on = "", false })
 	SetRole("r1")
@@ -17,10 +18,6 @@ func TestMarksAreWrittenAndReadBack(t *testing.T) {
 	MarkAt(Received, 3, 42, base)
 	MarkAt(Synced, 3, 43, base.Add(time.Microsecond))
 	Flush()
-	files, _ := filepath.Glob(filepath.Join(d, "*.trace"))
-	if len(files) != 1 {
-		t.Fatalf("trace files %v, want one", files)
-	}
 	events, err := Read(d)
 	if err != nil {
 		t.Fatal(err)
@@ -34,97 +31,218 @@ func TestMarksAreWrittenAndReadBack(t *testing.T) {
 	}
 }
 
-func TestReadRefusesWhatIsNotATrace(t *testing.T) {
-	d := t.TempDir()
-	if _, err := Read(d); err == nil {
-		t.Fatal("an empty directory read as a trace")
+func TestReadTakesOneRunAndDropsALineCutShort(t *testing.T) {
+	write := func(t *testing.T, d, name, text string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(d, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.WriteFile(filepath.Join(d, "r0-1.trace"), []byte("synced 0 five 1\n"), 0o644); err != nil {
-		t.Fatal(err)
+	t.Run("an empty directory", func(t *testing.T) {
+		if _, err := Read(t.TempDir()); err == nil {
+			t.Fatal("read as a trace")
+		}
+	})
+	t.Run("a malformed mark before the last line", func(t *testing.T) {
+		d := t.TempDir()
+		write(t, d, "r0-1.trace", "synced 0 five 1\nsynced 0 5 2\n")
+		if _, err := Read(d); err == nil || !strings.Contains(err.Error(), "line 1") {
+			t.Fatalf("error %v, want line 1 named", err)
+		}
+	})
+	t.Run("a last line cut short by a kill", func(t *testing.T) {
+		d := t.TempDir()
+		write(t, d, "r0-1.trace", "synced 0 5 2\nsynced 0 6")
+		events, err := Read(d)
+		if err != nil || len(events) != 1 || events[0].Offset != 5 {
+			t.Fatalf("read %+v, %v; want the whole first mark only", events, err)
+		}
+	})
+	t.Run("two runs in one directory", func(t *testing.T) {
+		d := t.TempDir()
+		write(t, d, "r0-1.trace", "synced 0 5 2\n")
+		write(t, d, "r0-2.trace", "synced 0 5 9\n")
+		if _, err := Read(d); err == nil || !strings.Contains(err.Error(), "empty directory") {
+			t.Fatalf("error %v, want two runs refused", err)
+		}
+	})
+}
+
+func TestQuantileIsTheNearestRank(t *testing.T) {
+	var r Row
+	for i := 1; i <= 100; i++ {
+		r.Durations = append(r.Durations, time.Duration(i))
 	}
-	if _, err := Read(d); err == nil {
-		t.Fatal("a malformed mark was read")
+	for q, want := range map[float64]time.Duration{0.5: 50, 0.9: 90, 0.99: 99, 1: 100, 0: 1} {
+		if got := r.Quantile(q); got != want {
+			t.Errorf("q%v of 1..100: %v, want %v", q, got, want)
+		}
+	}
+	if got := (Row{Durations: []time.Duration{7, 9}}).Quantile(0.5); got != 7 {
+		t.Errorf("median of two: %v, want the lower", got)
+	}
+	if got := (Row{}).Quantile(0.5); got != 0 {
+		t.Errorf("empty row: %v", got)
 	}
 }
 
-// A chain of three (r2 head, r0, r1 tail) and two appends, ending at
-// offsets 10 and 11, with a fsync at the tail that covers both.
-func TestBreakdownFollowsEachAppendThroughTheChain(t *testing.T) {
-	t0 := time.Unix(1700000000, 0)
-	us := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Microsecond) }
-	var events []Event
-	add := func(role string, st Stage, off uint64, at int) {
-		events = append(events, Event{Role: role, Stage: st, Partition: 7, Offset: off, At: us(at)})
+// trace builds marks in microseconds after an epoch.
+type trace struct{ events []Event }
+
+func (tr *trace) add(role string, st Stage, off uint64, us int) {
+	tr.events = append(tr.events, Event{Role: role, Stage: st, Partition: 7, Offset: off, At: time.Unix(1700000000, 0).Add(time.Duration(us) * time.Microsecond)})
+}
+
+func rows(rows []Row) map[string][]time.Duration {
+	m := map[string][]time.Duration{}
+	for _, r := range rows {
+		m[r.Name] = r.Durations
 	}
+	return m
+}
+
+func us(ds ...int) []time.Duration {
+	var out []time.Duration
+	for _, d := range ds {
+		out = append(out, time.Duration(d)*time.Microsecond)
+	}
+	return out
+}
+
+// A chain of three (r2 head, r0, r1 tail) and two appends, ending at
+// offsets 10 and 11; the tail hears the first durable upstream after its
+// own fsync, and one fsync of its covers both.
+func TestBreakdownFollowsEachAppendThroughTheChain(t *testing.T) {
+	var tr trace
 	for i, start := range []int{0, 1000} {
 		end := uint64(10 + i)
-		add("ingest", IngestSent, end, start)
-		add("r2", HeadReceived, end, start+50)
-		add("r2", HeadWritten, end, start+60)
-		add("r2", Forwarded, end, start+70)
-		add("r0", Received, end, start+150)
-		add("r0", Written, end, start+160)
-		add("r0", Forwarded, end, start+170)
-		add("r1", Received, end, start+250)
-		add("r1", Written, end, start+260)
-		add("r2", Synced, end, start+300)
-		add("r0", Synced, end, start+350)
-		add("r2", DownSent, end, start+310)
-		add("r0", DownReceived, end, start+400)
-		add("r0", DownSent, end, start+410)
-		add("r1", DownReceived, end, start+480)
-		add("r1", CompletionSent, end, start+500)
-		add("ingest", IngestCompleted, end, start+560)
-		add("ingest", IngestDone, end, start+570)
+		tr.add("ingest", IngestSent, end, start)
+		tr.add("r2", HeadReceived, end, start+50)
+		tr.add("r2", HeadWritten, end, start+60)
+		tr.add("r2", Forwarded, end, start+70)
+		tr.add("r0", Received, end, start+150)
+		tr.add("r0", Written, end, start+160)
+		tr.add("r0", Forwarded, end, start+170)
+		tr.add("r1", Received, end, start+250)
+		tr.add("r1", Written, end, start+260)
+		tr.add("r2", SyncStarted, end, start+100)
+		tr.add("r2", Synced, end, start+300)
+		tr.add("r0", Synced, end, start+350)
+		tr.add("r2", DownSent, end, start+310)
+		tr.add("r0", DownReceived, end, start+400)
+		tr.add("r0", DownSent, end, start+410)
+		tr.add("r1", DownReceived, end, start+480)
+		tr.add("r1", CompletionSent, end, start+500)
+		tr.add("ingest", IngestCompleted, end, start+560)
+		tr.add("ingest", IngestDone, end, start+570)
 	}
-	add("r1", Synced, 11, 1450) // covers both appends
-	rows, steps, err := Breakdown(events)
+	tr.add("r1", Synced, 11, 1450) // after the first append's notice; covers both
+	rep, err := Breakdown(tr.events)
 	if err != nil {
 		t.Fatal(err)
 	}
-	took := map[string][]time.Duration{}
-	for _, r := range steps {
-		took[r.Name] = r.Since
+	if rep.ChainLength != 3 || rep.Appends != 2 || rep.Skipped != 0 {
+		t.Fatalf("chain %d, appends %d, skipped %d; want 3, 2, 0", rep.ChainLength, rep.Appends, rep.Skipped)
 	}
-	for name, want := range map[string][]time.Duration{
-		"ingestion to the head":                       {50 * time.Microsecond, 50 * time.Microsecond},
-		"link head to member 2":                       {80 * time.Microsecond, 80 * time.Microsecond},
-		"link member 2 to tail":                       {80 * time.Microsecond, 80 * time.Microsecond},
-		"durable notice head to member 2":             {90 * time.Microsecond, 90 * time.Microsecond},
-		"member 2: heard durable to sent down":        {10 * time.Microsecond, 10 * time.Microsecond},
-		"durable notice member 2 to tail":             {70 * time.Microsecond, 70 * time.Microsecond},
-		"tail: durable everywhere to completion sent": {20 * time.Microsecond, 20 * time.Microsecond},
-		"completion to ingestion":                     {60 * time.Microsecond, 60 * time.Microsecond},
-	} {
-		if !slices.Equal(took[name], want) {
-			t.Errorf("step %s: %v, want %v", name, took[name], want)
-		}
-	}
-	got := map[string][]time.Duration{}
 	var names []string
-	for _, r := range rows {
-		got[r.Name] = r.Since
+	for _, r := range rep.Reached {
 		names = append(names, r.Name)
 	}
 	wantOrder := []string{"head received", "head written", "head forwarded", "member 2 received", "member 2 written",
 		"member 2 forwarded", "tail received", "tail written"}
 	if !slices.Equal(names[:len(wantOrder)], wantOrder) {
-		t.Fatalf("rows %v, want them to start %v", names, wantOrder)
+		t.Fatalf("points %v, want them to start %v", names, wantOrder)
 	}
+	reached, took := rows(rep.Reached), rows(rep.Steps)
 	for name, want := range map[string][]time.Duration{
-		"head received":                      {50 * time.Microsecond, 50 * time.Microsecond},
-		"member 2 received":                  {150 * time.Microsecond, 150 * time.Microsecond},
-		"tail received":                      {250 * time.Microsecond, 250 * time.Microsecond},
-		"tail fsync done":                    {450 * time.Microsecond, 1450 * time.Microsecond},
-		"tail heard it durable upstream":     {480 * time.Microsecond, 480 * time.Microsecond},
-		"member 2 heard it durable upstream": {400 * time.Microsecond, 400 * time.Microsecond},
-		"ingestion answered":                 {570 * time.Microsecond, 570 * time.Microsecond},
+		"head received":                      us(50, 50),
+		"member 2 received":                  us(150, 150),
+		"tail received":                      us(250, 250),
+		"tail fsync done":                    us(450, 1450),
+		"tail heard it durable upstream":     us(480, 480),
+		"member 2 heard it durable upstream": us(400, 400),
+		"ingestion answered":                 us(570, 570),
 	} {
-		if !slices.Equal(got[name], want) {
-			t.Errorf("%s: %v, want %v", name, got[name], want)
+		if !slices.Equal(reached[name], want) {
+			t.Errorf("reached %s: %v, want %v", name, reached[name], want)
 		}
 	}
-	if q := (Row{Since: got["tail fsync done"]}).Quantile(0.5); q != 1450*time.Microsecond {
-		t.Errorf("median of the tail's fsync %v, want the second of two", q)
+	for name, want := range map[string][]time.Duration{
+		"ingestion to the head":                            us(50, 50),
+		"head: written to fsync started":                   us(40, 40),
+		"head: fsync":                                      us(200, 200),
+		"link head to member 2":                            us(80, 80),
+		"link member 2 to tail":                            us(80, 80),
+		"durable notice head to member 2":                  us(90, 90),
+		"durable notice member 2 to tail":                  us(70, 70),
+		"member 2: durable here and upstream to sent down": us(10, 10),
+		"completion to ingestion":                          us(60, 60),
+	} {
+		if !slices.Equal(took[name], want) {
+			t.Errorf("step %s: %v, want %v", name, took[name], want)
+		}
+	}
+	// The first append's completion waited for the tail's own fsync
+	// (1450), not for the notice (480): its step starts at the later.
+	if got, want := took["tail: durable everywhere to completion sent"], us(20); !slices.Equal(got, want) {
+		t.Errorf("tail's completion step %v, want %v (the second append only: the first's completion came before the fsync that covered it)", got, want)
+	}
+	if rep.UpstreamLast != 1 {
+		t.Errorf("upstream last for %d appends, want 1 (the second)", rep.UpstreamLast)
+	}
+}
+
+// Frames of two appends forwarded in one message reach the successor at
+// the same moment; both appends are followed.
+func TestBreakdownFollowsAppendsForwardedTogether(t *testing.T) {
+	var tr trace
+	for _, end := range []uint64{5, 6} {
+		tr.add("ingest", IngestSent, end, 0)
+		tr.add("a", HeadReceived, end, 10)
+		tr.add("a", HeadWritten, end, 20)
+		tr.add("b", Received, end, 100) // one message, every frame marked
+		tr.add("b", Synced, end, 300)
+		tr.add("ingest", IngestDone, end, 400)
+	}
+	tr.add("a", Forwarded, 6, 30)
+	tr.add("b", Written, 6, 110)
+	rep, err := Breakdown(tr.events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := rows(rep.Steps)
+	if rep.ChainLength != 2 || !slices.Equal(took["link head to tail"], us(70, 70)) {
+		t.Fatalf("chain %d, link %v; want 2 and both appends at 70 µs", rep.ChainLength, took["link head to tail"])
+	}
+}
+
+func TestBreakdownOfAChainOfOne(t *testing.T) {
+	var tr trace
+	tr.add("ingest", IngestSent, 1, 0)
+	tr.add("solo", HeadReceived, 1, 40)
+	tr.add("solo", HeadWritten, 1, 50)
+	tr.add("solo", SyncStarted, 1, 55)
+	tr.add("solo", Synced, 1, 200)
+	tr.add("ingest", IngestDone, 1, 260)
+	rep, err := Breakdown(tr.events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := rows(rep.Steps)
+	if rep.ChainLength != 1 || !slices.Equal(took["head: fsync"], us(145)) || !slices.Equal(rows(rep.Reached)["ingestion answered"], us(260)) {
+		t.Fatalf("chain %d, steps %v", rep.ChainLength, took)
+	}
+}
+
+func TestBreakdownNamesWhatIsMissing(t *testing.T) {
+	var tr trace
+	tr.add("r0", HeadReceived, 1, 0)
+	if _, err := Breakdown(tr.events); err == nil || !strings.Contains(err.Error(), "ingestion") {
+		t.Fatalf("error %v, want ingestion named", err)
+	}
+	tr = trace{}
+	tr.add("ingest", IngestSent, 1, 0)
+	if _, err := Breakdown(tr.events); err == nil || !strings.Contains(err.Error(), "replicas") {
+		t.Fatalf("error %v, want the replicas named", err)
 	}
 }

@@ -311,8 +311,8 @@ func (s *Server) Replicate(stream catenapb.Replica_ReplicateServer) error {
 func traceReceived(partition uint32, f *catenapb.ReplicateFrame) {
 	now := time.Now()
 	if d := f.GetData(); d != nil {
-		if frames := d.GetFrames(); len(frames) > 0 {
-			if h, err := partlog.DecodeHeader(frames[len(frames)-1]); err == nil {
+		for _, fr := range d.GetFrames() {
+			if h, err := partlog.DecodeHeader(fr); err == nil {
 				writetrace.MarkAt(writetrace.Received, partition, h.End(), now)
 			}
 		}
@@ -380,7 +380,9 @@ func (p *partition) receive(epoch uint64, from string, f *catenapb.ReplicateFram
 		}
 		if wrote {
 			p.appended()
-			writetrace.Mark(writetrace.Written, p.index, p.log.NextOffset())
+			if writetrace.On() {
+				writetrace.Mark(writetrace.Written, p.index, p.log.NextOffset())
+			}
 		}
 	case *catenapb.ReplicateFrame_Commit:
 		eff, err := p.core.CommitNotice(epoch, from, body.Commit.GetCommitted(), body.Commit.GetUpstreamDurable())
