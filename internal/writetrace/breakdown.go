@@ -160,7 +160,7 @@ func Breakdown(events []Event) (*Report, error) {
 	if chainLen == 0 {
 		return nil, fmt.Errorf("no %s marks: were the replicas traced?", HeadReceived)
 	}
-	pts, steps := plan(chainLen)
+	pts, steps, idx := plan(chainLen)
 	rep := &Report{Reached: make([]Row, len(pts)), Steps: make([]Row, len(steps)), ChainLength: chainLen}
 	for i, pt := range pts {
 		rep.Reached[i].Name = pt.name
@@ -170,15 +170,9 @@ func Breakdown(events []Event) (*Report, error) {
 	}
 	at := make([]time.Time, len(pts))
 	ok := make([]bool, len(pts))
-	tailFsync, tailHeard := -1, -1
-	for i, pt := range pts {
-		switch pt.name {
-		case place(chainLen-1, chainLen) + " fsync done":
-			tailFsync = i
-		case place(chainLen-1, chainLen) + " heard it durable upstream":
-			tailHeard = i
-		}
-	}
+	tail := place(chainLen-1, chainLen)
+	tailFsync := idx[tail+" fsync done"]
+	tailHeard, relayed := idx[tail+" heard it durable upstream"] // a chain of one has no notices
 	for _, p := range parts {
 		chain := chains[p]
 		for _, sent := range t.events[key{ingest, IngestSent, p}] {
@@ -219,7 +213,7 @@ func Breakdown(events []Event) (*Report, error) {
 					rep.Steps[i].Durations = append(rep.Steps[i].Durations, at[st.to].Sub(from))
 				}
 			}
-			if tailHeard >= 0 && ok[tailHeard] && ok[tailFsync] && at[tailHeard].After(at[tailFsync]) {
+			if relayed && ok[tailHeard] && ok[tailFsync] && at[tailHeard].After(at[tailFsync]) {
 				rep.UpstreamLast++
 			}
 		}
@@ -292,7 +286,7 @@ func (t *marks) reached(role string, st Stage, p uint32, off uint64) (time.Time,
 	return hs[i].At, true
 }
 
-// chainOf is partition p's chain, head first.
+// chain is partition p's chain, head first.
 func (t *marks) chain(p uint32) []string {
 	var head string
 	var first time.Time
@@ -364,8 +358,9 @@ type step struct {
 	to   int
 }
 
-// plan lists the points and steps of a chain of n members.
-func plan(n int) ([]point, []step) {
+// plan lists the points and steps of a chain of n members, and each
+// point's place in the list by name.
+func plan(n int) ([]point, []step, map[string]int) {
 	var pts []point
 	idx := map[string]int{}
 	add := func(name string, member int, st Stage, grows bool) {
@@ -439,5 +434,5 @@ func plan(n int) ([]point, []step) {
 		span(tail+": durable everywhere to completion sent", tail+" completion sent", tail+" heard it durable upstream", tail+" fsync done")
 		span("completion to ingestion", "ingestion heard the completion", tail+" completion sent")
 	}
-	return pts, steps
+	return pts, steps, idx
 }

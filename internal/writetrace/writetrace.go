@@ -101,10 +101,16 @@ type mark struct {
 var (
 	dir     = os.Getenv(Env)
 	on      = dir != ""
-	mu      sync.Mutex
+	mu      sync.Mutex // guards role and pending
 	role    = "process"
 	pending []mark
 	started sync.Once
+
+	// out is this process's trace file, opened at the first flush and
+	// kept; flushMu keeps the ticker's flushes and the one at exit from
+	// writing into it at once (their lines would interleave).
+	flushMu sync.Mutex
+	out     *os.File
 )
 
 // On reports whether marks are recorded.
@@ -168,6 +174,8 @@ func Flush() {
 }
 
 func flush() {
+	flushMu.Lock()
+	defer flushMu.Unlock()
 	mu.Lock()
 	ms, name := pending, role
 	pending = nil
@@ -175,19 +183,21 @@ func flush() {
 	if len(ms) == 0 {
 		return
 	}
-	// An instrument: the write path does not fail for it; a directory it
-	// cannot write to leaves no trace files, which Read reports.
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return
+	if out == nil {
+		// An instrument: the write path does not fail for it; a directory
+		// it cannot write to leaves no trace file, which Read reports.
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return
+		}
+		f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("%s-%d.trace", name, os.Getpid())), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return
+		}
+		out = f
 	}
-	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("%s-%d.trace", name, os.Getpid())), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return
-	}
-	w := bufio.NewWriter(f)
+	w := bufio.NewWriter(out)
 	for _, m := range ms {
 		fmt.Fprintf(w, "%s %d %d %d\n", m.stage, m.partition, m.offset, m.at)
 	}
 	_ = w.Flush()
-	_ = f.Close()
 }
