@@ -436,26 +436,3 @@ func TestPickAddrAvoidsEphemeralPorts(t *testing.T) {
 		t.Fatalf("kept the previous ephemeral address %s", old)
 	}
 }
-
-// Dev's own process takes its share of the CPUs; a replica at least two
-// Ps, so that one partition's fsync does not hold every other partition's
-// work.
-func TestProcessesGetTheirShareAndReplicasAtLeastTwo(t *testing.T) {
-	for _, c := range []struct {
-		cpus, replicas int
-		dev, replica   int
-	}{
-		{cpus: 1, replicas: 3, dev: 1, replica: 2},
-		{cpus: 2, replicas: 3, dev: 1, replica: 2},
-		{cpus: 8, replicas: 3, dev: 2, replica: 2},
-		{cpus: 16, replicas: 3, dev: 4, replica: 4},
-		{cpus: 16, replicas: 1, dev: 8, replica: 8},
-	} {
-		if got := cpuShare(c.cpus, c.replicas); got != c.dev {
-			t.Errorf("cpuShare(%d cpus, %d replicas) = %d, want %d", c.cpus, c.replicas, got, c.dev)
-		}
-		if got := replicaProcs(c.cpus, c.replicas); got != c.replica {
-			t.Errorf("replicaProcs(%d cpus, %d replicas) = %d, want %d", c.cpus, c.replicas, got, c.replica)
-		}
-	}
-}

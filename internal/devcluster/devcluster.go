@@ -90,8 +90,7 @@ type Spec struct {
 	ReplicaProfiles bool
 	ProfilesHost    string
 
-	procs        int // GOMAXPROCS of dev's own process (ingestion), see cpuShare
-	replicaProcs int // GOMAXPROCS of each replica, see replicaProcs
+	procs int // GOMAXPROCS of each process, see cpuShare
 }
 
 // cpuShare is each process's share of this machine's CPUs: dev packs the
@@ -100,20 +99,8 @@ type Spec struct {
 // Measured on 2 cores with 3 replicas: one P per process gave 20% more
 // throughput and a third of the p99 latency at 50k records/s. An explicit
 // GOMAXPROCS in the environment wins.
-func cpuShare(cpus, replicas int) int {
-	return max(1, cpus/(replicas+1))
-}
-
-// replicaProcs is a replica's GOMAXPROCS: its CPU share, but at least two,
-// as Go gives a pod whose CPU limit is below two. A replica's pwrite and
-// fdatasync block in the kernel holding their P until the runtime's monitor
-// hands it on; with one P, every partition's receives, forwards and
-// acknowledgements wait behind each partition's fsync. Measured on 2 cores
-// (catena dev, 4 producers, 1,024 keys, alternating): 256 partitions 15-19%
-// faster with two, 4 partitions and the latency-bound rows unchanged. Dev's
-// own process makes no such calls and keeps its share.
-func replicaProcs(cpus, replicas int) int {
-	return max(2, cpuShare(cpus, replicas))
+func cpuShare(replicas int) int {
+	return max(1, runtime.NumCPU()/(replicas+1))
 }
 
 // State is what dev.json holds.
@@ -194,8 +181,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 	if err := os.MkdirAll(spec.DataDir, 0o755); err != nil {
 		return fmt.Errorf("failed to create %s: %w", spec.DataDir, err)
 	}
-	spec.procs = cpuShare(runtime.NumCPU(), spec.Replicas)
-	spec.replicaProcs = replicaProcs(runtime.NumCPU(), spec.Replicas)
+	spec.procs = cpuShare(spec.Replicas)
 	if os.Getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(spec.procs)
 	}
@@ -536,7 +522,7 @@ func startReplica(spec Spec, id, addr, metrics, profiles string) (*child, error)
 	cmd := exec.Command(spec.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if os.Getenv("GOMAXPROCS") == "" {
-		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(spec.replicaProcs))
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(spec.procs))
 	}
 	// A replica must not outlive the dev process that is its chain master.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}

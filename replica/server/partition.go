@@ -271,10 +271,9 @@ func (p *partition) syncLoop(interval time.Duration) {
 		}
 		// Let what the append that woke this loop made runnable go first:
 		// the link's forward of the same frames above all. An fsync holds
-		// this goroutine's P until the runtime's monitor hands it on, and
-		// a process with one P (GOMAXPROCS=1; catena dev gave replicas
-		// one on two cores until it gave them two) runs nothing else
-		// meanwhile. A middle
+		// this goroutine's P for its whole length, and a process with one
+		// P (catena dev gives each its share of the cores, one on two;
+		// GOMAXPROCS=1 anywhere) runs nothing else meanwhile. A middle
 		// readies its link and then this loop, which the scheduler runs
 		// first: the forward sat behind the fsync and reached the tail
 		// 150 us later, on the path of every write (docs/benchmarks.md,
