@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/replica/partlog/faultfs"
@@ -448,5 +449,41 @@ func TestAGroupHoldsAtMostTheLimit(t *testing.T) {
 	}
 	if _, err := j.Append(loggedFrame(0, 99, 10)); !errors.Is(err, ErrClosed) {
 		t.Errorf("an append after close: %v", err)
+	}
+}
+
+// Waiters wait on their own group's channel: when a group's sync fails,
+// the waiters of that group and of the group being filled behind it all
+// return the error, none is left waiting.
+func TestAFailedSyncWakesEveryWaiter(t *testing.T) {
+	fsys := faultfs.New()
+	j, err := New(Options{Dir: "/j", FS: fsys, SegmentBytes: 1 << 20}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys.FailSyncs(0, -1, syscall.EIO)
+	const waiters = 64
+	errs := make(chan error, waiters)
+	for w := range waiters {
+		go func() {
+			tk, err := j.Append(loggedFrame(uint32(w), 0, 1000))
+			if err == nil {
+				err = j.Wait(tk)
+			}
+			errs <- err
+		}()
+	}
+	for range waiters {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, syscall.EIO) {
+				t.Errorf("append or wait after a failed sync: %v, want EIO", err)
+			}
+		case <-time.After(30 * time.Second): // a hang guard, not a timing
+			t.Fatal("a waiter was never woken after the journal failed")
+		}
+	}
+	if err := j.Wait(1 << 40); err == nil {
+		t.Error("a wait for a group never given succeeded")
 	}
 }
