@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -123,6 +125,16 @@ func TestGroupCommitKeepsEveryAcknowledgedRecordInOrder(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 	t.Logf("%d records in %d groups, %d segments", st.Records, st.Groups, st.Rolls+1)
+	// Close removes the segment prepared ahead and never used.
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if filepath.Ext(n.Name()) != segmentSuffix {
+			t.Errorf("after Close the journal's directory holds %s", n.Name())
+		}
+	}
 
 	// From a later position: the groups before it are passed over.
 	from := got[len(got)/2].pos
@@ -485,5 +497,38 @@ func TestAFailedSyncWakesEveryWaiter(t *testing.T) {
 	}
 	if err := j.Wait(1 << 40); err == nil {
 		t.Error("a wait for a group never given succeeded")
+	}
+}
+
+// The next segment is zero-filled ahead, off the group commit; when that
+// fails, the roll that needs it fails the journal, and no record written
+// after is acknowledged.
+func TestAFailedPreparationFailsTheRollThatNeedsIt(t *testing.T) {
+	fsys := faultfs.New()
+	// The first segment takes two writes (its zeros, its header); the
+	// third is the prepared segment's zeros.
+	fsys.FailWrites(2, 1, syscall.ENOSPC, 0)
+	j, err := New(Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := <-j.prep // the preparation is over before any group is written
+	j.prep <- p
+	var last error
+	for i := range 100 { // 100 KiB: past the first segment
+		tk, err := j.Append(loggedFrame(0, uint64(i), 1000))
+		if err == nil {
+			err = j.Wait(tk)
+		}
+		if err != nil {
+			last = err
+			break
+		}
+	}
+	if !errors.Is(last, syscall.ENOSPC) || !strings.Contains(last.Error(), "preparing the next segment") {
+		t.Fatalf("appends past the first segment: %v, want the preparation's ENOSPC", last)
+	}
+	if err := j.Close(); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("close: %v", err)
 	}
 }
