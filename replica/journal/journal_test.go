@@ -8,8 +8,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -464,39 +467,272 @@ func TestAGroupHoldsAtMostTheLimit(t *testing.T) {
 	}
 }
 
-// Waiters wait on their own group's channel: when a group's sync fails,
-// the waiters of that group and of the group being filled behind it all
-// return the error, none is left waiting.
-func TestAFailedSyncWakesEveryWaiter(t *testing.T) {
-	fsys := faultfs.New()
-	j, err := New(Options{Dir: "/j", FS: fsys, SegmentBytes: 1 << 20}, 0)
+// hookFS is faultfs with hooks on file syncs, renames and directory syncs:
+// a hook may block (holding the writer inside a step) or fail the step.
+type hookFS struct {
+	*faultfs.FS
+	mu       sync.Mutex
+	fileSync func(name string) error
+	rename   func() error
+	syncDir  func() error
+}
+
+type hookFile struct {
+	partlog.File
+	fs   *hookFS
+	name string
+}
+
+func (h *hookFS) hooks() (func(string) error, func() error, func() error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.fileSync, h.rename, h.syncDir
+}
+
+func (h *hookFS) set(fileSync func(string) error, rename, syncDir func() error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.fileSync, h.rename, h.syncDir = fileSync, rename, syncDir
+}
+
+func (h *hookFS) OpenFile(name string, flag int, perm os.FileMode) (partlog.File, error) {
+	f, err := h.FS.OpenFile(name, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	return &hookFile{File: f, fs: h, name: name}, nil
+}
+
+func (f *hookFile) Sync() error {
+	if hk, _, _ := f.fs.hooks(); hk != nil {
+		if err := hk(f.name); err != nil {
+			return err
+		}
+	}
+	return f.File.Sync()
+}
+
+func (h *hookFS) Rename(oldpath, newpath string) error {
+	if _, hk, _ := h.hooks(); hk != nil {
+		if err := hk(); err != nil {
+			return err
+		}
+	}
+	return h.FS.Rename(oldpath, newpath)
+}
+
+func (h *hookFS) SyncDir(dir string) error {
+	if _, _, hk := h.hooks(); hk != nil {
+		if err := hk(); err != nil {
+			return err
+		}
+	}
+	return h.FS.SyncDir(dir)
+}
+
+// waitPrepared waits until the next segment's preparation is over, without
+// taking it from the writer.
+func waitPrepared(j *Journal) {
+	p := <-j.prep
+	j.prep <- p
+}
+
+// guard fails the test if ch yields nothing for 30 s: a hang guard, not a
+// timing.
+func guard[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: nothing after 30 s", what)
+		panic("unreachable")
+	}
+}
+
+// Waiters wait on their own group's channel: when the sync of the group
+// being written fails, its waiter and the waiter of the group being
+// filled behind it both return the error; neither is left asleep.
+func TestAFailedSyncWakesTheWaitersOfBothLiveGroups(t *testing.T) {
+	h := &hookFS{FS: faultfs.New()}
+	j, err := New(Options{Dir: "/j", FS: h, SegmentBytes: 1 << 20}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fsys.FailSyncs(0, -1, syscall.EIO)
-	const waiters = 64
-	errs := make(chan error, waiters)
-	for w := range waiters {
-		go func() {
-			tk, err := j.Append(loggedFrame(uint32(w), 0, 1000))
-			if err == nil {
-				err = j.Wait(tk)
-			}
-			errs <- err
-		}()
+	waitPrepared(j)
+	inSync, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.set(func(name string) error {
+		if filepath.Ext(name) != segmentSuffix {
+			return nil
+		}
+		once.Do(func() { close(inSync) })
+		<-release
+		return syscall.EIO
+	}, nil, nil)
+	first, err := j.Append(loggedFrame(0, 0, 100))
+	if err != nil {
+		t.Fatal(err)
 	}
-	for range waiters {
-		select {
-		case err := <-errs:
-			if !errors.Is(err, syscall.EIO) {
-				t.Errorf("append or wait after a failed sync: %v, want EIO", err)
+	guard(t, inSync, "the first group's sync")
+	second, err := j.Append(loggedFrame(1, 0, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first == second {
+		t.Fatalf("both appends in group %d while the first was being written", first)
+	}
+	errs := make(chan error, 2)
+	for _, tk := range []Ticket{first, second} {
+		go func() { errs <- j.Wait(tk) }()
+	}
+	asleep := make(chan struct{})
+	go func() {
+		for {
+			j.mu.Lock()
+			n := j.sleepers
+			j.mu.Unlock()
+			if n == 2 {
+				close(asleep)
+				return
 			}
-		case <-time.After(30 * time.Second): // a hang guard, not a timing
-			t.Fatal("a waiter was never woken after the journal failed")
+			runtime.Gosched()
+		}
+	}()
+	guard(t, asleep, "both waiters asleep")
+	close(release)
+	for range 2 {
+		if err := guard(t, errs, "a waiter after the failed sync"); !errors.Is(err, syscall.EIO) {
+			t.Errorf("wait after a failed sync: %v, want EIO", err)
 		}
 	}
-	if err := j.Wait(1 << 40); err == nil {
-		t.Error("a wait for a group never given succeeded")
+	if err := j.Close(); !errors.Is(err, syscall.EIO) {
+		t.Errorf("close: %v", err)
+	}
+}
+
+// A wait for a group no append was given fails at once, on a healthy
+// journal too, rather than sleeping until some later append.
+func TestAWaitForAGroupNoAppendWasGivenFails(t *testing.T) {
+	j, err := New(Options{Dir: t.TempDir(), SegmentBytes: 1 << 20}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if err := j.Wait(5); err == nil {
+		t.Error("a wait for group 5 of a fresh journal succeeded")
+	}
+	if err := j.Wait(1); err == nil {
+		t.Error("a wait for the empty group being filled succeeded")
+	}
+	tk, err := j.Append(loggedFrame(0, 0, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Wait(tk); err != nil {
+		t.Errorf("a wait for an append's group: %v", err)
+	}
+}
+
+// A roll gives the prepared file its header, syncs it, renames it and
+// syncs the directory, in that order. Power lost at each step (the step
+// fails, then the crash keeps only what was durable) leaves every
+// acknowledged record readable and no damage.
+func TestACrashAtEachStepOfARollKeepsEveryAcknowledgedRecord(t *testing.T) {
+	for _, step := range []string{"header sync", "rename", "directory sync", "after the roll"} {
+		for _, keep := range []int{0, -1} {
+			t.Run(fmt.Sprintf("%s, keep %d", step, keep), func(t *testing.T) {
+				h := &hookFS{FS: faultfs.New()}
+				j, err := New(Options{Dir: "/j", FS: h, SegmentBytes: 32 << 10}, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				waitPrepared(j)
+				var (
+					once    sync.Once
+					renamed atomic.Bool
+				)
+				cut := func() error {
+					err := error(nil)
+					once.Do(func() { err = errors.New("power cut") })
+					return err
+				}
+				switch step {
+				case "header sync":
+					h.set(func(name string) error {
+						if filepath.Base(name) == prepName {
+							return cut()
+						}
+						return nil
+					}, nil, nil)
+				case "rename":
+					h.set(nil, cut, nil)
+				case "directory sync":
+					h.set(nil, nil, cut)
+				case "after the roll": // the first file sync after it: a group's in the new segment, or the next preparation's
+					h.set(func(name string) error {
+						if renamed.Load() {
+							return cut()
+						}
+						return nil
+					}, func() error { renamed.Store(true); return nil }, nil)
+				}
+				acked := writeConcurrently(t, j, 4, 100)
+				if err := j.Close(); err == nil {
+					t.Error("close after the cut step: no error")
+				}
+				h.set(nil, nil, nil)
+				h.FS.Crash(faultfs.CrashOptions{KeepUnsynced: keep})
+				got, res, err := scanAll(t, h.FS, "/j", 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkHolds(t, got, acked, false)
+				if n := len(got); n < 8 {
+					t.Errorf("only %d records before the roll: the cut came too early to test a roll", n)
+				}
+				t.Logf("%d records read back, %+v", len(got), res)
+			})
+		}
+	}
+}
+
+// Close while the next segment is still being prepared waits for it
+// without holding the journal's lock, and removes it.
+func TestCloseWhilePreparingHoldsNothingUp(t *testing.T) {
+	h := &hookFS{FS: faultfs.New()}
+	inPrep, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.set(func(name string) error {
+		if filepath.Base(name) == prepName {
+			once.Do(func() { close(inPrep) })
+			<-release
+		}
+		return nil
+	}, nil, nil)
+	j, err := New(Options{Dir: "/j", FS: h, SegmentBytes: 32 << 10}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guard(t, inPrep, "the preparation")
+	closed := make(chan error, 1)
+	go func() { closed <- j.Close() }()
+	guard(t, j.done, "the writer's end") // Close now waits for the preparation
+	stats := make(chan Stats, 1)
+	go func() { stats <- j.Stats() }()
+	guard(t, stats, "Stats while Close waits for the preparation")
+	close(release)
+	if err := guard(t, closed, "Close"); err != nil {
+		t.Fatal(err)
+	}
+	names, err := h.FS.ReadDir("/j")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if filepath.Ext(n) != segmentSuffix {
+			t.Errorf("after Close the journal's directory holds %s", n)
+		}
 	}
 }
 
@@ -512,8 +748,7 @@ func TestAFailedPreparationFailsTheRollThatNeedsIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := <-j.prep // the preparation is over before any group is written
-	j.prep <- p
+	waitPrepared(j) // the preparation is over before any group is written
 	var last error
 	for i := range 100 { // 100 KiB: past the first segment
 		tk, err := j.Append(loggedFrame(0, uint64(i), 1000))
@@ -530,5 +765,12 @@ func TestAFailedPreparationFailsTheRollThatNeedsIt(t *testing.T) {
 	}
 	if err := j.Close(); !errors.Is(err, syscall.ENOSPC) {
 		t.Errorf("close: %v", err)
+	}
+	names, err := fsys.ReadDir("/j")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(names, prepName) {
+		t.Errorf("the half-prepared segment is left after Close: %v", names)
 	}
 }

@@ -105,7 +105,7 @@ func Scan(fsys partlog.FS, dir string, from uint64, fn func(pos uint64, l Logged
 		if last {
 			res.End = max(prevEnd, from)
 			// Bytes that are not zeros past the last group (the file is
-			// written with zeros when created): a group whose write the
+			// written with zeros when prepared): a group whose write the
 			// crash cut.
 			res.Torn = !allZero(b[off:])
 		}

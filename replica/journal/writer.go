@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"golang.org/x/sys/unix"
 	"hash/crc32"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -31,9 +32,9 @@ const (
 	// segment (Scan and New look at ".jrn" files only) until a roll gives it
 	// its header and renames it.
 	prepName = "next.prep"
-	// DefaultSegmentBytes is a journal segment's size: its blocks are
-	// allocated when it is prepared, so that a group commit does not
-	// allocate (docs/journal.md).
+	// DefaultSegmentBytes is a journal segment's size: files are written
+	// with zeros to this size when prepared, so that a group commit writes
+	// data only and its fdatasync changes no metadata (docs/journal.md).
 	DefaultSegmentBytes = 64 << 20
 	zeroChunk           = 1 << 20
 )
@@ -85,6 +86,7 @@ type Journal struct {
 	// too: with 256 partitions, hundreds of wake-ups per commit
 	// (docs/benchmarks.md, 2026-12-05, fifth session).
 	fillingDone, writingDone chan struct{}
+	sleepers                 int    // Waits asleep on those (tests wait for them)
 	end                      uint64 // the position after the last durable group
 	err                      error  // sticky: the journal failed (or closed)
 	closed                   bool
@@ -147,8 +149,8 @@ func New(opts Options, start uint64) (*Journal, error) {
 func segmentName(base uint64) string { return fmt.Sprintf("%020d%s", base, segmentSuffix) }
 
 // createSegment makes the segment at base (the previous segment's groups
-// ending at prevEnd) whole on disk before any group goes in it: blocks
-// allocated to the segment size, header, fsync, and the directory's fsync. A roll does
+// ending at prevEnd) whole on disk before any group goes in it: zeros to
+// the segment size, header, fsync, and the directory's fsync. A roll does
 // the same with a file prepared ahead (roll); only the first segment is
 // made here, by New.
 func (j *Journal) createSegment(base, prevEnd uint64) error {
@@ -157,40 +159,24 @@ func (j *Journal) createSegment(base, prevEnd uint64) error {
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	if err := allocate(f, j.segBytes); err != nil {
+	if err := zeroFill(f, j.segBytes); err != nil {
 		f.Close()
 		return fmt.Errorf("journal: segment %s: %w", path, err)
 	}
 	return j.install(f, path, base, prevEnd)
 }
 
-// allocate gives f size bytes of allocated blocks that read as zeros:
-// fallocate where the file has a descriptor, else (tests' file systems, or
-// one without fallocate) zeros written. A group's fdatasync then writes no
-// block allocation; with fallocate it still records that the blocks it
-// wrote hold data (ext4's unwritten extents), which measured cheap here:
-// zero-filling every new 64 MiB segment instead doubled the bytes a member
-// wrote, and the 256-partition row ran at 57-63k records/s with it against
-// 90-93k with fallocate (docs/benchmarks.md, 2026-12-05, fifth session).
-func allocate(f partlog.File, size int64) error {
-	if d, ok := f.(interface{ Fd() uintptr }); ok {
-		for {
-			err := unix.Fallocate(int(d.Fd()), 0, 0, size)
-			if err == nil {
-				return nil
-			}
-			if err == unix.EOPNOTSUPP {
-				break
-			}
-			if err != unix.EINTR {
-				return err
-			}
-		}
-	}
-	return zeroFill(f, size)
-}
-
-// zeroFill writes zeros to size.
+// zeroFill writes zeros to size: the blocks are then allocated and
+// written, so that a group's fdatasync has no metadata to write.
+//
+// Not fallocate, though it measured much cheaper (docs/benchmarks.md,
+// 2026-12-05, fifth session): a fallocated block is an unwritten extent,
+// and the first write into it changes the extent, which fdatasync must
+// write. On ext4 without a journal (this project's test VMs) fdatasync did
+// not write an inode changed that way before a kernel fix of 2026, and an
+// acknowledged group would read back as zeros after a power loss: cut
+// cleanly, with no error. Zeros cost bytes; recycling segments a
+// checkpoint freed will save them.
 func zeroFill(f partlog.File, size int64) error {
 	zeros := make([]byte, zeroChunk)
 	for off := int64(0); off < size; off += zeroChunk {
@@ -201,7 +187,7 @@ func zeroFill(f partlog.File, size int64) error {
 	return nil
 }
 
-// install writes the header of segment base into f (allocated),
+// install writes the header of segment base into f (zero-filled),
 // fsyncs it, renames it to its segment name when it was prepared under
 // another (from), makes the directory durable, and makes it the segment
 // groups go to. The header is durable before the name is: a crash leaves
@@ -242,24 +228,23 @@ func (j *Journal) install(f partlog.File, from string, base, prevEnd uint64) err
 	return nil
 }
 
-// prepared is a next segment allocated ahead (or why it is not).
+// prepared is a next segment zero-filled ahead (or why it is not).
 type prepared struct {
 	f   partlog.File
 	err error
 }
 
-// prepareNext starts preparing the next segment in the background (its
-// blocks allocated and durable), so that a roll only writes a header and
-// renames: zero-filling 64 MiB inside the group commit held every
-// partition's durability for it (docs/benchmarks.md, 2026-12-05, fifth
-// session).
+// prepareNext starts preparing the next segment in the background (zeros
+// written and synced), so that a roll only writes a header and renames:
+// zero-filling 64 MiB inside the group commit held every partition's
+// durability for it (docs/benchmarks.md, 2026-12-05, fifth session).
 func (j *Journal) prepareNext() {
 	j.prepping = true
 	go func() {
 		path := filepath.Join(j.dir, prepName)
 		f, err := j.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 		if err == nil {
-			if err = allocate(f, j.segBytes); err == nil {
+			if err = zeroFill(f, j.segBytes); err == nil {
 				err = f.Sync()
 			}
 			if err != nil {
@@ -291,9 +276,9 @@ func (j *Journal) roll(base, prevEnd uint64) error {
 }
 
 // datasync makes f's written data durable: fdatasync where the file has a
-// descriptor (a segment's blocks are allocated when it is prepared, so a
-// group's fdatasync writes no allocation, only, after fallocate, that the
-// blocks written now hold data), else the File's Sync (tests' file
+// descriptor (segments are written with zeros to their size when
+// prepared, so a group's write changes no metadata it would have to
+// write, the modification time aside), else the File's Sync (tests' file
 // systems).
 func datasync(f partlog.File) error {
 	if d, ok := f.(interface{ Fd() uintptr }); ok {
@@ -363,7 +348,7 @@ func (j *Journal) Wait(t Ticket) error {
 			j.mu.Unlock()
 			return err
 		}
-		if t > j.filling {
+		if t > j.filling || (t == j.filling && len(j.buf) == GroupHeaderSize) {
 			j.mu.Unlock()
 			return fmt.Errorf("journal: wait for group %d, which no append was given", t)
 		}
@@ -373,9 +358,11 @@ func (j *Journal) Wait(t Ticket) error {
 		if t < j.filling {
 			ch = j.writingDone
 		}
+		j.sleepers++
 		j.mu.Unlock()
 		<-ch
 		j.mu.Lock()
+		j.sleepers--
 	}
 }
 
@@ -421,9 +408,12 @@ func (j *Journal) Close() error {
 	default:
 	}
 	<-j.done
+	// The writer is done: what follows is Close's alone, and runs without
+	// the lock, so that a preparation still under way holds up no Stats,
+	// End or Wait meanwhile.
 	j.mu.Lock()
-	defer j.mu.Unlock()
 	err := j.err
+	j.mu.Unlock()
 	if errors.Is(err, ErrClosed) {
 		err = nil
 	}
@@ -431,15 +421,15 @@ func (j *Journal) Close() error {
 		err = fmt.Errorf("journal: %w", cerr)
 	}
 	if j.prepping {
-		// The next segment, prepared ahead and never used: not a
-		// segment, so nothing to keep.
 		j.prepping = false
-		if p := <-j.prep; p.err == nil {
+		if p := <-j.prep; p.f != nil {
 			p.f.Close()
-			if rerr := j.fs.Remove(filepath.Join(j.dir, prepName)); err == nil && rerr != nil {
-				err = fmt.Errorf("journal: %w", rerr)
-			}
 		}
+	}
+	// The next segment, prepared ahead and never used, or left half
+	// prepared by a failure: not a segment, so nothing to keep.
+	if rerr := j.fs.Remove(filepath.Join(j.dir, prepName)); err == nil && rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+		err = fmt.Errorf("journal: %w", rerr)
 	}
 	return err
 }
