@@ -50,12 +50,23 @@ func scanAll(t *testing.T, fsys partlog.FS, dir string, from uint64) ([]scanned,
 // acknowledged, in order.
 func writeConcurrently(t *testing.T, j *Journal, writers, n int) [][]*Logged {
 	t.Helper()
+	return writeConcurrentlyFrom(t, j, writers, n, nil)
+}
+
+// writeConcurrentlyFrom is writeConcurrently with writer w's records
+// starting at base first[w] (0 when first is short).
+func writeConcurrentlyFrom(t *testing.T, j *Journal, writers, n int, first []int) [][]*Logged {
+	t.Helper()
 	acked := make([][]*Logged, writers)
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
 			r := rand.New(rand.NewPCG(uint64(w), 1))
-			for i := range n {
+			base := 0
+			if w < len(first) {
+				base = first[w]
+			}
+			for i := base; i < base+n; i++ {
 				l := loggedFrame(uint32(w), uint64(i), 1+r.IntN(3000))
 				tk, err := j.Append(l)
 				if err == nil {
@@ -772,5 +783,246 @@ func TestAFailedPreparationFailsTheRollThatNeedsIt(t *testing.T) {
 	}
 	if slices.Contains(names, prepName) {
 		t.Errorf("the half-prepared segment is left after Close: %v", names)
+	}
+}
+
+// perPartition groups records read back by partition, as acked lists are.
+func perPartition(got []scanned, partitions int) [][]*Logged {
+	out := make([][]*Logged, partitions)
+	for _, s := range got {
+		l := s.l
+		out[l.Part.Partition] = append(out[l.Part.Partition], &l)
+	}
+	return out
+}
+
+// A journal opened after a crash gives back every acknowledged record,
+// cuts what the crash left past its end and continues there: after a
+// second run and a clean stop, both runs' records read back, in order,
+// and nothing else.
+func TestOpenAfterACrashContinuesTheJournal(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 3))
+			fsys := faultfs.New()
+			opts := Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}
+			j, err := New(opts, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var acked [][]*Logged
+			var wg sync.WaitGroup
+			wg.Go(func() { acked = writeConcurrently(t, j, 4, 60) })
+			fsys.FailSyncs(r.IntN(40), -1, syscall.EIO)
+			wg.Wait()
+			j.Close()
+			fsys.ClearFaults()
+			fsys.Crash(faultfs.CrashOptions{KeepUnsynced: r.IntN(5000) - 1, ZeroFill: r.IntN(2) == 0})
+
+			var first []scanned
+			j, res, err := Open(opts, 0, func(pos uint64, l Logged) error {
+				l.Payload = bytes.Clone(l.Payload)
+				first = append(first, scanned{pos, l})
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkHolds(t, first, acked, false)
+			if got := j.End(); got != res.End {
+				t.Errorf("opened at %d, the scan ended at %d", got, res.End)
+			}
+			kept := perPartition(first, 4)
+			next := make([]int, 4)
+			for p := range kept {
+				next[p] = len(kept[p])
+			}
+			acked2 := writeConcurrentlyFrom(t, j, 4, 60, next)
+			if err := j.Close(); err != nil {
+				t.Fatal(err)
+			}
+			fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
+			got, res2, err := scanAll(t, fsys, "/j", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for p := range kept {
+				kept[p] = append(kept[p], acked2[p]...)
+			}
+			checkHolds(t, got, kept, true)
+			if res2.Torn {
+				t.Errorf("scan after a clean stop: %+v", res2)
+			}
+		})
+	}
+}
+
+// A last segment whose creation a crash cut short (no header, no group)
+// is removed by Open, which continues in the segment before it; positions
+// do not go back.
+func TestOpenRemovesASegmentWhoseCreationWasCutShort(t *testing.T) {
+	fsys := faultfs.New()
+	opts := Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}
+	j, err := New(opts, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acked := writeConcurrently(t, j, 2, 10)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, err := listSegments(fsys, "/j")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := segmentName(segs[len(segs)-1].base + 1<<20)
+	f, err := fsys.OpenFile("/j/"+cut, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(make([]byte, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := fsys.SyncDir("/j"); err != nil {
+		t.Fatal(err)
+	}
+	if _, res, err := scanAll(t, fsys, "/j", 0); err != nil || !res.Torn {
+		t.Fatalf("scan with a headerless last segment: %+v, %v; want torn", res, err)
+	}
+	j, _, err = Open(opts, 0, func(uint64, Logged) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := fsys.ReadDir("/j")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(names, cut) {
+		t.Errorf("the headerless segment %s is still there: %v", cut, names)
+	}
+	acked2 := writeConcurrentlyFrom(t, j, 2, 10, []int{10, 10})
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := scanAll(t, fsys, "/j", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range acked {
+		acked[p] = append(acked[p], acked2[p]...)
+	}
+	checkHolds(t, got, acked, true)
+}
+
+// Open passes fn the records at or after from only; a directory with no
+// segment starts a journal there.
+func TestOpenFromAPositionAndInAnEmptyDirectory(t *testing.T) {
+	dir := journalOf(t, 6, 4<<10)
+	starts := groupStarts(t, dir)
+	from := starts[3]
+	var seen []uint64
+	j, res, err := Open(Options{Dir: dir, SegmentBytes: 4 << 10}, from, func(pos uint64, l Logged) error {
+		seen = append(seen, pos)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if len(seen) != 3*3 || seen[0] != from {
+		t.Errorf("from %d: records at %v, want the 9 of the last 3 groups", from, seen)
+	}
+	if res.End <= from || res.Groups != 6 { // the whole journal was scanned
+		t.Errorf("scan %+v", res)
+	}
+
+	empty := t.TempDir()
+	j2, res, err := Open(Options{Dir: empty}, 5000, func(uint64, Logged) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := j2.Append(loggedFrame(0, 0, 10))
+	if err == nil {
+		err = j2.Wait(tk)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := scanAll(t, nil, empty, 0)
+	if err != nil || len(got) != 1 || got[0].pos != 5000+SegmentHeaderSize {
+		t.Errorf("an empty directory opened at 5000: %v, %v, want one record at %d", got, err, 5000+SegmentHeaderSize)
+	}
+}
+
+// Damage refuses the open and changes nothing on disk.
+func TestOpenRefusesADamagedJournalAndChangesNothing(t *testing.T) {
+	dir := journalOf(t, 5, 1<<20)
+	starts := groupStarts(t, dir)
+	poke(t, dir, starts[2]+GroupHeaderSize+100, []byte{0xff})
+	before := map[string][]byte{}
+	for _, n := range segments(t, dir) {
+		b, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[n] = b
+	}
+	if _, _, err := Open(Options{Dir: dir, SegmentBytes: 1 << 20}, 0, func(uint64, Logged) error { return nil }); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open of a damaged journal: %v, want ErrCorrupt", err)
+	}
+	names, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) != len(before) {
+		t.Errorf("the directory holds %d files after the refused open, %d before", len(names), len(before))
+	}
+	for n, b := range before {
+		after, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil || !bytes.Equal(after, b) {
+			t.Errorf("%s changed by a refused open (%v)", n, err)
+		}
+	}
+}
+
+// What a crash left of a group cut short is zeroed before the journal
+// continues over it: the next groups are written where it began, and
+// nothing of it is read after them, not even as a torn tail.
+func TestOpenOverwritesATornTail(t *testing.T) {
+	dir := journalOf(t, 5, 1<<20)
+	starts := groupStarts(t, dir)
+	last := starts[len(starts)-1]
+	poke(t, dir, last+GroupHeaderSize+100, []byte{0xff, 0xee})
+	n := 0
+	j, res, err := Open(Options{Dir: dir, SegmentBytes: 1 << 20}, 0, func(uint64, Logged) error { n++; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Torn || res.End != last || n != 4*3 {
+		t.Fatalf("opened a journal with a torn last group: %+v, %d records", res, n)
+	}
+	tk, err := j.Append(loggedFrame(0, 99, 10)) // far shorter than the torn group
+	if err == nil {
+		err = j.Wait(tk)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, res, err := scanAll(t, nil, dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Torn || len(got) != 4*3+1 || got[len(got)-1].pos != last || got[len(got)-1].l.Base != 99 {
+		t.Errorf("after continuing over the torn group: %+v, %d records, the last %+v", res, len(got), got[len(got)-1])
 	}
 }

@@ -46,22 +46,10 @@ func Scan(fsys partlog.FS, dir string, from uint64, fn func(pos uint64, l Logged
 	if fsys == nil {
 		fsys = partlog.OSFS{}
 	}
-	names, err := fsys.ReadDir(dir)
+	segs, err := listSegments(fsys, dir)
 	if err != nil {
-		return ScanResult{}, fmt.Errorf("journal: %w", err)
+		return ScanResult{}, err
 	}
-	var segs []segmentFile
-	for _, n := range names {
-		if filepath.Ext(n) != segmentSuffix {
-			continue
-		}
-		base, err := strconv.ParseUint(strings.TrimSuffix(n, segmentSuffix), 10, 64)
-		if err != nil {
-			return ScanResult{}, fmt.Errorf("%w: segment name %q", ErrCorrupt, n)
-		}
-		segs = append(segs, segmentFile{name: n, base: base})
-	}
-	sort.Slice(segs, func(a, b int) bool { return segs[a].base < segs[b].base })
 	res := ScanResult{End: from}
 	prevEnd := uint64(0)
 	for i, s := range segs {
@@ -111,6 +99,27 @@ func Scan(fsys partlog.FS, dir string, from uint64, fn func(pos uint64, l Logged
 		}
 	}
 	return res, nil
+}
+
+// listSegments returns the journal's segment files in dir, by base.
+func listSegments(fsys partlog.FS, dir string) ([]segmentFile, error) {
+	names, err := fsys.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	var segs []segmentFile
+	for _, n := range names {
+		if filepath.Ext(n) != segmentSuffix {
+			continue
+		}
+		base, err := strconv.ParseUint(strings.TrimSuffix(n, segmentSuffix), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w: segment name %q", ErrCorrupt, n)
+		}
+		segs = append(segs, segmentFile{name: n, base: base})
+	}
+	sort.Slice(segs, func(a, b int) bool { return segs[a].base < segs[b].base })
+	return segs, nil
 }
 
 func readAll(fsys partlog.FS, path string) ([]byte, error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"golang.org/x/sys/unix"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -109,10 +110,24 @@ type Journal struct {
 var ErrClosed = errors.New("journal: closed")
 
 // New starts a new, empty journal in opts.Dir (which must hold no
-// journal segment) at position start. Opening an existing journal after
-// recovery (Scan, then continuing at its end) is the caller's next step
-// in recovery, not built yet (docs/journal.md).
+// journal segment) at position start. Open continues an existing one.
 func New(opts Options, start uint64) (*Journal, error) {
+	opts, err := opts.prepare()
+	if err != nil {
+		return nil, err
+	}
+	segs, err := listSegments(opts.FS, opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(segs) > 0 {
+		return nil, fmt.Errorf("journal: %s already holds a journal (%s)", opts.Dir, segs[0].name)
+	}
+	return begin(opts, start)
+}
+
+// prepare fills in the defaults, checks opts and makes the directory.
+func (opts Options) prepare() (Options, error) {
 	if opts.FS == nil {
 		opts.FS = partlog.OSFS{}
 	}
@@ -120,30 +135,191 @@ func New(opts Options, start uint64) (*Journal, error) {
 		opts.SegmentBytes = DefaultSegmentBytes
 	}
 	if opts.SegmentBytes < SegmentHeaderSize+GroupHeaderSize+recordFixedSize+1 {
-		return nil, fmt.Errorf("journal: segment size %d is too small", opts.SegmentBytes)
+		return opts, fmt.Errorf("journal: segment size %d is too small", opts.SegmentBytes)
 	}
 	if err := opts.FS.MkdirAll(opts.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
+		return opts, fmt.Errorf("journal: %w", err)
 	}
-	names, err := opts.FS.ReadDir(opts.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
-	}
-	for _, n := range names {
-		if filepath.Ext(n) == segmentSuffix {
-			return nil, fmt.Errorf("journal: %s already holds a journal (%s)", opts.Dir, n)
-		}
-	}
+	return opts, nil
+}
+
+// newJournal is a journal whose next group goes at end, with no segment
+// yet and its goroutines not started.
+func newJournal(opts Options, end uint64) *Journal {
 	j := &Journal{fs: opts.FS, dir: opts.Dir, segBytes: opts.SegmentBytes, groupLimit: MaxGroupBytes, wake: make(chan struct{}, 1),
 		buf: make([]byte, GroupHeaderSize, 1<<20), spare: make([]byte, 0, 1<<20), filling: 1, fillingDone: make(chan struct{}),
-		end: start + SegmentHeaderSize, done: make(chan struct{}), prep: make(chan prepared, 1)}
+		end: end, done: make(chan struct{}), prep: make(chan prepared, 1)}
 	j.cond = sync.NewCond(&j.mu)
+	return j
+}
+
+// begin starts a journal in a directory with no segment, its first
+// segment at position start.
+func begin(opts Options, start uint64) (*Journal, error) {
+	j := newJournal(opts, start+SegmentHeaderSize)
 	if err := j.createSegment(start, 0); err != nil {
 		return nil, err
 	}
 	j.prepareNext()
 	go j.writer()
 	return j, nil
+}
+
+// Open continues the journal in opts.Dir after a stop or a crash. It
+// scans the journal with Scan's rules (a torn tail is its end, any other
+// damage is ErrCorrupt, and nothing is changed then), calls fn with every
+// record of every group at or after position from, and returns the
+// journal, its next group going where the scan found the end, with the
+// scan's result over the whole journal (its Groups counts every group).
+//
+// Before any group is written:
+//   - What a crash left past the end (a group cut short) is overwritten
+//     with zeros and synced: the new groups are written where it was, and
+//     no byte of it may be read with them, or taken for damage after them.
+//   - A last segment whose creation was cut short (no valid header, so no
+//     group) is removed, and the directory synced.
+//   - A last segment shorter than opts.SegmentBytes is zero-filled to it.
+//
+// A directory with no segment starts a new journal at from, as New does,
+// or past the base of a segment removed for having no header: positions
+// only grow.
+func Open(opts Options, from uint64, fn func(pos uint64, l Logged) error) (*Journal, ScanResult, error) {
+	opts, err := opts.prepare()
+	if err != nil {
+		return nil, ScanResult{}, err
+	}
+	// Scanned from the start, so that the end found is the journal's, not
+	// from (Scan reports the greater of the two).
+	res, err := Scan(opts.FS, opts.Dir, 0, func(pos uint64, l Logged) error {
+		if pos < from {
+			return nil
+		}
+		return fn(pos, l)
+	})
+	if err != nil {
+		return nil, res, err
+	}
+	segs, err := listSegments(opts.FS, opts.Dir)
+	if err != nil {
+		return nil, res, err
+	}
+	start := max(res.End, from)
+	if n := len(segs); n > 0 {
+		last := segs[n-1]
+		ok, err := hasHeader(opts.FS, filepath.Join(opts.Dir, last.name), last.base)
+		if err != nil {
+			return nil, res, err
+		}
+		if !ok {
+			// Scan accepts a headerless segment only last and holding no
+			// group: its creation was cut short.
+			if err := opts.FS.Remove(filepath.Join(opts.Dir, last.name)); err != nil {
+				return nil, res, fmt.Errorf("journal: %w", err)
+			}
+			if err := opts.FS.SyncDir(opts.Dir); err != nil {
+				return nil, res, fmt.Errorf("journal: %w", err)
+			}
+			segs = segs[:n-1]
+			start = max(start, last.base)
+		}
+	}
+	if len(segs) == 0 {
+		j, err := begin(opts, start)
+		if err != nil {
+			return nil, res, err
+		}
+		res.End = j.end
+		return j, res, nil
+	}
+	last := segs[len(segs)-1]
+	path := filepath.Join(opts.Dir, last.name)
+	f, err := opts.FS.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, res, fmt.Errorf("journal: %w", err)
+	}
+	j, err := resume(opts, f, path, last.base, res.End)
+	if err != nil {
+		f.Close()
+		return nil, res, err
+	}
+	return j, res, nil
+}
+
+// resume continues the journal in f, the segment at base, at position end.
+func resume(opts Options, f partlog.File, path string, base, end uint64) (*Journal, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	size := st.Size()
+	if end < base+SegmentHeaderSize || int64(end-base) > size {
+		return nil, fmt.Errorf("%w: the journal ends at %d, outside its last segment %s (%d bytes)", ErrCorrupt, end, path, size)
+	}
+	off := int64(end - base)
+	dirty, err := zeroPast(f, off, size)
+	if err != nil {
+		return nil, fmt.Errorf("journal: segment %s: %w", path, err)
+	}
+	if size < opts.SegmentBytes {
+		if err := zeroRange(f, size, opts.SegmentBytes); err != nil {
+			return nil, fmt.Errorf("journal: segment %s: %w", path, err)
+		}
+		dirty = true
+	}
+	if dirty {
+		if err := f.Sync(); err != nil {
+			return nil, fmt.Errorf("journal: segment %s: %w", path, err)
+		}
+	}
+	j := newJournal(opts, end)
+	j.seg, j.segBase, j.segOff = f, base, off
+	j.prepareNext()
+	go j.writer()
+	return j, nil
+}
+
+// zeroPast overwrites with zeros whatever is not zero in f from off to
+// size, and says whether it wrote.
+func zeroPast(f partlog.File, off, size int64) (bool, error) {
+	buf := make([]byte, zeroChunk)
+	for at := off; at < size; at += zeroChunk {
+		b := buf[:min(zeroChunk, size-at)]
+		if _, err := f.ReadAt(b, at); err != nil && !errors.Is(err, io.EOF) {
+			return false, err
+		}
+		if !allZero(b) {
+			return true, zeroRange(f, at, size)
+		}
+	}
+	return false, nil
+}
+
+// zeroRange writes zeros over [from, to) of f.
+func zeroRange(f partlog.File, from, to int64) error {
+	zeros := make([]byte, zeroChunk)
+	for at := from; at < to; at += zeroChunk {
+		if _, err := f.WriteAt(zeros[:min(zeroChunk, to-at)], at); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hasHeader says whether the segment file at path starts with a valid
+// header for base.
+func hasHeader(fsys partlog.FS, path string, base uint64) (bool, error) {
+	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return false, fmt.Errorf("journal: %w", err)
+	}
+	defer f.Close()
+	hdr := make([]byte, SegmentHeaderSize)
+	n, err := f.ReadAt(hdr, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, fmt.Errorf("journal: read %s: %w", path, err)
+	}
+	_, ok := segmentHeader(hdr[:n], base)
+	return ok, nil
 }
 
 func segmentName(base uint64) string { return fmt.Sprintf("%020d%s", base, segmentSuffix) }
@@ -178,13 +354,7 @@ func (j *Journal) createSegment(base, prevEnd uint64) error {
 // cleanly, with no error. Zeros cost bytes; recycling segments a
 // checkpoint freed will save them.
 func zeroFill(f partlog.File, size int64) error {
-	zeros := make([]byte, zeroChunk)
-	for off := int64(0); off < size; off += zeroChunk {
-		if _, err := f.WriteAt(zeros[:min(zeroChunk, size-off)], off); err != nil {
-			return err
-		}
-	}
-	return nil
+	return zeroRange(f, 0, size)
 }
 
 // install writes the header of segment base into f (zero-filled),
