@@ -858,8 +858,7 @@ func TestOpenAfterACrashContinuesTheJournal(t *testing.T) {
 }
 
 // A last segment whose creation a crash cut short (no header, no group)
-// is removed by Open, which continues in the segment before it; positions
-// do not go back.
+// is removed by Open, which continues in the segment before it, at its end.
 func TestOpenRemovesASegmentWhoseCreationWasCutShort(t *testing.T) {
 	fsys := faultfs.New()
 	opts := Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}
@@ -1024,5 +1023,233 @@ func TestOpenOverwritesATornTail(t *testing.T) {
 	}
 	if res.Torn || len(got) != 4*3+1 || got[len(got)-1].pos != last || got[len(got)-1].l.Base != 99 {
 		t.Errorf("after continuing over the torn group: %+v, %d records, the last %+v", res, len(got), got[len(got)-1])
+	}
+}
+
+// appendAll appends records of partition 0 at bases [from, to), each
+// waited for, each of size bytes.
+func appendAll(t *testing.T, j *Journal, from, to, size int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		tk, err := j.Append(loggedFrame(0, uint64(i), size))
+		if err == nil {
+			err = j.Wait(tk)
+		}
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+	}
+}
+
+// A group whose fdatasync failed stays in this process's page cache,
+// clean, though it never reached the disk. A journal reopened in the same
+// process reads the disk: that group is not handed over, and the groups
+// written after the reopen survive a crash.
+func TestAJournalReopenedAfterAFailedSyncReadsTheDisk(t *testing.T) {
+	fsys := faultfs.New()
+	opts := Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}
+	j, err := New(opts, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, j, 0, 3, 100)
+	fsys.FailSyncs(0, 1, syscall.EIO)
+	tk, err := j.Append(loggedFrame(0, 3, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Wait(tk); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("wait for the group whose sync failed: %v", err)
+	}
+	j.Close()
+	fsys.ClearFaults()
+	n := 0
+	j, _, err = Open(opts, 0, func(uint64, Logged) error { n++; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Errorf("reopened after a failed sync: %d records handed over, want the 3 acknowledged", n)
+	}
+	appendAll(t, j, 3, 7, 100)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
+	got, _, err := scanAll(t, fsys, "/j", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHolds(t, got, [][]*Logged{make([]*Logged, 7)}, true)
+}
+
+// When the sync of Open's zeros fails, Open fails; retried in the same
+// process, it reads the disk, finds the torn bytes again and zeroes them.
+func TestOpenRetriedAfterItsZeroingFailedZeroesAgain(t *testing.T) {
+	fsys := faultfs.New()
+	opts := Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}
+	j, err := New(opts, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, j, 0, 3, 100)
+	end := j.End()
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, err := listSegments(fsys, "/j")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A group cut short past the end, as a crash leaves it.
+	if err := fsys.Corrupt("/j/"+segs[0].name, int64(end-segs[0].base), bytes.Repeat([]byte{0xab}, 50)); err != nil {
+		t.Fatal(err)
+	}
+	fsys.FailSyncs(1, 1, syscall.EIO) // the segment's read-from-disk sync passes, the zeros' sync fails
+	if _, _, err := Open(opts, 0, func(uint64, Logged) error { return nil }); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("open whose zeroing sync fails: %v", err)
+	}
+	fsys.ClearFaults()
+	j, res, err := Open(opts, 0, func(uint64, Logged) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Torn || res.End != end {
+		t.Errorf("retried open: %+v, want torn at %d", res, end)
+	}
+	appendAll(t, j, 3, 4, 10)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
+	got, res, err := scanAll(t, fsys, "/j", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHolds(t, got, [][]*Logged{make([]*Logged, 4)}, true)
+	if res.Torn {
+		t.Errorf("after the retried open and a clean stop: %+v", res)
+	}
+}
+
+// A caller that asks for records from past the journal's end counts on
+// groups the journal does not hold: refused.
+func TestOpenFromPastTheEndIsRefused(t *testing.T) {
+	dir := journalOf(t, 3, 1<<20)
+	res, err := Scan(nil, dir, 0, func(uint64, Logged) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Open(Options{Dir: dir, SegmentBytes: 1 << 20}, res.End+5000, func(uint64, Logged) error { return nil }); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("open from %d, past the end %d: %v, want ErrCorrupt", res.End+5000, res.End, err)
+	}
+}
+
+// A journal whose only segment lost its header (cut short at creation)
+// starts again at that segment's base, or at from if greater.
+func TestOpenOfOnlyAHeaderlessSegmentStartsAtItsBase(t *testing.T) {
+	fsys := faultfs.New()
+	if err := fsys.MkdirAll("/j", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := segmentName(7000)
+	f, err := fsys.OpenFile("/j/"+name, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(make([]byte, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	j, res, err := Open(Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}, 100, func(uint64, Logged) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.End != 7000+SegmentHeaderSize || j.End() != res.End {
+		t.Errorf("opened at %d (scan %+v), want %d", j.End(), res, 7000+SegmentHeaderSize)
+	}
+	appendAll(t, j, 0, 2, 10)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := scanAll(t, fsys, "/j", 0)
+	if err != nil || len(got) != 2 || got[0].pos != 7000+SegmentHeaderSize {
+		t.Errorf("after: %v, %v", got, err)
+	}
+}
+
+// A group larger than a segment fills a segment of its own, larger than
+// the others: a journal ending with it, whole or cut short, continues.
+func TestOpenAfterAGroupLargerThanASegment(t *testing.T) {
+	for _, torn := range []bool{false, true} {
+		t.Run(fmt.Sprintf("torn %v", torn), func(t *testing.T) {
+			dir := t.TempDir()
+			opts := Options{Dir: dir, SegmentBytes: 4 << 10}
+			j, err := New(opts, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			appendAll(t, j, 0, 1, 100)
+			appendAll(t, j, 1, 2, 10000)
+			if err := j.Close(); err != nil {
+				t.Fatal(err)
+			}
+			want := 2
+			if torn {
+				starts := groupStarts(t, dir)
+				poke(t, dir, starts[len(starts)-1]+GroupHeaderSize+5000, []byte{0xff})
+				want = 1
+			}
+			n := 0
+			j, _, err = Open(opts, 0, func(uint64, Logged) error { n++; return nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != want {
+				t.Errorf("%d records handed over, want %d", n, want)
+			}
+			appendAll(t, j, want, want+6, 1500)
+			if err := j.Close(); err != nil {
+				t.Fatal(err)
+			}
+			got, res, err := scanAll(t, nil, dir, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkHolds(t, got, [][]*Logged{make([]*Logged, want+6)}, true)
+			if res.Torn {
+				t.Errorf("after: %+v", res)
+			}
+		})
+	}
+}
+
+// A last segment shorter than the segment size (cut at the end of its
+// groups, or written with a smaller size) is zero-filled to it first.
+func TestOpenZeroFillsAShortLastSegment(t *testing.T) {
+	dir := journalOf(t, 3, 64<<10)
+	res, err := Scan(nil, dir, 0, func(uint64, Logged) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs := segments(t, dir)
+	path := filepath.Join(dir, segs[len(segs)-1])
+	if err := os.Truncate(path, int64(res.End)); err != nil {
+		t.Fatal(err)
+	}
+	j, _, err := Open(Options{Dir: dir, SegmentBytes: 64 << 10}, 0, func(uint64, Logged) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Size() != 64<<10 {
+		t.Errorf("the short segment after Open: %v, %v; want %d bytes", st, err, 64<<10)
+	}
+	appendAll(t, j, 100, 150, 3000)
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, res, err := scanAll(t, nil, dir, 0)
+	if err != nil || len(got) != 3*3+50 || res.Torn {
+		t.Errorf("after: %d records, %+v, %v", len(got), res, err)
 	}
 }

@@ -180,13 +180,32 @@ func begin(opts Options, start uint64) (*Journal, error) {
 //     group) is removed, and the directory synced.
 //   - A last segment shorter than opts.SegmentBytes is zero-filled to it.
 //
-// A directory with no segment starts a new journal at from, as New does,
-// or past the base of a segment removed for having no header: positions
-// only grow.
+// A directory with no segment starts a new journal at from, as New does
+// (or at the base of the headerless segment removed, if greater). A from
+// past the end of a journal that has segments is ErrCorrupt: the caller
+// counts on groups it does not hold.
+//
+// Positions past the end may be used again: those of a group cut short
+// (never acknowledged, and zeroed first) and those of a removed
+// headerless segment (which held none).
 func Open(opts Options, from uint64, fn func(pos uint64, l Logged) error) (*Journal, ScanResult, error) {
 	opts, err := opts.prepare()
 	if err != nil {
 		return nil, ScanResult{}, err
+	}
+	segs, err := listSegments(opts.FS, opts.Dir)
+	if err != nil {
+		return nil, ScanResult{}, err
+	}
+	// Read what is on the disk, not what this process may still have
+	// cached: after a failed fdatasync the group's pages stay cached and
+	// clean though they never reached the disk, and a journal reopened in
+	// the same process would hand them over as records and write new
+	// groups after them (partlog's recovery does the same, step 3a).
+	for _, sg := range segs {
+		if err := readSegmentFromDisk(opts.FS, filepath.Join(opts.Dir, sg.name)); err != nil {
+			return nil, ScanResult{}, err
+		}
 	}
 	// Scanned from the start, so that the end found is the journal's, not
 	// from (Scan reports the greater of the two).
@@ -196,10 +215,6 @@ func Open(opts Options, from uint64, fn func(pos uint64, l Logged) error) (*Jour
 		}
 		return fn(pos, l)
 	})
-	if err != nil {
-		return nil, res, err
-	}
-	segs, err := listSegments(opts.FS, opts.Dir)
 	if err != nil {
 		return nil, res, err
 	}
@@ -222,6 +237,12 @@ func Open(opts Options, from uint64, fn func(pos uint64, l Logged) error) (*Jour
 			segs = segs[:n-1]
 			start = max(start, last.base)
 		}
+	}
+	if len(segs) > 0 && from > res.End {
+		// The caller's state says groups were durable up to from; the
+		// journal ends before it. (Nothing was changed but the removal of
+		// a segment that held no group.)
+		return nil, res, fmt.Errorf("%w: asked to read from %d, but the journal ends at %d", ErrCorrupt, from, res.End)
 	}
 	if len(segs) == 0 {
 		j, err := begin(opts, start)
@@ -671,4 +692,18 @@ func (j *Journal) write(group []byte) (uint64, error) {
 	}
 	j.segOff += int64(len(group))
 	return pos + uint64(len(group)), nil
+}
+
+// readSegmentFromDisk makes the next reads of the segment at path come
+// from the disk (partlog.ReadFromDisk).
+func readSegmentFromDisk(fsys partlog.FS, path string) error {
+	f, err := fsys.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	defer f.Close()
+	if err := partlog.ReadFromDisk(f); err != nil {
+		return fmt.Errorf("journal: %s: %w", path, err)
+	}
+	return nil
 }

@@ -170,6 +170,10 @@ func (l *Log) recover() error {
 	return nil
 }
 
+// ReadFromDisk is readFromDisk, for other files recovered the same way
+// (the replica's journal).
+func ReadFromDisk(f File) error { return readFromDisk(f) }
+
 // readFromDisk makes the next reads of f come from the disk (step 3a):
 // it fsyncs f, so that pages written but not yet written back (a process
 // crash, the machine still up) reach the disk and stay valid, then drops
