@@ -636,13 +636,7 @@ func TestAWaitForAGroupNoAppendWasGivenFails(t *testing.T) {
 	if err := j.Wait(1); err == nil {
 		t.Error("a wait for the empty group being filled succeeded")
 	}
-	tk, err := j.Append(loggedFrame(0, 0, 100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := j.Wait(tk); err != nil {
-		t.Errorf("a wait for an append's group: %v", err)
-	}
+	appendAll(t, j, 0, 1, 100) // a wait for an append's group succeeds
 }
 
 // A roll gives the prepared file its header, syncs it, renames it and
@@ -843,17 +837,10 @@ func TestOpenAfterACrashContinuesTheJournal(t *testing.T) {
 				t.Fatal(err)
 			}
 			fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
-			got, res2, err := scanAll(t, fsys, "/j", 0)
-			if err != nil {
-				t.Fatal(err)
-			}
 			for p := range kept {
 				kept[p] = append(kept[p], acked2[p]...)
 			}
-			checkHolds(t, got, kept, true)
-			if res2.Torn {
-				t.Errorf("scan after a clean stop: %+v", res2)
-			}
+			checkClean(t, fsys, "/j", kept)
 		})
 	}
 }
@@ -890,10 +877,18 @@ func TestOpenRemovesASegmentWhoseCreationWasCutShort(t *testing.T) {
 	if err := fsys.SyncDir("/j"); err != nil {
 		t.Fatal(err)
 	}
-	if _, res, err := scanAll(t, fsys, "/j", 0); err != nil || !res.Torn {
-		t.Fatalf("scan with a headerless last segment: %+v, %v; want torn", res, err)
+	_, res, err := scanAll(t, fsys, "/j", 0)
+	if err != nil || !res.Torn || !res.Headerless {
+		t.Fatalf("scan with a headerless last segment: %+v, %v; want torn and headerless", res, err)
 	}
-	j, _, err = Open(opts, 0, func(uint64, Logged) error { return nil })
+	// A refused open changes nothing, the headerless segment included.
+	if _, _, err := Open(opts, res.End+1, noRecords); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open from past the end: %v, want ErrCorrupt", err)
+	}
+	if names, _ := fsys.ReadDir("/j"); !slices.Contains(names, cut) {
+		t.Fatalf("a refused open removed %s: %v", cut, names)
+	}
+	j, _, err = Open(opts, 0, noRecords)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -908,14 +903,10 @@ func TestOpenRemovesASegmentWhoseCreationWasCutShort(t *testing.T) {
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
 	}
-	got, _, err := scanAll(t, fsys, "/j", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for p := range acked {
 		acked[p] = append(acked[p], acked2[p]...)
 	}
-	checkHolds(t, got, acked, true)
+	checkClean(t, fsys, "/j", acked)
 }
 
 // Open passes fn the records at or after from only; a directory with no
@@ -941,17 +932,11 @@ func TestOpenFromAPositionAndInAnEmptyDirectory(t *testing.T) {
 	}
 
 	empty := t.TempDir()
-	j2, res, err := Open(Options{Dir: empty}, 5000, func(uint64, Logged) error { return nil })
+	j2, res, err := Open(Options{Dir: empty}, 5000, noRecords)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tk, err := j2.Append(loggedFrame(0, 0, 10))
-	if err == nil {
-		err = j2.Wait(tk)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	appendAll(t, j2, 0, 1, 10)
 	if err := j2.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -974,7 +959,7 @@ func TestOpenRefusesADamagedJournalAndChangesNothing(t *testing.T) {
 		}
 		before[n] = b
 	}
-	if _, _, err := Open(Options{Dir: dir, SegmentBytes: 1 << 20}, 0, func(uint64, Logged) error { return nil }); !errors.Is(err, ErrCorrupt) {
+	if _, _, err := Open(Options{Dir: dir, SegmentBytes: 1 << 20}, 0, noRecords); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("open of a damaged journal: %v, want ErrCorrupt", err)
 	}
 	names, err := os.ReadDir(dir)
@@ -1008,13 +993,7 @@ func TestOpenOverwritesATornTail(t *testing.T) {
 	if !res.Torn || res.End != last || n != 4*3 {
 		t.Fatalf("opened a journal with a torn last group: %+v, %d records", res, n)
 	}
-	tk, err := j.Append(loggedFrame(0, 99, 10)) // far shorter than the torn group
-	if err == nil {
-		err = j.Wait(tk)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	appendAll(t, j, 99, 100, 10) // far shorter than the torn group
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -1077,11 +1056,7 @@ func TestAJournalReopenedAfterAFailedSyncReadsTheDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
-	got, _, err := scanAll(t, fsys, "/j", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkHolds(t, got, [][]*Logged{make([]*Logged, 7)}, true)
+	checkClean(t, fsys, "/j", records(7))
 }
 
 // When the sync of Open's zeros fails, Open fails; retried in the same
@@ -1107,11 +1082,11 @@ func TestOpenRetriedAfterItsZeroingFailedZeroesAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	fsys.FailSyncs(1, 1, syscall.EIO) // the segment's read-from-disk sync passes, the zeros' sync fails
-	if _, _, err := Open(opts, 0, func(uint64, Logged) error { return nil }); !errors.Is(err, syscall.EIO) {
+	if _, _, err := Open(opts, 0, noRecords); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("open whose zeroing sync fails: %v", err)
 	}
 	fsys.ClearFaults()
-	j, res, err := Open(opts, 0, func(uint64, Logged) error { return nil })
+	j, res, err := Open(opts, 0, noRecords)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1123,25 +1098,18 @@ func TestOpenRetriedAfterItsZeroingFailedZeroesAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	fsys.Crash(faultfs.CrashOptions{KeepUnsynced: -1})
-	got, res, err := scanAll(t, fsys, "/j", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkHolds(t, got, [][]*Logged{make([]*Logged, 4)}, true)
-	if res.Torn {
-		t.Errorf("after the retried open and a clean stop: %+v", res)
-	}
+	checkClean(t, fsys, "/j", records(4))
 }
 
 // A caller that asks for records from past the journal's end counts on
 // groups the journal does not hold: refused.
 func TestOpenFromPastTheEndIsRefused(t *testing.T) {
 	dir := journalOf(t, 3, 1<<20)
-	res, err := Scan(nil, dir, 0, func(uint64, Logged) error { return nil })
+	res, err := Scan(nil, dir, 0, noRecords)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := Open(Options{Dir: dir, SegmentBytes: 1 << 20}, res.End+5000, func(uint64, Logged) error { return nil }); !errors.Is(err, ErrCorrupt) {
+	if _, _, err := Open(Options{Dir: dir, SegmentBytes: 1 << 20}, res.End+5000, noRecords); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("open from %d, past the end %d: %v, want ErrCorrupt", res.End+5000, res.End, err)
 	}
 }
@@ -1162,7 +1130,7 @@ func TestOpenOfOnlyAHeaderlessSegmentStartsAtItsBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	j, res, err := Open(Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}, 100, func(uint64, Logged) error { return nil })
+	j, res, err := Open(Options{Dir: "/j", FS: fsys, SegmentBytes: 32 << 10}, 100, noRecords)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1213,14 +1181,7 @@ func TestOpenAfterAGroupLargerThanASegment(t *testing.T) {
 			if err := j.Close(); err != nil {
 				t.Fatal(err)
 			}
-			got, res, err := scanAll(t, nil, dir, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkHolds(t, got, [][]*Logged{make([]*Logged, want+6)}, true)
-			if res.Torn {
-				t.Errorf("after: %+v", res)
-			}
+			checkClean(t, nil, dir, records(want+6))
 		})
 	}
 }
@@ -1229,7 +1190,7 @@ func TestOpenAfterAGroupLargerThanASegment(t *testing.T) {
 // groups, or written with a smaller size) is zero-filled to it first.
 func TestOpenZeroFillsAShortLastSegment(t *testing.T) {
 	dir := journalOf(t, 3, 64<<10)
-	res, err := Scan(nil, dir, 0, func(uint64, Logged) error { return nil })
+	res, err := Scan(nil, dir, 0, noRecords)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1238,7 +1199,7 @@ func TestOpenZeroFillsAShortLastSegment(t *testing.T) {
 	if err := os.Truncate(path, int64(res.End)); err != nil {
 		t.Fatal(err)
 	}
-	j, _, err := Open(Options{Dir: dir, SegmentBytes: 64 << 10}, 0, func(uint64, Logged) error { return nil })
+	j, _, err := Open(Options{Dir: dir, SegmentBytes: 64 << 10}, 0, noRecords)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1254,3 +1215,25 @@ func TestOpenZeroFillsAShortLastSegment(t *testing.T) {
 		t.Errorf("after: %d records, %+v, %v", len(got), res, err)
 	}
 }
+
+// noRecords is an Open or Scan callback that takes nothing.
+func noRecords(uint64, Logged) error { return nil }
+
+// checkClean scans the journal in dir after a clean stop: it holds every
+// record of want (each partition's, in order) and nothing else, and ends
+// in no torn tail.
+func checkClean(t *testing.T, fsys partlog.FS, dir string, want [][]*Logged) {
+	t.Helper()
+	got, res, err := scanAll(t, fsys, dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkHolds(t, got, want, true)
+	if res.Torn {
+		t.Errorf("scan after a clean stop: %+v", res)
+	}
+}
+
+// records stands for n records of partition 0, bases 0 to n-1, where
+// checkHolds wants what was acknowledged: it counts them.
+func records(n int) [][]*Logged { return [][]*Logged{make([]*Logged, n)} }

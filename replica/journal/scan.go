@@ -25,6 +25,9 @@ type ScanResult struct {
 	// segment whose creation a crash interrupted (header missing) counts
 	// as torn too.
 	Torn bool
+	// Headerless is set when the last segment has no valid header: its
+	// creation was cut short and it holds no group (Torn is set too).
+	Headerless bool
 	// Groups is how many groups were read.
 	Groups int
 }
@@ -63,7 +66,7 @@ func Scan(fsys partlog.FS, dir string, from uint64, fn func(pos uint64, l Logged
 		case !ok && last && findGroupAfter(b, SegmentHeaderSize-1, s.base) < 0:
 			// Its creation was cut short (the header is synced before any
 			// group is written): no group is in it.
-			res.End, res.Torn = max(prevEnd, from), true
+			res.End, res.Torn, res.Headerless = max(prevEnd, from), true, true
 			return res, nil
 		case !ok:
 			return res, fmt.Errorf("%w: segment %s has no valid header", ErrCorrupt, s.name)

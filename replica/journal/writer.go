@@ -219,30 +219,23 @@ func Open(opts Options, from uint64, fn func(pos uint64, l Logged) error) (*Jour
 		return nil, res, err
 	}
 	start := max(res.End, from)
-	if n := len(segs); n > 0 {
-		last := segs[n-1]
-		ok, err := hasHeader(opts.FS, filepath.Join(opts.Dir, last.name), last.base)
-		if err != nil {
-			return nil, res, err
-		}
-		if !ok {
-			// Scan accepts a headerless segment only last and holding no
-			// group: its creation was cut short.
-			if err := opts.FS.Remove(filepath.Join(opts.Dir, last.name)); err != nil {
-				return nil, res, fmt.Errorf("journal: %w", err)
-			}
-			if err := opts.FS.SyncDir(opts.Dir); err != nil {
-				return nil, res, fmt.Errorf("journal: %w", err)
-			}
-			segs = segs[:n-1]
-			start = max(start, last.base)
-		}
+	var cut *segmentFile // a last segment whose creation was cut short: it holds no group
+	if res.Headerless {
+		cut = &segs[len(segs)-1]
+		segs, start = segs[:len(segs)-1], max(start, cut.base)
 	}
 	if len(segs) > 0 && from > res.End {
 		// The caller's state says groups were durable up to from; the
-		// journal ends before it. (Nothing was changed but the removal of
-		// a segment that held no group.)
+		// journal ends before it. Refused before anything is changed.
 		return nil, res, fmt.Errorf("%w: asked to read from %d, but the journal ends at %d", ErrCorrupt, from, res.End)
+	}
+	if cut != nil {
+		if err := opts.FS.Remove(filepath.Join(opts.Dir, cut.name)); err != nil {
+			return nil, res, fmt.Errorf("journal: %w", err)
+		}
+		if err := opts.FS.SyncDir(opts.Dir); err != nil {
+			return nil, res, fmt.Errorf("journal: %w", err)
+		}
 	}
 	if len(segs) == 0 {
 		j, err := begin(opts, start)
@@ -324,23 +317,6 @@ func zeroRange(f partlog.File, from, to int64) error {
 		}
 	}
 	return nil
-}
-
-// hasHeader says whether the segment file at path starts with a valid
-// header for base.
-func hasHeader(fsys partlog.FS, path string, base uint64) (bool, error) {
-	f, err := fsys.OpenFile(path, os.O_RDONLY, 0)
-	if err != nil {
-		return false, fmt.Errorf("journal: %w", err)
-	}
-	defer f.Close()
-	hdr := make([]byte, SegmentHeaderSize)
-	n, err := f.ReadAt(hdr, 0)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return false, fmt.Errorf("journal: read %s: %w", path, err)
-	}
-	_, ok := segmentHeader(hdr[:n], base)
-	return ok, nil
 }
 
 func segmentName(base uint64) string { return fmt.Sprintf("%020d%s", base, segmentSuffix) }
