@@ -93,4 +93,43 @@ type Options struct {
 	RetentionBytes     int64            // 0 = unlimited
 	RetentionTime      time.Duration    // 0 = unlimited
 	Now                func() time.Time // nil = time.Now (for retention by time)
+
+	// Flushed, when set, is the offset below which recovery trusts the
+	// segment files: a journal's checkpoint says they were fsynced that
+	// far (docs/journal.md, "Recovery" step 3). Whatever lies above it is
+	// cut without evidence, whole later segments removed newest first:
+	// unsynced writes, for the journal's replay to write again. A log
+	// that does not reach it is ErrCorrupt.
+	Flushed *uint64
+	// Empty, when set, makes recovery remove every segment (newest
+	// first) and start an empty log at Empty.Base: the journal says the
+	// log was reset, or created, after its checkpoint.
+	Empty *Start
+}
+
+// Start is where an empty log begins: its first offset and the rolling
+// checksum there.
+type Start struct {
+	Base    uint64
+	Rolling uint32
+}
+
+// Journal is where a journaled log records its changes (docs/journal.md):
+// the replica process's journal, one for all its partitions. A journaled
+// log writes each frame to its segment file as a plain log does and hands
+// it to the journal in the same order, under its write lock; Sync waits
+// for the journal, not for an fsync of the segment, and Flush fsyncs the
+// segment files when the journal asks. Truncate and Reset are recorded
+// durably before they change anything.
+type Journal interface {
+	// Frame records an appended frame; Wait(ticket) returns once the
+	// record is durable.
+	Frame(h BatchHeader, frame []byte) (ticket uint64, err error)
+	// Truncate durably records a cut to offset to, the log's last epoch
+	// below the cut being epoch (0 when nothing is left).
+	Truncate(to, epoch uint64) error
+	// Reset durably records that the log was emptied to start at s.
+	Reset(s Start) error
+	// Wait returns once the records up to ticket are durable.
+	Wait(ticket uint64) error
 }

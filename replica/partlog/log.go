@@ -57,6 +57,14 @@ type Log struct {
 	avgFrame int64
 
 	durable atomic.Uint64
+	// journal, once UseJournal set it, records the log's changes and
+	// makes its frames durable (Sync waits for it); jticket is the
+	// journal's ticket for the last frame appended (under wmu). flushed
+	// is where the segment files are fsynced up to, the journal aside:
+	// Flush skips an fsync that would add nothing.
+	journal Journal
+	jticket uint64
+	flushed atomic.Uint64
 	// fault is the first fatal error (wrapping ErrFailed or ErrCorrupt);
 	// once set, it is returned by every later call. Atomic so that readers
 	// holding mu shared can record corruption they find.
@@ -123,13 +131,43 @@ func (l *Log) segmentFor(offset uint64) int {
 	return max(sort.Search(len(l.segs), func(i int) bool { return l.segs[i].base > offset })-1, 0)
 }
 
-func (l *Log) advanceDurable(end uint64) {
+func (l *Log) advanceDurable(end uint64) { advance(&l.durable, end) }
+
+// advance raises v to end unless it is there already.
+func advance(v *atomic.Uint64, end uint64) {
 	for {
-		d := l.durable.Load()
-		if d >= end || l.durable.CompareAndSwap(d, end) {
+		d := v.Load()
+		if d >= end || v.CompareAndSwap(d, end) {
 			return
 		}
 	}
+}
+
+// UseJournal makes the log journaled from now on (docs/journal.md): frames
+// appended later are handed to j and made durable by it, and Truncate and
+// Reset record themselves in it first. What the log holds now must be
+// durable in its segment files (as Open leaves it). A log is journaled
+// once; the journal cannot be taken away.
+func (l *Log) UseJournal(j Journal) error {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	if err := l.usable(); err != nil {
+		return err
+	}
+	switch {
+	case j == nil:
+		return errors.New("partlog: UseJournal of no journal")
+	case l.journal != nil:
+		return errors.New("partlog: the log is journaled already")
+	case l.durable.Load() < l.next:
+		return fmt.Errorf("partlog: UseJournal with [%d,%d) not yet durable", l.durable.Load(), l.next)
+	}
+	l.journal = j
+	l.jticket = 0
+	l.flushed.Store(l.next)
+	return nil
 }
 
 // Append appends one encoded frame whose BaseOffset must equal NextOffset()
@@ -186,6 +224,17 @@ func (l *Log) Append(frame []byte) error {
 		l.epochs = append(l.epochs, EpochStart{Epoch: h.Epoch, StartOffset: h.BaseOffset})
 	}
 	l.mu.Unlock()
+	if l.journal != nil {
+		// In the log's order, under wmu: the journal holds one
+		// partition's frames in the order they were appended.
+		t, err := l.journal.Frame(h, frame)
+		if err != nil {
+			// In the file and readable, but never durable: the log
+			// stops, and recovery cuts what the journal does not hold.
+			return l.fail(ErrFailed, "journal frame [%d,%d): %w", h.BaseOffset, h.End(), err)
+		}
+		l.jticket = t
+	}
 	return nil
 }
 
@@ -201,7 +250,14 @@ func (l *Log) roll() (*segment, error) {
 	if err := old.f.Sync(); err != nil {
 		return nil, l.fail(ErrFailed, "fsync %s before roll: %w", old.path, err)
 	}
-	l.advanceDurable(old.end)
+	if l.journal == nil {
+		// A journaled log's frames are durable when the journal holds
+		// them, never before: recovery trusts the segment files only up
+		// to the journal's last checkpoint, and replays the rest from
+		// the journal.
+		l.advanceDurable(old.end)
+	}
+	advance(&l.flushed, old.end)
 	s, err := createSegment(l.fs, l.dir, old.end, l.rolling)
 	if err != nil {
 		return nil, l.fail(ErrFailed, "roll: %w", err)
@@ -226,17 +282,57 @@ func (l *Log) Sync() error {
 	// seals). If Append rolls while we fsync, s is the sealed one and end is
 	// within it, so fsyncing s still covers end.
 	s, end := l.active(), l.next
-	size := s.size
+	size, ticket := s.size, l.jticket
 	l.wmu.Unlock()
 	if l.durable.Load() >= end {
+		return nil
+	}
+	if l.journal != nil {
+		// Durable once the journal holds it; the segment files are
+		// fsynced later, by Flush.
+		if err := l.journal.Wait(ticket); err != nil {
+			return l.fail(ErrFailed, "journal: %w", err)
+		}
+		l.advanceDurable(end)
 		return nil
 	}
 	if err := datasync(s.f); err != nil {
 		return l.fail(ErrFailed, "fsync %s: %w", s.path, err)
 	}
 	l.advanceDurable(end)
+	advance(&l.flushed, end)
 	l.dropCachedBehind(s, size)
 	return nil
+}
+
+// Flush fsyncs the segment files up to the log's end and returns that
+// end: the segment files hold [StartOffset, end) durably on their own. A
+// journaled log's journal calls it before a checkpoint (docs/journal.md,
+// "The shape"); it holds off Truncate, Reset and retention while it
+// runs, not appends. Like Sync, a failure is the log's for good.
+func (l *Log) Flush() (uint64, error) {
+	l.syncMu.Lock()
+	defer l.syncMu.Unlock()
+	l.wmu.Lock()
+	if err := l.usable(); err != nil {
+		l.wmu.Unlock()
+		return 0, err
+	}
+	s, end := l.active(), l.next
+	size := s.size
+	l.wmu.Unlock()
+	if l.flushed.Load() >= end {
+		return end, nil
+	}
+	if err := datasync(s.f); err != nil {
+		return 0, l.fail(ErrFailed, "fsync %s: %w", s.path, err)
+	}
+	advance(&l.flushed, end)
+	if l.journal == nil {
+		l.advanceDurable(end)
+	}
+	l.dropCachedBehind(s, size)
+	return end, nil
 }
 
 // dropCachedBehind drops from the page cache what lies more than
@@ -582,13 +678,18 @@ func (l *Log) Close() error {
 	var err error
 	if p := l.fault.Load(); p != nil {
 		err = *p
-	} else if s := l.active(); l.durable.Load() < l.next || s.zeroTo > s.size {
+	} else if s := l.active(); l.durable.Load() < l.next || l.flushed.Load() < l.next || s.zeroTo > s.size {
+		// A journaled log too: a clean close leaves the segment files
+		// whole, so the journal's last checkpoint needs nothing of it.
 		if serr := s.cutZeros(); serr != nil {
 			err = l.fail(ErrFailed, "close: %w", serr)
 		} else if serr := s.f.Sync(); serr != nil {
 			err = l.fail(ErrFailed, "fsync %s at close: %w", s.path, serr)
 		} else {
-			l.advanceDurable(l.next)
+			if l.journal == nil {
+				l.advanceDurable(l.next)
+			}
+			advance(&l.flushed, l.next)
 		}
 	}
 	l.mu.Lock()

@@ -170,6 +170,21 @@ func (l *Log) Truncate(to uint64) error {
 		p += int64(h.FrameLen)
 	}
 	later := append([]*segment(nil), l.segs[k+1:]...)
+	n := 0
+	for n < len(l.epochs) && l.epochs[n].StartOffset < to {
+		n++
+	}
+	if l.journal != nil {
+		// Recorded before anything changes: a crash during the cut
+		// leaves files the journal's replay cuts again.
+		var epoch uint64
+		if n > 0 {
+			epoch = l.epochs[n-1].Epoch
+		}
+		if err := l.journal.Truncate(to, epoch); err != nil {
+			return l.fail(ErrFailed, "journal truncation to %d: %w", to, err)
+		}
+	}
 
 	l.mu.Lock()
 	ns.h = s.h // readers may hold it
@@ -178,10 +193,6 @@ func (l *Log) Truncate(to uint64) error {
 	l.segs = l.segs[: k+1 : k+1]
 	l.next = to
 	l.rolling = rolling
-	n := 0
-	for n < len(l.epochs) && l.epochs[n].StartOffset < to {
-		n++
-	}
 	l.epochs = l.epochs[:n:n]
 	if l.durable.Load() > to {
 		l.durable.Store(to)
@@ -203,6 +214,7 @@ func (l *Log) Truncate(to uint64) error {
 	// Sealed segments were fsynced when sealed, s just now: all of [.., to)
 	// is durable.
 	l.durable.Store(to)
+	l.flushed.Store(to)
 	return nil
 }
 
@@ -259,6 +271,11 @@ func (l *Log) Reset(base uint64, rolling uint32) error {
 	if base <= l.next {
 		return fmt.Errorf("%w: reset to start at %d, log holds [%d,%d)", ErrOutOfRange, base, l.segs[0].base, l.next)
 	}
+	if l.journal != nil {
+		if err := l.journal.Reset(Start{Base: base, Rolling: rolling}); err != nil {
+			return l.fail(ErrFailed, "journal reset to %d: %w", base, err)
+		}
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.noteCut(0)
@@ -274,6 +291,7 @@ func (l *Log) Reset(base uint64, rolling uint32) error {
 	l.rolling = rolling
 	l.epochs = nil
 	l.durable.Store(base)
+	l.flushed.Store(base)
 	return nil
 }
 

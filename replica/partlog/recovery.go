@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -21,7 +22,10 @@ func Open(opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := l.recover(); err != nil {
+	if opts.Flushed != nil && opts.Empty != nil {
+		return nil, errors.New("partlog: Options.Flushed and Options.Empty together")
+	}
+	if err := l.recover(opts.Flushed, opts.Empty); err != nil {
 		for _, s := range l.segs {
 			s.f.Close()
 		}
@@ -97,9 +101,10 @@ func corruptAt(path string, pos int64, format string, args ...any) error {
 	return fmt.Errorf("%w: %s at byte %d: %s", ErrCorrupt, path, pos, fmt.Sprintf(format, args...))
 }
 
-// recover runs recovery steps 1–8. On error, the segments opened so far are
-// in l.segs for the caller to close.
-func (l *Log) recover() error {
+// recover runs recovery steps 1–8, after cutting the log at flushed or
+// emptying it at empty when the journal's replay says so. On error, the
+// segments opened so far are in l.segs for the caller to close.
+func (l *Log) recover(flushed *uint64, empty *Start) error {
 	// Step 1.
 	if err := l.fs.MkdirAll(l.dir, 0o755); err != nil {
 		return fmt.Errorf("partlog: create %s: %w", l.dir, err)
@@ -125,6 +130,23 @@ func (l *Log) recover() error {
 	if removed {
 		if err := l.fs.SyncDir(l.dir); err != nil {
 			return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
+		}
+	}
+	switch {
+	case empty != nil:
+		if err := l.removeNewestFirstAt(bases); err != nil {
+			return err
+		}
+		s, err := createSegment(l.fs, l.dir, empty.Base, empty.Rolling)
+		if err != nil {
+			return fmt.Errorf("partlog: %w", err)
+		}
+		l.segs = []*segment{s}
+		l.next, l.rolling = empty.Base, empty.Rolling
+		return nil
+	case flushed != nil:
+		if bases, err = l.cutAbove(bases, *flushed); err != nil {
+			return err
 		}
 	}
 	// Step 2.
@@ -168,6 +190,87 @@ func (l *Log) recover() error {
 		return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
 	}
 	return nil
+}
+
+// removeNewestFirstAt deletes the segments of bases newest first, each
+// removal followed by a directory fsync, so that a crash leaves a
+// contiguous log.
+func (l *Log) removeNewestFirstAt(bases []uint64) error {
+	for i := len(bases) - 1; i >= 0; i-- {
+		path := filepath.Join(l.dir, segmentName(bases[i]))
+		if err := l.fs.Remove(path); err != nil {
+			return fmt.Errorf("partlog: remove %s: %w", path, err)
+		}
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return fmt.Errorf("partlog: fsync dir %s after removing %s: %w", l.dir, path, err)
+		}
+	}
+	return nil
+}
+
+// cutAbove cuts the log in the segments of bases at offset to, below which
+// a journal's checkpoint says the files were fsynced: later segments are
+// removed newest first, and the segment holding to is cut at its frame
+// boundary and fsynced. Nothing above to is read: it is whatever a crash
+// left of unsynced writes. Below it the frames must be whole and
+// contiguous (ErrCorrupt otherwise; the normal recovery that follows
+// checks them again, with the rolling checksums). It returns the bases
+// left.
+func (l *Log) cutAbove(bases []uint64, to uint64) ([]uint64, error) {
+	if len(bases) == 0 {
+		if to == 0 {
+			return nil, nil
+		}
+		return nil, corruptAt(l.dir, 0, "the journal says the log was flushed to offset %d, and it has no segment", to)
+	}
+	k := sort.Search(len(bases), func(i int) bool { return bases[i] > to }) - 1
+	if k < 0 {
+		return nil, corruptAt(filepath.Join(l.dir, segmentName(bases[0])), 0, "the journal says the log was flushed to offset %d, below its first segment", to)
+	}
+	if err := l.removeNewestFirstAt(bases[k+1:]); err != nil {
+		return nil, err
+	}
+	bases = bases[:k+1]
+	path := filepath.Join(l.dir, segmentName(bases[k]))
+	f, err := l.fs.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("partlog: open %s: %w", path, err)
+	}
+	defer f.Close()
+	if err := readFromDisk(f); err != nil {
+		return nil, fmt.Errorf("partlog: %s: %w", path, err)
+	}
+	size, err := fileSize(f)
+	if err != nil {
+		return nil, fmt.Errorf("partlog: stat %s: %w", path, err)
+	}
+	pos, next := int64(SegmentHeaderSize), bases[k]
+	r := segReader{f: f, limit: size, reuse: true}
+	for next < to {
+		h, bad, err := scanFrame(&r, pos, size)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
+		case bad != nil:
+			return nil, corruptAt(path, pos, "below offset %d, which the journal says was flushed: %v", to, bad)
+		case h.BaseOffset != next || h.End() > to:
+			return nil, corruptAt(path, pos, "frame [%d,%d) where the log flushed to offset %d continues at %d", h.BaseOffset, h.End(), to, next)
+		}
+		next, pos = h.End(), pos+int64(h.FrameLen)
+	}
+	if size < pos {
+		// A segment holding only a header, its frames cut short.
+		return nil, corruptAt(path, size, "the segment ends before offset %d, which the journal says was flushed", to)
+	}
+	if size > pos {
+		if err := f.Truncate(pos); err != nil {
+			return nil, fmt.Errorf("partlog: cut %s at byte %d: %w", path, pos, err)
+		}
+		if err := f.Sync(); err != nil {
+			return nil, fmt.Errorf("partlog: fsync %s: %w", path, err)
+		}
+	}
+	return bases, nil
 }
 
 // ReadFromDisk is readFromDisk, for other files recovered the same way
