@@ -142,6 +142,14 @@ func TestJournaledLog(t *testing.T) {
 		t.Fatalf("a second Flush = %d, %v after %d fsyncs; want 12 and no fsync", end, err, fsys.Syncs()-syncs)
 	}
 
+	// A truncation to the end cuts nothing and makes it durable.
+	appendAll(t, l, uniform(1, 3, 10, 2))
+	truncated := make(chan error, 1)
+	go func() { truncated <- l.Truncate(15) }()
+	j.release(3)
+	if err := <-truncated; err != nil || l.DurableOffset() != 15 {
+		t.Fatalf("Truncate to the end: %v, durable offset %d; want 15", err, l.DurableOffset())
+	}
 	if err := l.Truncate(9); err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +158,7 @@ func TestJournaledLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	equalStrings(t, j.records(), []string{
-		"frame 6-9 e2", "frame 9-12 e2",
+		"frame 6-9 e2", "frame 9-12 e2", "frame 12-15 e2",
 		"truncate 9 e2", "frame 9-12 e3",
 		"reset 100 0000abcd",
 	})

@@ -273,6 +273,11 @@ func (l *Log) roll() (*segment, error) {
 func (l *Log) Sync() error {
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
+	return l.syncHeld()
+}
+
+// syncHeld is Sync, called with syncMu held.
+func (l *Log) syncHeld() error {
 	l.wmu.Lock()
 	if err := l.usable(); err != nil {
 		l.wmu.Unlock()

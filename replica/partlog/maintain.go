@@ -144,7 +144,11 @@ func (l *Log) Truncate(to uint64) error {
 		return fmt.Errorf("%w: truncate to %d, log holds [%d,%d)", ErrOutOfRange, to, start, l.next)
 	}
 	if to == l.next {
-		return nil
+		// Nothing to cut, but the promise stands: [.., to) durable.
+		l.wmu.Unlock()
+		err := l.syncHeld()
+		l.wmu.Lock() // for the deferred unlock
+		return err
 	}
 	k := l.segmentFor(to)
 	s := l.segs[k]

@@ -547,3 +547,23 @@ func copyToEvidence(fsys FS, s *segment, from, to int64, path string) error {
 	}
 	return ef.Close()
 }
+
+// StartOnDisk is the first offset of the log in dir as its file names say
+// (the oldest segment's base), without opening it: ok is false when dir
+// holds no segment. A journal's recovery plans with it (retention may
+// have moved the start past a checkpoint's flushed offset).
+func StartOnDisk(fsys FS, dir string) (start uint64, ok bool, err error) {
+	if fsys == nil {
+		fsys = OSFS{}
+	}
+	names, err := fsys.ReadDir(dir)
+	if err != nil {
+		return 0, false, fmt.Errorf("partlog: list %s: %w", dir, err)
+	}
+	for _, name := range names {
+		if base, isSeg := parseSegmentName(name); isSeg && (!ok || base < start) {
+			start, ok = base, true
+		}
+	}
+	return start, ok, nil
+}
