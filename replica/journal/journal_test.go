@@ -411,7 +411,8 @@ func TestBadRecordsAreRefusedAndNothingIsWritten(t *testing.T) {
 	part := PartitionID{Stream: "s", Partition: 1}
 	for _, l := range []*Logged{
 		{Record: Record{Kind: 0, Part: part}},
-		{Record: Record{Kind: Drop + 1, Part: part}},
+		{Record: Record{Kind: CheckpointRecord + 1, Part: part}},
+		{Record: Record{Kind: CheckpointRecord, Part: part}, Payload: EncodeCheckpoint(nil)},
 		{Record: Record{Kind: Create, Part: PartitionID{Partition: 1}}},
 		{Record: Record{Kind: Truncate, Part: part}, Payload: []byte("x")},
 	} {
@@ -1237,3 +1238,34 @@ func checkClean(t *testing.T, fsys partlog.FS, dir string, want [][]*Logged) {
 // records stands for n records of partition 0, bases 0 to n-1, where
 // checkHolds wants what was acknowledged: it counts them.
 func records(n int) [][]*Logged { return [][]*Logged{make([]*Logged, n)} }
+
+// A checkpoint's entries read back as written; damaged payloads are
+// ErrCorrupt.
+func TestCheckpointPayload(t *testing.T) {
+	entries := map[PartitionID]Entry{
+		{"orders", 0}:  {Incarnation: 7, Flushed: 1 << 40},
+		{"orders", 12}: {Incarnation: 8, Flushed: 0},
+		{"b", 3}:       {Incarnation: 1, Flushed: 99},
+	}
+	b := EncodeCheckpoint(entries)
+	got, err := DecodeCheckpoint(b)
+	if err != nil || fmt.Sprint(got) != fmt.Sprint(entries) {
+		t.Fatalf("DecodeCheckpoint = %v, %v; want %v", got, err, entries)
+	}
+	if got, err := DecodeCheckpoint(EncodeCheckpoint(nil)); err != nil || len(got) != 0 {
+		t.Fatalf("no entries: %v, %v", got, err)
+	}
+	one := EncodeCheckpoint(map[PartitionID]Entry{{"b", 3}: {}})[4:] // an entry
+	for name, bad := range map[string][]byte{
+		"empty":        nil,
+		"cut short":    b[:len(b)-1],
+		"trailing":     append(append([]byte(nil), b...), 0),
+		"huge count":   append([]byte{0xff, 0xff, 0xff, 0xff}, b[4:]...),
+		"twice":        append(append([]byte{2, 0, 0, 0}, one...), one...),
+		"empty stream": {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+	} {
+		if _, err := DecodeCheckpoint(bad); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: %v, want ErrCorrupt", name, err)
+		}
+	}
+}

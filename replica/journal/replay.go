@@ -1,14 +1,15 @@
 // Package journal is the replica process's journal (docs/journal.md): the
 // records it holds, the plan that recovery makes from them (Replay), the
-// group-commit writer (New) and the reader (Scan). No replica writes a
-// journal: measured in the 256-partition row it did not pay for itself on
-// the write path (docs/journal.md, "Status").
+// group-commit writer (New, Open) and the reader (Scan), and Store: a
+// process's partition logs over one journal.
 package journal
 
 import (
 	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/catena-streams/catena/replica/partlog"
 )
 
 // Kind is a journal record's kind.
@@ -30,6 +31,11 @@ const (
 	Flushed
 	// Drop: the partition incarnation is gone.
 	Drop
+	// CheckpointRecord: the segment files of every partition named in
+	// its payload were fsynced up to their flushed offsets, taken after
+	// journal position Base (EncodeCheckpoint). Replay is given the last
+	// one apart, not among its records.
+	CheckpointRecord
 )
 
 func (k Kind) String() string {
@@ -46,6 +52,8 @@ func (k Kind) String() string {
 		return "flushed"
 	case Drop:
 		return "drop"
+	case CheckpointRecord:
+		return "checkpoint"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -68,8 +76,11 @@ type Record struct {
 	Incarnation uint64
 	Epoch       uint64
 	// Base and End: Frame [Base, End); Create and Reset Base; Truncate
-	// and Flushed End.
+	// and Flushed End; CheckpointRecord its position in Base.
 	Base, End uint64
+	// Rolling is the log's rolling checksum at Base of a Create or a
+	// Reset.
+	Rolling uint32
 }
 
 // Entry is a checkpoint's record of one partition: the segment files of
@@ -103,7 +114,7 @@ type OnDisk struct {
 type Plan struct {
 	Incarnation uint64
 	Keep        uint64
-	ResetTo     *uint64
+	ResetTo     *partlog.Start
 	Writes      []int
 	// Dropped: the incarnation was dropped; its directory is removed.
 	Dropped bool
@@ -152,6 +163,18 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 		}
 		st.end = st.plan.Keep
 	}
+	// A partition's records before its last reset are passed over: the
+	// reset empties the log whatever they did, and the log on disk may
+	// already start at the reset's base, which says nothing of them.
+	lastReset := map[key]int{}
+	for i, r := range records {
+		switch r.Kind {
+		case Reset:
+			lastReset[key{r.Part, r.Incarnation}] = i
+		case Create:
+			delete(lastReset, key{r.Part, r.Incarnation})
+		}
+	}
 	corrupt := func(i int, r Record, format string, a ...any) error {
 		return fmt.Errorf("%w: record %d (%s of %s, incarnation %d): %s", ErrCorrupt, i, r.Kind, r.Part, r.Incarnation, fmt.Sprintf(format, a...))
 	}
@@ -163,7 +186,10 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 			// from here, so it is made again from empty (its directory
 			// may not have reached the disk).
 			base := r.Base
-			parts[k] = &state{plan: &Plan{Incarnation: r.Incarnation, Keep: base, ResetTo: &base}, known: true, onDisk: st != nil && st.onDisk, end: base}
+			parts[k] = &state{plan: &Plan{Incarnation: r.Incarnation, Keep: base, ResetTo: &partlog.Start{Base: base, Rolling: r.Rolling}}, known: true, onDisk: st != nil && st.onDisk, end: base}
+			continue
+		}
+		if last, ok := lastReset[k]; ok && i < last && st != nil && st.known && !st.plan.Dropped {
 			continue
 		}
 		switch {
@@ -194,7 +220,9 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 			if r.End > st.end {
 				return nil, corrupt(i, r, "a truncation to %d above the log's end %d: frames are missing", r.End, st.end)
 			}
-			st.lastEpoch = max(st.lastEpoch, r.Epoch)
+			// The epoch of the last frame kept: frames of a later chain
+			// epoch follow, never of an earlier one than it.
+			st.lastEpoch = r.Epoch
 			st.end = r.End
 			if r.End <= st.plan.Keep && st.plan.ResetTo == nil {
 				st.plan.Keep = r.End
@@ -209,7 +237,7 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 			st.plan.Writes, st.writeEnds = st.plan.Writes[:n], st.writeEnds[:n]
 		case Reset:
 			base := r.Base
-			st.plan.ResetTo, st.plan.Keep, st.end = &base, base, base
+			st.plan.ResetTo, st.plan.Keep, st.end = &partlog.Start{Base: base, Rolling: r.Rolling}, base, base
 			st.plan.Writes, st.writeEnds = nil, nil
 			st.lastEpoch = 0
 		case Flushed:

@@ -38,7 +38,7 @@ func show(pl *Plan, records []Record) string {
 	}
 	s := fmt.Sprintf("inc %d keep %d", pl.Incarnation, pl.Keep)
 	if pl.ResetTo != nil {
-		s += fmt.Sprintf(" reset %d", *pl.ResetTo)
+		s += fmt.Sprintf(" reset %d", pl.ResetTo.Base)
 	}
 	for _, i := range pl.Writes {
 		s += fmt.Sprintf(" [%d,%d)", records[i].Base, records[i].End)
@@ -122,6 +122,20 @@ func TestReplay(t *testing.T) {
 			cp:   cp, disk: onDisk,
 			records: []Record{frame(p0, 1, 3, 100, 110), rec(Reset, p0, 1, 500), frame(p0, 1, 5, 500, 510)},
 			want:    map[PartitionID]string{p0: "inc 1 keep 500 reset 500 [500,510)"},
+		},
+		{
+			// The disk already holds the reset log (it starts at 52,
+			// above the checkpoint's 45): what came before the reset,
+			// frames past 52 and a truncation included, says nothing.
+			name: "a reset the disk holds already passes over what came before it",
+			cp:   Checkpoint{Position: 1000, Entries: map[PartitionID]Entry{p0: {Incarnation: 1, Flushed: 45}}},
+			disk: map[PartitionID]OnDisk{p0: {Incarnation: 1, Start: 52}},
+			records: []Record{
+				frame(p0, 1, 8, 45, 50), frame(p0, 1, 8, 50, 53), frame(p0, 1, 8, 53, 60),
+				{Kind: Truncate, Part: p0, Incarnation: 1, End: 30},
+				rec(Reset, p0, 1, 52), frame(p0, 1, 9, 52, 53),
+			},
+			want: map[PartitionID]string{p0: "inc 1 keep 52 reset 52 [52,53)"},
 		},
 		{
 			name: "a catch-up copy's flush covers the reset and what it copied",

@@ -103,6 +103,9 @@ type Journal struct {
 	prep     chan prepared
 	prepping bool
 
+	// releaseMu serialises Release's removals.
+	releaseMu sync.Mutex
+
 	done chan struct{}
 }
 
@@ -682,4 +685,32 @@ func readSegmentFromDisk(fsys partlog.FS, path string) error {
 		return fmt.Errorf("journal: %s: %w", path, err)
 	}
 	return nil
+}
+
+// Release removes the segments that end at or before position before,
+// oldest first, each removal followed by a directory fsync, so that a
+// crash leaves a journal that starts later, never one with a hole: the
+// caller's checkpoint, durable at or after before, needs none of their
+// groups. The segment being written is never removed. It returns how many
+// it removed.
+func (j *Journal) Release(before uint64) (int, error) {
+	j.releaseMu.Lock()
+	defer j.releaseMu.Unlock()
+	segs, err := listSegments(j.fs, j.dir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	// A segment ends where the next begins; the last has no next and is
+	// the one being written (or about to be, after a roll).
+	for i := 0; i+1 < len(segs) && segs[i+1].base <= before; i++ {
+		if err := j.fs.Remove(filepath.Join(j.dir, segs[i].name)); err != nil {
+			return n, fmt.Errorf("journal: release %s: %w", segs[i].name, err)
+		}
+		if err := j.fs.SyncDir(j.dir); err != nil {
+			return n, fmt.Errorf("journal: release %s: %w", segs[i].name, err)
+		}
+		n++
+	}
+	return n, nil
 }
