@@ -439,6 +439,20 @@ func (s *Store) Drop(id PartitionID) error {
 	return nil
 }
 
+// Detach keeps an open partition out of the journal from now on, its log
+// about to be closed without a drop (its stream metadata is unreadable,
+// so it will not serve): checkpoints name it unjournaled, and recovery
+// opens its files as they are. The caller closes the log, which fsyncs
+// them.
+func (s *Store) Detach(id PartitionID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.members[id]; m != nil {
+		delete(s.members, id)
+		s.unjournaled[id] = m.inc
+	}
+}
+
 // record appends r and waits for it to be durable.
 func (s *Store) record(r *Logged) error {
 	t, err := s.j.Append(r)

@@ -311,6 +311,9 @@ func TestStoreCheckpointsReleaseTheJournal(t *testing.T) {
 	if stats.Released == 0 || len(segs) > 2 {
 		t.Fatalf("%d segments released, %d left: %+v", stats.Released, len(segs), stats)
 	}
+	if js := st.Journal().Stats(); js.Recycled == 0 || js.Recycled >= js.Rolls {
+		t.Fatalf("%d of %d rolls into a recycled segment; want some, after the first checkpoint", js.Recycled, js.Rolls)
+	}
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/catena-streams/catena/replica/partlog"
@@ -33,6 +34,14 @@ const (
 	// segment (Scan and New look at ".jrn" files only) until a roll gives it
 	// its header and renames it.
 	prepName = "next.prep"
+	// freeSuffix names a segment Release freed, kept to be the next
+	// segment again (recycled): its blocks are written already, so it
+	// needs no zeros, and its stale groups carry positions below any new
+	// one, so none is ever read as a group at its new place.
+	freeSuffix = ".free"
+	// maxFree is how many freed segments are kept for recycling; Release
+	// removes the others.
+	maxFree = 8
 	// DefaultSegmentBytes is a journal segment's size: files are written
 	// with zeros to this size when prepared, so that a group commit writes
 	// data only and its fdatasync changes no metadata (docs/journal.md).
@@ -57,6 +66,9 @@ type Stats struct {
 	Records uint64 // appended (durable once their group is)
 	Bytes   uint64 // group bytes written
 	Rolls   uint64
+	// Recycled counts rolls into a freed segment rather than one
+	// written with zeros.
+	Recycled uint64
 }
 
 // Journal is a replica process's journal: records of every partition,
@@ -105,6 +117,10 @@ type Journal struct {
 
 	// releaseMu serialises Release's removals.
 	releaseMu sync.Mutex
+	// free are the freed segments kept for recycling (paths, oldest
+	// first), under freeMu.
+	freeMu sync.Mutex
+	free   []string
 
 	done chan struct{}
 }
@@ -160,6 +176,9 @@ func newJournal(opts Options, end uint64) *Journal {
 // segment at position start.
 func begin(opts Options, start uint64) (*Journal, error) {
 	j := newJournal(opts, start+SegmentHeaderSize)
+	if err := j.listFree(); err != nil {
+		return nil, err
+	}
 	if err := j.createSegment(start, 0); err != nil {
 		return nil, err
 	}
@@ -289,6 +308,9 @@ func resume(opts Options, f partlog.File, path string, base, end uint64) (*Journ
 		}
 	}
 	j := newJournal(opts, end)
+	if err := j.listFree(); err != nil {
+		return nil, err
+	}
 	j.seg, j.segBase, j.segOff = f, base, off
 	j.prepareNext()
 	go j.writer()
@@ -398,10 +420,12 @@ func (j *Journal) install(f partlog.File, from string, base, prevEnd uint64) err
 	return nil
 }
 
-// prepared is a next segment zero-filled ahead (or why it is not).
+// prepared is a next segment zero-filled ahead, or a freed one recycled
+// (from: its name until a roll renames it), or why there is none.
 type prepared struct {
-	f   partlog.File
-	err error
+	f    partlog.File
+	from string
+	err  error
 }
 
 // prepareNext starts preparing the next segment in the background (zeros
@@ -410,7 +434,15 @@ type prepared struct {
 // durability for it (docs/benchmarks.md, 2026-12-05, fifth session).
 func (j *Journal) prepareNext() {
 	j.prepping = true
+	free := j.takeFree()
 	go func() {
+		if free != "" {
+			if f, err := j.recycle(free); err == nil {
+				j.prep <- prepared{f: f, from: free}
+				return
+			}
+			// Not reusable (the next start finds it again): zeros.
+		}
 		path := filepath.Join(j.dir, prepName)
 		f, err := j.fs.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 		if err == nil {
@@ -425,8 +457,57 @@ func (j *Journal) prepareNext() {
 		if err != nil {
 			err = fmt.Errorf("journal: preparing the next segment: %w", err)
 		}
-		j.prep <- prepared{f: f, err: err}
+		j.prep <- prepared{f: f, from: path, err: err}
 	}()
+}
+
+// takeFree takes the oldest freed segment kept for recycling ("": none).
+func (j *Journal) takeFree() string {
+	j.freeMu.Lock()
+	defer j.freeMu.Unlock()
+	if len(j.free) == 0 {
+		return ""
+	}
+	path := j.free[0]
+	j.free = j.free[1:]
+	return path
+}
+
+// recycle opens a freed segment to be the next one: written to at least
+// the segment size already (zeros added where it is shorter), its old
+// header and groups left for the roll to write over or leave behind.
+func (j *Journal) recycle(path string) (partlog.File, error) {
+	f, err := j.fs.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && st.Size() < j.segBytes {
+		if err = zeroRange(f, st.Size(), j.segBytes); err == nil {
+			err = f.Sync()
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// listFree finds the freed segments in the journal's directory.
+func (j *Journal) listFree() error {
+	names, err := j.fs.ReadDir(j.dir)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	j.freeMu.Lock()
+	defer j.freeMu.Unlock()
+	for _, n := range names {
+		if strings.HasSuffix(n, freeSuffix) {
+			j.free = append(j.free, filepath.Join(j.dir, n))
+		}
+	}
+	return nil
 }
 
 // roll makes the segment at base the one groups go to, from the file
@@ -438,8 +519,13 @@ func (j *Journal) roll(base, prevEnd uint64) error {
 	if p.err != nil {
 		return p.err
 	}
-	if err := j.install(p.f, filepath.Join(j.dir, prepName), base, prevEnd); err != nil {
+	if err := j.install(p.f, p.from, base, prevEnd); err != nil {
 		return err
+	}
+	if strings.HasSuffix(p.from, freeSuffix) {
+		j.mu.Lock()
+		j.stats.Recycled++
+		j.mu.Unlock()
 	}
 	j.prepareNext()
 	return nil
@@ -687,12 +773,13 @@ func readSegmentFromDisk(fsys partlog.FS, path string) error {
 	return nil
 }
 
-// Release removes the segments that end at or before position before,
-// oldest first, each removal followed by a directory fsync, so that a
-// crash leaves a journal that starts later, never one with a hole: the
-// caller's checkpoint, durable at or after before, needs none of their
-// groups. The segment being written is never removed. It returns how many
-// it removed.
+// Release frees the segments that end at or before position before,
+// oldest first, each followed by a directory fsync, so that a crash
+// leaves a journal that starts later, never one with a hole: the caller's
+// checkpoint, durable at or after before, needs none of their groups.
+// Up to maxFree freed segments are kept, renamed, to be recycled as next
+// segments; the others are removed. The segment being written is never
+// freed. It returns how many it freed.
 func (j *Journal) Release(before uint64) (int, error) {
 	j.releaseMu.Lock()
 	defer j.releaseMu.Unlock()
@@ -704,11 +791,26 @@ func (j *Journal) Release(before uint64) (int, error) {
 	// A segment ends where the next begins; the last has no next and is
 	// the one being written (or about to be, after a roll).
 	for i := 0; i+1 < len(segs) && segs[i+1].base <= before; i++ {
-		if err := j.fs.Remove(filepath.Join(j.dir, segs[i].name)); err != nil {
+		path := filepath.Join(j.dir, segs[i].name)
+		j.freeMu.Lock()
+		keep := len(j.free) < maxFree
+		j.freeMu.Unlock()
+		var err error
+		if keep {
+			err = j.fs.Rename(path, strings.TrimSuffix(path, segmentSuffix)+freeSuffix)
+		} else {
+			err = j.fs.Remove(path)
+		}
+		if err != nil {
 			return n, fmt.Errorf("journal: release %s: %w", segs[i].name, err)
 		}
 		if err := j.fs.SyncDir(j.dir); err != nil {
 			return n, fmt.Errorf("journal: release %s: %w", segs[i].name, err)
+		}
+		if keep {
+			j.freeMu.Lock()
+			j.free = append(j.free, strings.TrimSuffix(path, segmentSuffix)+freeSuffix)
+			j.freeMu.Unlock()
 		}
 		n++
 	}
