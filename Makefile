@@ -92,8 +92,13 @@ build: ## Build bin/catena and bin/catenactl.
 .PHONY: test
 test: build lint verify envtest-assets chart-check ## Run unit, integration, fault and envtest API tests, and a short fuzz run.
 	KUBEBUILDER_ASSETS=$$(hack/k8s-binaries.sh | tail -1) HELM=$$(hack/helm.sh | tail -1) $(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(MAKE) --no-print-directory test-journal
 	$(GO) test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./replica/partlog/
 	$(GO) test -run='^$$' -fuzz=FuzzScanObject -fuzztime=$(FUZZTIME) ./aggregator/
+
+.PHONY: test-journal
+test-journal: ## Run the replica server's tests again with every replica keeping a journal (docs/journal.md).
+	CATENA_TEST_JOURNAL=1 $(GO) test -race -count=1 -timeout 15m ./replica/server/
 
 .PHONY: envtest-assets
 envtest-assets: ## Build (once, cached per version outside the checkout) kube-apiserver, etcd and kubectl for envtest, and cert-manager's controllers.

@@ -9,6 +9,7 @@
 # JSON line per workload, then the ratio.
 #
 #   RECORDS=2000000 PRODUCERS=4 RATES="0 50000" WIDE_PARTITIONS=256 hack/bench.sh
+#   DEV_ARGS=--journal hack/bench.sh   # replicas with one journal each
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,7 @@ PARTITIONS=${PARTITIONS:-4}
 WIDE_PARTITIONS=${WIDE_PARTITIONS:-256} # 0: skip the many-partition row
 WIDE_RECORDS=${WIDE_RECORDS:-$((RECORDS / 2))}
 EXTRA=${EXTRA:-}
+DEV_ARGS=${DEV_ARGS:-}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/catena-bench.XXXXXX")
 dev_pid=""
@@ -36,7 +38,8 @@ trap cleanup EXIT
 # start_dev PARTITIONS: a fresh catena dev; sets addr.
 start_dev() {
   rm -rf "$work/data"
-  bin/catena dev --data-dir "$work/data" --listen 127.0.0.1:0 --partitions "$1" >"$work/dev.out" 2>"$work/dev.err" &
+  # shellcheck disable=SC2086
+  bin/catena dev --data-dir "$work/data" --listen 127.0.0.1:0 --partitions "$1" $DEV_ARGS >"$work/dev.out" 2>"$work/dev.err" &
   dev_pid=$!
   for _ in $(seq 1 300); do
     [ -f "$work/data/dev.json" ] && break

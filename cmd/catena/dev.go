@@ -101,6 +101,7 @@ With --pprof-listen, each replica serves Go profiles too, on an address of its o
 	f.StringSliceVar(&streams, "stream", []string{"demo"}, "streams to create and master, repeatable or comma-separated, each NAME or NAME:PARTITIONS")
 	f.IntVar(&spec.Partitions, "partitions", 4, "partitions of each stream that gives no NAME:PARTITIONS")
 	f.IntVar(&spec.Replication, "replication", 3, "chain length of each partition")
+	f.BoolVar(&spec.Journal, "journal", false, "run each replica with --journal: one journal per replica makes appends durable, instead of an fsync per partition (docs/journal.md)")
 	f.StringVar(&durability, "durability", "fsync", "fsync (fsync on every member before the ack) or interval")
 	f.Uint32Var(&spec.FsyncMs, "fsync-interval-ms", 0, "fsync interval with --durability interval (default 100)")
 	f.IntVar(&spec.MinChainLength, "min-chain-length", 0, "fewest chain members a partition needs to take writes (0: a majority of --replication); shorter chains refuse appends")

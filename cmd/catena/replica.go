@@ -23,7 +23,7 @@ func newReplicaCommand() *cobra.Command {
 	var (
 		id, listen, dataDir, metricsAddr, pprofAddr string
 		verbosity, catchUpRate                      int
-		metricsOverTLS                              bool
+		metricsOverTLS, useJournal                  bool
 		tlsFiles                                    transport.TLSFiles
 		allow                                       *allowFlags
 	)
@@ -48,7 +48,7 @@ func newReplicaCommand() *cobra.Command {
 				return fmt.Errorf("--catch-up-rate must be 0 (no cap) or a positive number of MiB/s, got %d", catchUpRate)
 			}
 			opts := server.Options{ID: id, DataDir: dataDir, TLS: tlsConfig, Logger: logger, Registerer: reg,
-				CatchUpBytesPerSecond: int64(catchUpRate) << 20}
+				CatchUpBytesPerSecond: int64(catchUpRate) << 20, Journal: useJournal}
 			if replicaFS != nil {
 				opts.FS = replicaFS()
 				logger.Info("Keeping unsynced writes in memory only: killing this process loses them as a power cut would (a powerloss test build)")
@@ -80,6 +80,7 @@ func newReplicaCommand() *cobra.Command {
 	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "address to serve Prometheus /metrics on (empty: off)")
 	pprofFlag(cmd, &pprofAddr)
 	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", server.DefaultCatchUpMiBPerSecond, "MiB/s at most that this replica copies, all the partitions it catches up on outside their chains together, and, separately, at most that it serves to all the replicas copying history from it (0: no cap)")
+	cmd.Flags().BoolVar(&useJournal, "journal", false, "make appends durable through one journal for the process (<data-dir>/journal) instead of an fsync of each partition's files (docs/journal.md); a data directory that holds a journal needs it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)
 	metricsFlag(cmd, &metricsOverTLS)

@@ -89,6 +89,8 @@ type Spec struct {
 	// --pprof-listen), given in dev.json.
 	ReplicaProfiles bool
 	ProfilesHost    string
+	// Journal runs every replica with --journal (docs/journal.md).
+	Journal bool
 
 	procs int // GOMAXPROCS of each process, see cpuShare
 }
@@ -518,6 +520,9 @@ func startReplica(spec Spec, id, addr, metrics, profiles string) (*child, error)
 	args := []string{"replica", "--id", id, "--listen", addr, "--data-dir", dir, "--metrics-listen", metrics}
 	if profiles != "" {
 		args = append(args, "--pprof-listen", profiles)
+	}
+	if spec.Journal {
+		args = append(args, "--journal")
 	}
 	cmd := exec.Command(spec.Binary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -14,6 +14,7 @@ import (
 
 	"github.com/catena-streams/catena/internal/durable"
 	"github.com/catena-streams/catena/replica/chain"
+	"github.com/catena-streams/catena/replica/journal"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -198,6 +199,16 @@ func (s *Server) Drop(ctx context.Context, req *catenapb.DropRequest) (*catenapb
 	s.mu.Unlock()
 
 	p.close()
+	if s.store != nil {
+		// Durable before the directory goes: recovery then never takes
+		// the directory, or what is left of it, for a partition to open.
+		if err := s.store.Drop(journal.PartitionID{Stream: p.stream, Partition: p.index}); err != nil {
+			// The journal failed: every partition's appends fail from
+			// now on, and the process must stop, as on a failed fsync.
+			go s.fatal(fmt.Errorf("drop %s/%d: %w", p.stream, p.index, err))
+			return nil, status.Errorf(codes.Internal, "drop %s/%d on %s: %v", p.stream, p.index, s.id, err)
+		}
+	}
 	gone := filepath.Join(filepath.Dir(p.dir), fmt.Sprintf("%s%s-%d", droppedPrefix, filepath.Base(p.dir), time.Now().UnixNano()))
 	if err := os.Rename(p.dir, gone); err != nil {
 		return nil, status.Errorf(codes.Internal, "drop %s/%d on %s: %v", p.stream, p.index, s.id, err)

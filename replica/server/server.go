@@ -26,9 +26,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/internal/durable"
 	"github.com/catena-streams/catena/internal/heard"
 	"github.com/catena-streams/catena/internal/writetrace"
 	"github.com/catena-streams/catena/replica/chain"
+	"github.com/catena-streams/catena/replica/journal"
 	"github.com/catena-streams/catena/replica/partlog"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/contract"
@@ -76,6 +78,15 @@ type Options struct {
 	// leave disk and CPU to the chains at both ends (0: no cap; `catena
 	// replica --catch-up-rate` defaults to DefaultCatchUpMiBPerSecond).
 	CatchUpBytesPerSecond int64
+	// Journal makes every partition's appends durable through one journal
+	// for the process (<DataDir>/journal, docs/journal.md) instead of an
+	// fsync of each partition's file: one write and one fdatasync per
+	// group commit for all partitions. A data directory that holds a
+	// journal refuses to open without it.
+	Journal bool
+	// JournalSegmentBytes is the size of each journal segment file (0:
+	// journal.DefaultSegmentBytes).
+	JournalSegmentBytes int64
 }
 
 type partKey struct {
@@ -100,6 +111,9 @@ type Server struct {
 	metrics  *metrics
 	fatalFn  func(error)
 	fs       partlog.FS
+	// store is the journal and the partitions' logs over it
+	// (Options.Journal); nil: each log fsyncs its own files.
+	store *journal.Store
 
 	// successors is when each successor process (by address, as its
 	// pooled connection is) last acknowledged records on any partition's
@@ -135,6 +149,9 @@ func New(opts Options) (*Server, error) {
 	if err := os.MkdirAll(filepath.Join(opts.DataDir, "streams"), 0o755); err != nil {
 		return nil, fmt.Errorf("failed to create data directory %s: %w", opts.DataDir, err)
 	}
+	if journalByDefault {
+		opts.Journal = true
+	}
 	s := &Server{
 		id:         opts.ID,
 		dataDir:    opts.DataDir,
@@ -162,7 +179,7 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s.loadCommittedTable()
-	if err := s.openExisting(); err != nil {
+	if err := s.openExisting(opts); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -191,11 +208,102 @@ func (s *Server) partitionDir(stream string, index uint32) string {
 	return filepath.Join(s.dataDir, "streams", stream, fmt.Sprintf("%05d", index))
 }
 
-// openExisting reopens every partition directory on disk.
-func (s *Server) openExisting() error {
+// openExisting reopens every partition directory on disk, through the
+// journal's recovery when the replica keeps one.
+func (s *Server) openExisting(opts Options) error {
+	ids, err := s.partitionsOnDisk()
+	if err != nil {
+		return err
+	}
+	jdir := filepath.Join(s.dataDir, journalDir)
+	if !opts.Journal {
+		if names, err := os.ReadDir(jdir); err == nil && len(names) > 0 {
+			// Frames acknowledged since its last checkpoint may be in the
+			// journal only: opened without it, the logs would lose them.
+			return fmt.Errorf("the data directory %s holds a journal (%s): run the replica with --journal", s.dataDir, jdir)
+		}
+		for _, id := range ids {
+			if _, err := s.openPartition(id.Stream, id.Partition, nil, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	store, opened, err := journal.OpenStore(journal.StoreOptions{
+		Journal:    journal.Options{Dir: jdir, FS: s.fs, SegmentBytes: opts.JournalSegmentBytes},
+		LogOptions: s.journaledLogOptions,
+		OnError:    func(err error) { s.fatal(fmt.Errorf("journal checkpoint failed: %w", err)) },
+	}, ids)
+	if err != nil {
+		return fmt.Errorf("failed to open the journal in %s: %w", jdir, err)
+	}
+	s.store = store
+	st := store.Journal().Stats()
+	s.logger.Info("Opened the journal", "dir", jdir, "partitions", len(opened), "end", store.Journal().End(), "groups", st.Groups)
+	for id, o := range opened {
+		if o.Removed {
+			// Dropped (its drop record durable, its directory not yet
+			// renamed), or created and stopped before its create record
+			// was durable: it never took a frame.
+			if err := s.removePartitionDir(s.partitionDir(id.Stream, id.Partition)); err != nil {
+				return err
+			}
+			s.logger.Info("Removed a partition directory the journal says was dropped or never created", "stream", id.Stream, "partition", id.Partition)
+			continue
+		}
+		o := o
+		if _, err := s.openPartition(id.Stream, id.Partition, nil, &o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// journalByDefault turns Options.Journal on for every server: the
+// package's tests set it from CATENA_TEST_JOURNAL, to run the whole suite
+// over the journal (make test-journal).
+var journalByDefault bool
+
+// journalDir is the journal's directory under the data directory.
+const journalDir = "journal"
+
+// journaledLogOptions are a partition's log options, for the journal's
+// recovery: its directory, and the limits its stream configuration gives.
+func (s *Server) journaledLogOptions(id journal.PartitionID) partlog.Options {
+	dir := s.partitionDir(id.Stream, id.Partition)
+	var cfg *catenapb.StreamConfig
+	if meta, err := readMeta(dir); err == nil && meta != nil {
+		cfg = meta.config
+	}
+	return logOptions(dir, cfg)
+}
+
+// removePartitionDir removes a partition's directory: renamed away first
+// (durably), so that a crash leaves no half-removed partition.
+func (s *Server) removePartitionDir(dir string) error {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	gone := filepath.Join(filepath.Dir(dir), fmt.Sprintf("%s%s-%d", droppedPrefix, filepath.Base(dir), time.Now().UnixNano()))
+	if err := os.Rename(dir, gone); err != nil {
+		return fmt.Errorf("failed to remove partition directory %s: %w", dir, err)
+	}
+	if err := durable.SyncDir(filepath.Dir(dir)); err != nil {
+		return fmt.Errorf("failed to remove partition directory %s: %w", dir, err)
+	}
+	if err := os.RemoveAll(gone); err != nil {
+		return fmt.Errorf("failed to remove partition directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// partitionsOnDisk lists the partition directories under the data
+// directory, removing what a Drop renamed and did not remove.
+func (s *Server) partitionsOnDisk() ([]journal.PartitionID, error) {
+	var ids []journal.PartitionID
 	streams, err := os.ReadDir(filepath.Join(s.dataDir, "streams"))
 	if err != nil {
-		return fmt.Errorf("failed to list streams in %s: %w", s.dataDir, err)
+		return nil, fmt.Errorf("failed to list streams in %s: %w", s.dataDir, err)
 	}
 	for _, st := range streams {
 		if !st.IsDir() || !nameRE.MatchString(st.Name()) {
@@ -203,13 +311,13 @@ func (s *Server) openExisting() error {
 		}
 		parts, err := os.ReadDir(filepath.Join(s.dataDir, "streams", st.Name()))
 		if err != nil {
-			return fmt.Errorf("failed to list partitions of stream %s: %w", st.Name(), err)
+			return nil, fmt.Errorf("failed to list partitions of stream %s: %w", st.Name(), err)
 		}
 		for _, pd := range parts {
 			if strings.HasPrefix(pd.Name(), droppedPrefix) {
 				// A Drop renamed it and stopped before removing it.
 				if err := os.RemoveAll(filepath.Join(s.dataDir, "streams", st.Name(), pd.Name())); err != nil {
-					return fmt.Errorf("failed to remove dropped partition %s/%s: %w", st.Name(), pd.Name(), err)
+					return nil, fmt.Errorf("failed to remove dropped partition %s/%s: %w", st.Name(), pd.Name(), err)
 				}
 				continue
 			}
@@ -217,19 +325,19 @@ func (s *Server) openExisting() error {
 			if !pd.IsDir() || err != nil {
 				continue
 			}
-			if _, err := s.openPartition(st.Name(), uint32(idx), nil); err != nil {
-				return err
-			}
+			ids = append(ids, journal.PartitionID{Stream: st.Name(), Partition: uint32(idx)})
 		}
 	}
-	return nil
+	return ids, nil
 }
 
 // openPartition opens (creating when absent) a partition's directory and
 // log. A corrupt log does not fail the server: the partition is kept in the
 // table, refusing to serve and reporting why in Status. Callers hold s.mu or
-// run before the server is shared.
-func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.StreamConfig) (*partition, error) {
+// run before the server is shared. With a journal, opened is what its
+// recovery made of a partition found on disk, and nil creates the
+// partition in the journal.
+func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.StreamConfig, opened *journal.Opened) (*partition, error) {
 	dir := s.partitionDir(stream, index)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("failed to create partition directory %s: %w", dir, err)
@@ -254,14 +362,29 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 	if metaErr != nil && !errors.Is(metaErr, os.ErrNotExist) {
 		// Like a corrupt log, it costs this partition only: without its
 		// membership the copy cannot take part, and the master replaces it.
+		if opened != nil && opened.Log != nil {
+			s.store.Detach(journal.PartitionID{Stream: stream, Partition: index})
+			opened.Log.Close()
+		}
 		p.failed = fmt.Errorf("%w: %v", partlog.ErrCorrupt, metaErr)
 		p.logger.Error(metaErr, "Chain metadata is unreadable; refusing to serve the partition")
 		s.partitions[partKey{stream, index}] = p
 		return p, nil
 	}
-	lopts := logOptions(dir, cfg)
-	lopts.FS = s.fs
-	l, err := partlog.Open(lopts)
+	var (
+		l   *partlog.Log
+		err error
+	)
+	switch {
+	case opened != nil:
+		l, err = opened.Log, opened.Err
+	case s.store != nil:
+		l, err = s.store.Create(journal.PartitionID{Stream: stream, Partition: index})
+	default:
+		lopts := logOptions(dir, cfg)
+		lopts.FS = s.fs
+		l, err = partlog.Open(lopts)
+	}
 	if err != nil {
 		if !errors.Is(err, partlog.ErrCorrupt) {
 			return nil, fmt.Errorf("failed to open partition %s/%d: %w", stream, index, err)
@@ -490,7 +613,7 @@ func (s *Server) createPartition(key partKey, cfg *catenapb.StreamConfig) (*part
 		}
 		return p, nil
 	}
-	p, err := s.openPartition(key.stream, key.index, cfg)
+	p, err := s.openPartition(key.stream, key.index, cfg, nil)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "%v", err)
 	}
@@ -724,6 +847,11 @@ func (s *Server) Close() {
 	s.wg.Wait()
 	for _, p := range parts {
 		p.close()
+	}
+	if s.store != nil {
+		if err := s.store.Close(); err != nil {
+			s.logger.Error(err, "Failed to close the journal")
+		}
 	}
 	// Only after a complete start: one that failed opened only some of
 	// the partitions the table names.

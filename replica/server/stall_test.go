@@ -14,9 +14,11 @@ import (
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
-// stuckSyncFS is the real file system, but while stuck is set, fsyncs of
-// files under dir wait until release is closed: one partition whose disk
-// writes hang while the process goes on serving the others.
+// stuckSyncFS is the real file system, but while stuck is set, writes and
+// fsyncs of files under dir wait until release is closed: one partition
+// whose disk writes hang while the process goes on serving the others
+// (writes too: with a journal, the partition's fsyncs are not on its
+// appends' path).
 type stuckSyncFS struct {
 	partlog.OSFS
 	dir     string
@@ -35,6 +37,13 @@ func (f *stuckSyncFS) OpenFile(name string, flag int, perm os.FileMode) (partlog
 type stuckSyncFile struct {
 	partlog.File
 	fs *stuckSyncFS
+}
+
+func (f *stuckSyncFile) WriteAt(b []byte, off int64) (int, error) {
+	if f.fs.stuck.Load() {
+		<-f.fs.release
+	}
+	return f.File.WriteAt(b, off)
 }
 
 func (f *stuckSyncFile) Sync() error {
