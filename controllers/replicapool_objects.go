@@ -169,6 +169,9 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 		// pools that do not set it keep their pod template.
 		container.Args = append(container.Args, "--catch-up-rate", strconv.Itoa(int(*r)))
 	}
+	if spec.Journal {
+		container.Args = append(container.Args, "--journal")
+	}
 	podSecurity := restrictedPod()
 	// The volume is group-writable for the replica's group.
 	podSecurity.FSGroup = ptr.To(replicaUID)

@@ -113,6 +113,20 @@ func TestDesiredStatefulSet(t *testing.T) {
 			},
 		},
 		{
+			name: "a journal is passed on when set, and not otherwise",
+			pool: testPool(func(s *streamsv1alpha1.ReplicaPoolSpec) { s.Journal = true }),
+			check: func(t *testing.T, sts *appsv1.StatefulSet) {
+				args := sts.Spec.Template.Spec.Containers[0].Args
+				if got := args[len(args)-1]; got != "--journal" {
+					t.Errorf("args end with %q, want --journal", got)
+				}
+				plain, _, _ := desiredPoolObjects(testPool(nil), "registry.example/catena:v1")
+				if slices.Contains(plain.Spec.Template.Spec.Containers[0].Args, "--journal") {
+					t.Errorf("a pool without journal runs its replicas with --journal")
+				}
+			},
+		},
+		{
 			name: "storage, class, resources, node selector and tolerations",
 			pool: testPool(func(s *streamsv1alpha1.ReplicaPoolSpec) {
 				s.Replicas = 5

@@ -9,6 +9,7 @@ import (
 // ReplicaPoolSpec is the desired state of a ReplicaPool: a StatefulSet of
 // replica pods, each with its own persistent volume, hosting members of the
 // chains of many streams.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.journal) || !oldSelf.journal || (has(self.journal) && self.journal)",message="journal cannot be turned off once on: the replicas' volumes hold journals with acknowledged records, and a replica does not start on one without it"
 type ReplicaPoolSpec struct {
 	// replicas is the number of replica pods. A Stream on this pool needs at
 	// least replicationFactor of them, since each member of a partition's
@@ -52,6 +53,16 @@ type ReplicaPoolSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100000
 	CatchUpMiBPerSecond *int32 `json:"catchUpMiBPerSecond,omitempty"`
+
+	// journal makes each replica keep one journal on its volume for all
+	// its partitions (catena replica --journal; docs/journal.md): an
+	// append is durable once the journal's group commit holds it, instead
+	// of after an fsync of its partition's files, which are fsynced now
+	// and then. Faster with many partitions per replica, slower with few.
+	// Turning it on restarts the replicas one by one; once on, it cannot
+	// be turned off.
+	// +optional
+	Journal bool `json:"journal,omitempty"`
 }
 
 // StorageSpec is the persistent volume of each replica pod.

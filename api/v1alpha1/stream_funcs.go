@@ -42,6 +42,7 @@ func (s *Stream) OwnPoolSpec() ReplicaPoolSpec {
 		v := *r
 		spec.CatchUpMiBPerSecond = &v
 	}
+	spec.Journal = s.Spec.Journal
 	spec.SetDefaults()
 	return spec
 }

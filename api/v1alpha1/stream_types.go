@@ -13,7 +13,8 @@ import (
 // operator creates and owns (named by OwnPoolName). A Stream applied alone,
 // with none of these, gets a pool of its own with the defaults.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement) || has(self.catchUpMiBPerSecond))",message="replicas, storage, resources, placement and catchUpMiBPerSecond describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
+// +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement) || has(self.catchUpMiBPerSecond) || has(self.journal))",message="replicas, storage, resources, placement, catchUpMiBPerSecond and journal describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.journal) || !oldSelf.journal || (has(self.journal) && self.journal)",message="journal cannot be turned off once on: the replicas' volumes hold journals with acknowledged records, and a replica does not start on one without it"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) || self.replicationFactor <= (has(self.replicas) ? self.replicas : 3)",message="replicationFactor must not exceed replicas (3 when omitted): each member of a partition's chain needs its own replica pod"
 // +kubebuilder:validation:XValidation:rule="!has(self.minChainLength) || self.minChainLength <= self.replicationFactor",message="minChainLength must not exceed replicationFactor: a chain never has more members"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)",message="pool is immutable: a Stream's partitions cannot move to another pool"
@@ -139,6 +140,12 @@ type StreamSpec struct {
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=100000
 	CatchUpMiBPerSecond *int32 `json:"catchUpMiBPerSecond,omitempty"`
+
+	// journal makes each replica of the Stream's own pool keep one
+	// journal for all its partitions, as a ReplicaPool's does. Only
+	// without pool; once on, it cannot be turned off.
+	// +optional
+	Journal bool `json:"journal,omitempty"`
 }
 
 // StreamAccess lists who may use a Stream.

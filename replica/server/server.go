@@ -171,6 +171,9 @@ func New(opts Options) (*Server, error) {
 		if err := opts.Registerer.Register(partitionCollector{s}); err != nil {
 			return nil, fmt.Errorf("failed to register the replica's log gauges: %w", err)
 		}
+		if err := opts.Registerer.Register(journalCollector{s}); err != nil {
+			return nil, fmt.Errorf("failed to register the replica's journal counters: %w", err)
+		}
 	}
 	if s.fatalFn == nil {
 		s.fatalFn = func(err error) {

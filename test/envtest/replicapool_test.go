@@ -38,6 +38,21 @@ var _ = Describe("ReplicaPool", func() {
 		Expect(own.Placement).To(Equal(p.Spec.Placement))
 	})
 
+	It("keeps the journal on once it is on", func() {
+		p := manifest(ns, "ReplicaPool", "journaled", `journal: false`)
+		Expect(k8s.Create(ctx, p)).To(Succeed())
+		var stored streamsv1alpha1.ReplicaPool
+		key := types.NamespacedName{Namespace: ns, Name: "journaled"}
+		Expect(k8s.Get(ctx, key, &stored)).To(Succeed())
+		stored.Spec.Journal = true
+		Expect(k8s.Update(ctx, &stored)).To(Succeed())
+		Expect(k8s.Get(ctx, key, &stored)).To(Succeed())
+		stored.Spec.Journal = false
+		expectRejected(k8s.Update(ctx, &stored), "journal cannot be turned off once on")
+		Expect(k8s.Get(ctx, key, &stored)).To(Succeed())
+		Expect(stored.Spec.Journal).To(BeTrue())
+	})
+
 	It("accepts a ReplicaPool with the longest name", func() {
 		name := "p" + strings.Repeat("x", streamsv1alpha1.MaxReplicaPoolNameLength-1)
 		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", name, `replicas: 5`))).To(Succeed())
