@@ -125,6 +125,10 @@ chart-check: ## Lint and render the Helm chart
 test-faults: build ## Run the fault-injection campaign for CATENA_FAULT_DURATION (default 5m; a short one runs in make test).
 	CATENA_FAULT_DURATION=$${CATENA_FAULT_DURATION:-5m} $(GO) test -race -count=1 -timeout 60m -run TestFaultCampaign -v ./test/integration/
 
+.PHONY: test-faults-journal
+test-faults-journal: build ## The fault-injection campaign with every replica keeping a journal (--journal).
+	CATENA_FAULT_JOURNAL=1 CATENA_FAULT_DURATION=$${CATENA_FAULT_DURATION:-5m} $(GO) test -race -count=1 -timeout 60m -run TestFaultCampaign -v ./test/integration/
+
 .PHONY: bench
 bench: build ## Run catenactl bench against a fresh catena dev (prints records/s, MiB/s, latency), then keyed over 256 partitions and the ratio (RECORDS, WIDE_PARTITIONS).
 	hack/bench.sh

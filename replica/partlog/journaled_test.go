@@ -305,3 +305,34 @@ func TestOpenFlushed(t *testing.T) {
 		}
 	})
 }
+
+// A log a reader found corrupt still flushes: a journal's checkpoints
+// need its files' durable end.
+func TestFlushOfACorruptLog(t *testing.T) {
+	fsys := faultfs.New()
+	l := openFS(t, fsys, nil)
+	defer l.Close()
+	if err := l.UseJournal(newRecJournal()); err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, l, uniform(3, 2, 10, 1))
+	segs := segments(t, fsys)
+	f, err := fsys.OpenFile(segs[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("damage"), partlog.SegmentHeaderSize+10); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := l.ReadFrames(0, 6, 1<<20); !errors.Is(err, partlog.ErrCorrupt) {
+		t.Fatalf("read of a damaged frame: %v, want ErrCorrupt", err)
+	}
+	syncs := fsys.Syncs()
+	if end, err := l.Flush(); err != nil || end != 6 || fsys.Syncs() != syncs+1 {
+		t.Fatalf("Flush of a corrupt log = %d, %v after %d fsyncs; want 6 and one fsync", end, err, fsys.Syncs()-syncs)
+	}
+	if err := l.Append(encode(t, batch{epoch: 1, n: 1}, 6)); !errors.Is(err, partlog.ErrCorrupt) {
+		t.Fatalf("append to a corrupt log: %v, want ErrCorrupt", err)
+	}
+}

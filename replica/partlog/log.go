@@ -315,11 +315,15 @@ func (l *Log) syncHeld() error {
 // journaled log's journal calls it before a checkpoint (docs/journal.md,
 // "The shape"); it holds off Truncate, Reset and retention while it
 // runs, not appends. Like Sync, a failure is the log's for good.
+//
+// A log a reader found corrupt is flushed all the same: its files are
+// what they are, and the journal's checkpoint must still be able to say
+// how far they are durable, or no checkpoint could be taken at all.
 func (l *Log) Flush() (uint64, error) {
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
 	l.wmu.Lock()
-	if err := l.usable(); err != nil {
+	if err := l.usable(); err != nil && (l.closed || !errors.Is(err, ErrCorrupt)) {
 		l.wmu.Unlock()
 		return 0, err
 	}
@@ -330,7 +334,11 @@ func (l *Log) Flush() (uint64, error) {
 		return end, nil
 	}
 	if err := datasync(s.f); err != nil {
-		return 0, l.fail(ErrFailed, "fsync %s: %w", s.path, err)
+		if ferr := l.fail(ErrFailed, "fsync %s: %w", s.path, err); !errors.Is(ferr, ErrFailed) {
+			// The log was corrupt already: say what failed now.
+			return 0, fmt.Errorf("%w: fsync %s: %w", ErrFailed, s.path, err)
+		}
+		return 0, *l.fault.Load()
 	}
 	advance(&l.flushed, end)
 	if l.journal == nil {

@@ -73,7 +73,8 @@ const (
 //
 // CATENA_FAULT_DURATION (e.g. 5m) sets the fault phase of a longer
 // campaign; CATENA_FAULT_SEED replays a seed's choices (kinds, partitions,
-// roles, timings; what the cluster does in between is not deterministic).
+// roles, timings; what the cluster does in between is not deterministic);
+// CATENA_FAULT_JOURNAL=1 runs the replicas with --journal.
 func TestFaultCampaign(t *testing.T) {
 	duration := campaignShort
 	if v := os.Getenv("CATENA_FAULT_DURATION"); v != "" {
@@ -101,13 +102,17 @@ func TestFaultCampaign(t *testing.T) {
 			kinds = append(kinds, k)
 		}
 	}
-	t.Logf("fault campaign: seed %d (replay with CATENA_FAULT_SEED=%d), fault phase %s, kinds %s", seed, seed, duration, strings.Join(kinds, ","))
+	devArgs := []string{"--failure-timeout", campaignFailTimeout.String(),
+		"--partitions", strconv.Itoa(campaignPartitions), "--replication", strconv.Itoa(campaignReplication)}
+	if os.Getenv("CATENA_FAULT_JOURNAL") == "1" {
+		devArgs = append(devArgs, "--journal")
+	}
+	t.Logf("fault campaign: seed %d (replay with CATENA_FAULT_SEED=%d), fault phase %s, kinds %s, replicas %v", seed, seed, duration, strings.Join(kinds, ","), devArgs)
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 
 	cutter := newLinkCutter(t)
 	dataDir := t.TempDir()
-	d := startDevOf(t, catenaPowerLossBin, dataDir, "--failure-timeout", campaignFailTimeout.String(),
-		"--partitions", strconv.Itoa(campaignPartitions), "--replication", strconv.Itoa(campaignReplication))
+	d := startDevOf(t, catenaPowerLossBin, dataDir, devArgs...)
 	stream := d.state.Stream
 	c := &campaign{t: t, d: d, dataDir: dataDir, stream: stream, seeds: d.seeds(), cutter: cutter}
 
