@@ -175,12 +175,34 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 			delete(lastReset, key{r.Part, r.Incarnation})
 		}
 	}
+	// An incarnation dropped in the records is planned dropped, whatever
+	// its records before the drop: nothing of it is kept, and a
+	// checkpoint taken while it was dropped names it nowhere.
+	dropAt := map[key]int{}
+	for i, r := range records {
+		if k := (key{r.Part, r.Incarnation}); r.Kind == Drop {
+			if _, ok := dropAt[k]; !ok {
+				dropAt[k] = i
+			}
+		}
+	}
 	corrupt := func(i int, r Record, format string, a ...any) error {
 		return fmt.Errorf("%w: record %d (%s of %s, incarnation %d): %s", ErrCorrupt, i, r.Kind, r.Part, r.Incarnation, fmt.Sprintf(format, a...))
 	}
 	for i, r := range records {
 		k := key{r.Part, r.Incarnation}
 		st := parts[k]
+		if d, ok := dropAt[k]; ok && i <= d {
+			if i == d {
+				if st == nil {
+					st = &state{plan: &Plan{Incarnation: r.Incarnation}}
+					parts[k] = st
+				}
+				st.known, st.plan.Dropped = true, true
+				st.plan.Writes, st.writeEnds, st.plan.ResetTo = nil, nil, nil
+			}
+			continue
+		}
 		if r.Kind == Create {
 			// A new incarnation: every frame of it is in the records
 			// from here, so it is made again from empty (its directory
@@ -277,6 +299,18 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 	}
 	best := map[PartitionID]*state{}
 	for k, st := range parts {
+		if d, ok := disk[k.id]; ok && d.Incarnation == k.inc && st.known && !st.plan.Dropped && st.plan.ResetTo == nil && st.plan.Keep < d.Start {
+			// A truncation lowered what is kept below the disk's start:
+			// retention removed the segments between since, each
+			// fsynced when it was sealed. What is planned below the
+			// start goes with them.
+			n := sort.Search(len(st.writeEnds), func(w int) bool { return st.writeEnds[w] > d.Start })
+			if n < len(st.writeEnds) && records[st.plan.Writes[n]].Base < d.Start {
+				return nil, fmt.Errorf("%w: partition %s (incarnation %d): frame [%d, %d) straddles the log's start %d on disk", ErrCorrupt, k.id, k.inc, records[st.plan.Writes[n]].Base, st.writeEnds[n], d.Start)
+			}
+			st.plan.Keep = d.Start
+			st.plan.Writes, st.writeEnds = st.plan.Writes[n:], st.writeEnds[n:]
+		}
 		switch {
 		case st.known && !st.plan.Dropped && !st.onDisk && st.plan.ResetTo == nil:
 			// In the checkpoint, gone from the disk, and no drop record

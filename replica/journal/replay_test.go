@@ -138,6 +138,35 @@ func TestReplay(t *testing.T) {
 			want: map[PartitionID]string{p0: "inc 1 keep 52 reset 52 [52,53)"},
 		},
 		{
+			// A checkpoint leaves out a partition dropped while it
+			// flushed: its frames and its drop follow, naming an
+			// incarnation the checkpoint does not.
+			name:    "the drop of an incarnation no checkpoint names, its frames before it",
+			cp:      Checkpoint{Position: 1000, Entries: map[PartitionID]Entry{}},
+			disk:    onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), rec(Drop, p0, 1, 0)},
+			want:    map[PartitionID]string{p0: "dropped"},
+		},
+		{
+			name:    "the drop of an incarnation no checkpoint names, its directory gone",
+			cp:      Checkpoint{Position: 1000, Entries: map[PartitionID]Entry{}},
+			disk:    map[PartitionID]OnDisk{},
+			records: []Record{rec(Drop, p0, 1, 0)},
+			want:    map[PartitionID]string{p0: "dropped"},
+		},
+		{
+			// Retention after a truncation: the frames below the disk's
+			// start were fsynced when their segments sealed, then removed.
+			name: "retention past a truncation keeps from the disk's start",
+			cp:   cp,
+			disk: map[PartitionID]OnDisk{p0: {Incarnation: 1, Start: 300}},
+			records: []Record{
+				{Kind: Truncate, Part: p0, Incarnation: 1, Epoch: 3, End: 100},
+				frame(p0, 1, 4, 100, 200), frame(p0, 1, 4, 200, 300), frame(p0, 1, 4, 300, 350),
+			},
+			want: map[PartitionID]string{p0: "inc 1 keep 300 [300,350)"},
+		},
+		{
 			name: "a catch-up copy's flush covers the reset and what it copied",
 			cp:   cp, disk: onDisk,
 			records: []Record{rec(Reset, p0, 1, 500), rec(Flushed, p0, 1, 900), frame(p0, 1, 5, 900, 910)},

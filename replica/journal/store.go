@@ -48,6 +48,10 @@ type Store struct {
 
 	stop chan struct{}
 	done chan struct{}
+
+	// afterSnapshot, when set (tests), runs in Checkpoint between its
+	// snapshot and its flushes.
+	afterSnapshot func()
 }
 
 // StoreOptions configure a Store.
@@ -464,31 +468,56 @@ func (s *Store) record(r *Logged) error {
 
 // Checkpoint fsyncs every log's segment files up to its end and writes a
 // checkpoint record saying so, then releases the journal before the
-// position it was taken from. The flusher calls it; a log dropped
-// meanwhile is left out, and a log closed otherwise (the process stopping)
-// makes it give up, changing nothing.
+// position it was taken from. The flusher calls it. A log dropped or
+// detached meanwhile is left out (its record, or its unjournaled entry,
+// stands for it); a log truncated or reset meanwhile makes it take the
+// snapshot again; a log closed otherwise (the process stopping) makes it
+// give up, changing nothing.
 func (s *Store) Checkpoint() error {
 	s.ckMu.Lock()
 	defer s.ckMu.Unlock()
+	for range checkpointRounds {
+		err := s.checkpoint()
+		if !errors.Is(err, errCutMeanwhile) {
+			return err
+		}
+	}
+	return fmt.Errorf("journal: checkpoint: %w %d times in a row", errCutMeanwhile, checkpointRounds)
+}
+
+// errCutMeanwhile: a log was truncated or reset while a checkpoint
+// flushed it. The end it flushed to may be below frames journalled after
+// the checkpoint's position and then cut: replay would find them
+// straddling it.
+var errCutMeanwhile = errors.New("a log was cut while the checkpoint flushed it")
+
+// checkpointRounds bounds the snapshots a checkpoint takes again.
+const checkpointRounds = 8
+
+func (s *Store) checkpoint() error {
 	s.mu.Lock()
-	// Every record before this position was appended before the logs'
-	// ends are read below (a log hands a frame to the journal after
-	// writing it to its file): the files hold it once flushed.
-	pos := s.j.End()
+	// Every log's cut count, then the position: every record before the
+	// position was appended before the logs' ends are read below (a log
+	// hands a frame to the journal after writing it to its file), so the
+	// files hold it once flushed; and a cut after the counts are read is
+	// seen below.
 	members := make([]*member, 0, len(s.members))
 	for _, m := range s.members {
 		members = append(members, m)
 	}
-	entries := make(map[PartitionID]Entry, len(s.members)+len(s.unjournaled))
-	for id, inc := range s.unjournaled {
-		entries[id] = Entry{Incarnation: inc, Flushed: Unjournaled}
+	cuts := make([]uint64, len(members))
+	for i, m := range members {
+		cuts[i] = m.log.Cuts()
 	}
+	pos := s.j.End()
 	bytes := s.j.Stats().Bytes
 	s.mu.Unlock()
+	if s.afterSnapshot != nil {
+		s.afterSnapshot()
+	}
 
 	flushed := make([]uint64, len(members))
 	errs := make([]error, len(members))
-	var flushes uint64
 	var wg sync.WaitGroup
 	work := make(chan int)
 	for range min(len(members), checkpointFsyncs) {
@@ -505,19 +534,34 @@ func (s *Store) Checkpoint() error {
 	}
 	close(work)
 	wg.Wait()
+
+	// Who is in the checkpoint is decided now: the partitions the
+	// snapshot had that are still members, flushed; the unjournaled ones
+	// as they are now (one detached meanwhile among them). One dropped
+	// meanwhile has its drop record after pos; one created meanwhile its
+	// create record.
+	s.mu.Lock()
+	entries := make(map[PartitionID]Entry, len(members)+len(s.unjournaled))
+	for id, inc := range s.unjournaled {
+		entries[id] = Entry{Incarnation: inc, Flushed: Unjournaled}
+	}
+	var flushes uint64
 	for i, m := range members {
+		if s.members[m.id] != m {
+			continue
+		}
 		if err := errs[i]; err != nil {
-			s.mu.Lock()
-			gone := s.members[m.id] != m
 			s.mu.Unlock()
-			if gone {
-				continue // dropped meanwhile: its record is after pos
-			}
 			return fmt.Errorf("journal: checkpoint: partition %s: %w", m.id, err)
+		}
+		if m.log.Cuts() != cuts[i] {
+			s.mu.Unlock()
+			return errCutMeanwhile
 		}
 		entries[m.id] = Entry{Incarnation: m.inc, Flushed: flushed[i]}
 		flushes++
 	}
+	s.mu.Unlock()
 	if err := s.record(&Logged{Record: Record{Kind: CheckpointRecord, Base: pos}, Payload: EncodeCheckpoint(entries)}); err != nil {
 		return fmt.Errorf("journal: checkpoint: %w", err)
 	}
@@ -555,7 +599,10 @@ func (s *Store) flusher() {
 			continue
 		}
 		last = time.Now()
-		if err := s.Checkpoint(); err != nil && !errors.Is(err, partlog.ErrClosed) && s.opts.OnError != nil {
+		// A checkpoint that gives up because the process is closing the
+		// logs, or because logs kept being cut, is taken again later;
+		// any other failure is a failed fsync or journal.
+		if err := s.Checkpoint(); err != nil && !errors.Is(err, partlog.ErrClosed) && !errors.Is(err, errCutMeanwhile) && s.opts.OnError != nil {
 			s.opts.OnError(err)
 		}
 	}

@@ -384,6 +384,15 @@ func (l *Log) dropCachedBehind(s *segment, size int64) {
 // log leaves in the page cache after an fsync; see segment.dropCached.
 const cachedTailBytes = 32 << 20
 
+// Cuts counts the log's truncations and resets since it was opened: a
+// journal's checkpoint compares it before and after it flushes the log,
+// and does not trust an end read across a cut.
+func (l *Log) Cuts() uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.cuts
+}
+
 // NextOffset is the log end offset: the offset the next batch must start at.
 func (l *Log) NextOffset() uint64 {
 	l.mu.RLock()

@@ -196,7 +196,13 @@ func (s *Server) Drop(ctx context.Context, req *catenapb.DropRequest) (*catenapb
 	p.mu.Unlock()
 	p.holdsMu.Unlock()
 	delete(s.partitions, key)
+	s.dropping[key] = true
 	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.dropping, key)
+		s.mu.Unlock()
+	}()
 
 	p.close()
 	if s.store != nil {
@@ -208,6 +214,9 @@ func (s *Server) Drop(ctx context.Context, req *catenapb.DropRequest) (*catenapb
 			go s.fatal(fmt.Errorf("drop %s/%d: %w", p.stream, p.index, err))
 			return nil, status.Errorf(codes.Internal, "drop %s/%d on %s: %v", p.stream, p.index, s.id, err)
 		}
+	}
+	if s.beforeDropRename != nil {
+		s.beforeDropRename()
 	}
 	gone := filepath.Join(filepath.Dir(p.dir), fmt.Sprintf("%s%s-%d", droppedPrefix, filepath.Base(p.dir), time.Now().UnixNano()))
 	if err := os.Rename(p.dir, gone); err != nil {

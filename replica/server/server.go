@@ -131,9 +131,16 @@ type Server struct {
 
 	mu         sync.Mutex
 	partitions map[partKey]*partition
-	closed     bool
-	stop       chan struct{}
-	wg         sync.WaitGroup
+	// dropping are partitions a Drop took out of the table and whose
+	// directory it has not yet renamed away: no new copy may be created
+	// in that directory meanwhile (mu).
+	dropping map[partKey]bool
+	// beforeDropRename, when set (tests), runs in Drop before it renames
+	// the partition's directory away.
+	beforeDropRename func()
+	closed           bool
+	stop             chan struct{}
+	wg               sync.WaitGroup
 }
 
 // New opens every partition found under opts.DataDir (recovering its log and
@@ -164,6 +171,7 @@ func New(opts Options) (*Server, error) {
 		fatalFn:    opts.Fatal,
 		fs:         opts.FS,
 		partitions: map[partKey]*partition{},
+		dropping:   map[partKey]bool{},
 		stop:       make(chan struct{}),
 		successors: heard.New(),
 	}
@@ -594,12 +602,9 @@ func (s *Server) createPartition(key partKey, cfg *catenapb.StreamConfig) (*part
 	s.committedMu.Lock()
 	defer s.committedMu.Unlock()
 	s.mu.Lock()
-	if p := s.partitions[key]; p != nil || s.closed {
+	if p := s.partitions[key]; p != nil || s.closed || s.dropping[key] {
 		s.mu.Unlock()
-		if p == nil {
-			return nil, status.Error(codes.Unavailable, "replica is shutting down")
-		}
-		return p, nil
+		return existingPartition(p, key, s.dropping[key])
 	}
 	_, stale := s.committedOnDisk[key]
 	s.mu.Unlock()
@@ -610,17 +615,28 @@ func (s *Server) createPartition(key partKey, cfg *catenapb.StreamConfig) (*part
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p := s.partitions[key]; p != nil || s.closed {
-		if p == nil {
-			return nil, status.Error(codes.Unavailable, "replica is shutting down")
-		}
-		return p, nil
+	if p := s.partitions[key]; p != nil || s.closed || s.dropping[key] {
+		return existingPartition(p, key, s.dropping[key])
 	}
 	p, err := s.openPartition(key.stream, key.index, cfg, nil)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "%v", err)
 	}
 	return p, nil
+}
+
+// existingPartition is what createPartition answers when it may not
+// create: the partition that is there, or why there is none.
+func existingPartition(p *partition, key partKey, dropping bool) (*partition, error) {
+	switch {
+	case p != nil:
+		return p, nil
+	case dropping:
+		// Its directory is still there, about to be renamed away: a copy
+		// created in it now would go with it.
+		return nil, status.Errorf(codes.Unavailable, "partition %s/%d is being dropped on this replica; retry", key.stream, key.index)
+	}
+	return nil, status.Error(codes.Unavailable, "replica is shutting down")
 }
 
 // Configure installs a partition's chain under an epoch.

@@ -996,6 +996,40 @@ func TestDropRules(t *testing.T) {
 	}
 }
 
+// A Drop takes the partition out of the table before it renames its
+// directory away: a Configure meanwhile must not create a new copy in
+// that directory (it would be renamed away with the old one, and a
+// journal would then name a partition no directory holds).
+func TestNoCopyIsCreatedInADirectoryBeingDropped(t *testing.T) {
+	ctx := context.Background()
+	a := startNode(t, "a", nil)
+	configure(t, 2, a)
+	ac := client(t, a.addr)
+	if _, err := ac.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: records(1, 1, 4)}); err != nil {
+		t.Fatal(err)
+	}
+	var during error
+	a.srv.beforeDropRename = func() {
+		_, during = ac.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 4, Members: members(a), Config: testConfig})
+	}
+	if resp, err := ac.Drop(ctx, &catenapb.DropRequest{Stream: "s", Partition: 0, Epoch: 3}); err != nil || !resp.GetDropped() {
+		t.Fatalf("drop: %v %v", resp, err)
+	}
+	a.srv.beforeDropRename = nil
+	if status.Code(during) != codes.Unavailable || !strings.Contains(during.Error(), "being dropped") {
+		t.Fatalf("configure while the drop renames: %v, want Unavailable (being dropped)", during)
+	}
+	configure(t, 4, a)
+	if st := status0(t, a); st.GetLogEnd() != 0 || st.GetEpoch() != 4 {
+		t.Fatalf("re-created partition: %v", st)
+	}
+	stopNode(a)
+	a = reopen(t, a)
+	if st := status0(t, a); st.GetLogEnd() != 0 || st.GetEpoch() != 4 || st.GetError() != "" {
+		t.Fatalf("re-created partition after a restart: %v", st)
+	}
+}
+
 func TestRestartRemovesAHalfDroppedPartition(t *testing.T) {
 	a := startNode(t, "a", nil)
 	configure(t, 1, a)
