@@ -620,8 +620,9 @@ func (s *Store) Journal() *Journal { return s.j }
 
 // Close stops the flusher and closes the journal; the caller closes the
 // logs first (each fsyncs its segment file as it closes). The journal is
-// not checkpointed again: the next OpenStore replays what came after the
-// last checkpoint, frames the files already hold included.
+// not checkpointed here (the logs are closed): the next OpenStore replays
+// what came after the last checkpoint, frames the files already hold
+// included. The replica checkpoints before it closes its logs.
 func (s *Store) Close() error {
 	select {
 	case <-s.stop:
