@@ -78,7 +78,7 @@ type StoreOptions struct {
 // StoreStats counts a store's checkpoints.
 type StoreStats struct {
 	Checkpoints uint64
-	Flushes     uint64 // segment-file fsyncs made for checkpoints (logs with nothing new need none)
+	Flushes     uint64 // logs flushed for checkpoints (an fsync each, unless nothing was new)
 	Released    uint64 // journal segments released
 }
 

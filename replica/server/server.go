@@ -262,7 +262,6 @@ func (s *Server) openExisting(opts Options) error {
 			s.logger.Info("Removed a partition directory the journal says was dropped or never created", "stream", id.Stream, "partition", id.Partition)
 			continue
 		}
-		o := o
 		if _, err := s.openPartition(id.Stream, id.Partition, nil, &o); err != nil {
 			return err
 		}
