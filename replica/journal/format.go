@@ -51,7 +51,7 @@ func (e *Logged) encodedSize() int {
 // validate refuses what the format cannot hold.
 func (e *Logged) validate() error {
 	switch {
-	case e.Kind < Create || e.Kind > CheckpointRecord:
+	case e.Kind < Create || e.Kind > Written:
 		return fmt.Errorf("journal: unknown record kind %d", e.Kind)
 	case e.Kind == CheckpointRecord && len(e.Part.Stream) > 0:
 		return errors.New("journal: a checkpoint record names a stream")

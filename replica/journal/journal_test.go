@@ -411,7 +411,8 @@ func TestBadRecordsAreRefusedAndNothingIsWritten(t *testing.T) {
 	part := PartitionID{Stream: "s", Partition: 1}
 	for _, l := range []*Logged{
 		{Record: Record{Kind: 0, Part: part}},
-		{Record: Record{Kind: CheckpointRecord + 1, Part: part}},
+		{Record: Record{Kind: Written + 1, Part: part}},
+		{Record: Record{Kind: Written, Part: part}, Payload: []byte("x")},
 		{Record: Record{Kind: CheckpointRecord, Part: part}, Payload: EncodeCheckpoint(nil)},
 		{Record: Record{Kind: Create, Part: PartitionID{Partition: 1}}},
 		{Record: Record{Kind: Truncate, Part: part}, Payload: []byte("x")},

@@ -13,6 +13,12 @@ func frame(p PartitionID, inc, epoch, base, end uint64) Record {
 	return Record{Kind: Frame, Part: p, Incarnation: inc, Epoch: epoch, Base: base, End: end}
 }
 
+// written is a frame written to its partition's segment file only: the
+// journal records where it is, not its bytes.
+func written(p PartitionID, inc, epoch, base, end uint64) Record {
+	return Record{Kind: Written, Part: p, Incarnation: inc, Epoch: epoch, Base: base, End: end}
+}
+
 func rec(k Kind, p PartitionID, inc, at uint64) Record {
 	r := Record{Kind: k, Part: p, Incarnation: inc}
 	switch k {
@@ -177,6 +183,76 @@ func TestReplay(t *testing.T) {
 			cp:   cp, disk: onDisk,
 			records: []Record{frame(p0, 1, 3, 100, 110), frame(p0, 1, 3, 110, 120), rec(Flushed, p0, 1, 110)},
 			want:    map[PartitionID]string{p0: "inc 1 keep 110 [110,120)"},
+		},
+		{
+			name: "a frame written to its file only, then flushed",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), written(p0, 1, 3, 110, 200), frame(p0, 1, 3, 200, 210), rec(Flushed, p0, 1, 200)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 200 [200,210)"},
+		},
+		{
+			name: "a file-only frame never flushed: what follows it is cut with it",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), written(p0, 1, 3, 110, 200), frame(p0, 1, 3, 200, 210)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 100 [100,110)"},
+		},
+		{
+			name: "two file-only frames, only the first flushed",
+			cp:   cp, disk: onDisk,
+			records: []Record{
+				written(p0, 1, 3, 100, 200), frame(p0, 1, 3, 200, 210), written(p0, 1, 3, 210, 300),
+				frame(p0, 1, 3, 300, 310), rec(Flushed, p0, 1, 200),
+			},
+			want: map[PartitionID]string{p0: "inc 1 keep 200 [200,210)"},
+		},
+		{
+			name: "a truncation removes the file-only frame it cuts",
+			cp:   cp, disk: onDisk,
+			records: []Record{
+				frame(p0, 1, 3, 100, 110), written(p0, 1, 3, 110, 200),
+				{Kind: Truncate, Part: p0, Incarnation: 1, Epoch: 3, End: 110}, frame(p0, 1, 4, 110, 120),
+			},
+			want: map[PartitionID]string{p0: "inc 1 keep 100 [100,110) [110,120)"},
+		},
+		{
+			name: "a reset removes file-only frames",
+			cp:   cp, disk: onDisk,
+			records: []Record{written(p0, 1, 3, 100, 200), rec(Reset, p0, 1, 500), frame(p0, 1, 5, 500, 510)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 500 reset 500 [500,510)"},
+		},
+		{
+			name: "a file-only frame below the checkpoint's flushed offset is passed over",
+			cp:   cp, disk: onDisk,
+			records: []Record{written(p0, 1, 3, 50, 100), frame(p0, 1, 3, 100, 110)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 100 [100,110)"},
+		},
+		{
+			name: "retention past a file-only frame never flushed keeps from the disk's start",
+			cp:   cp,
+			disk: map[PartitionID]OnDisk{p0: {Incarnation: 1, Start: 300}},
+			records: []Record{
+				{Kind: Truncate, Part: p0, Incarnation: 1, Epoch: 3, End: 100},
+				written(p0, 1, 4, 100, 300), frame(p0, 1, 4, 300, 350),
+			},
+			want: map[PartitionID]string{p0: "inc 1 keep 300 [300,350)"},
+		},
+		{
+			name: "flushed inside a file-only frame",
+			cp:   cp, disk: onDisk,
+			records: []Record{written(p0, 1, 3, 100, 200), rec(Flushed, p0, 1, 150)},
+			corrupt: "flushed to 150 inside frame [100, 200)",
+		},
+		{
+			name: "a truncation inside a file-only frame",
+			cp:   cp, disk: onDisk,
+			records: []Record{written(p0, 1, 3, 100, 200), {Kind: Truncate, Part: p0, Incarnation: 1, Epoch: 3, End: 150}},
+			corrupt: "truncation to 150 inside frame [100, 200)",
+		},
+		{
+			name: "a file-only frame that does not continue the log",
+			cp:   cp, disk: onDisk,
+			records: []Record{frame(p0, 1, 3, 100, 110), written(p0, 1, 3, 120, 200)},
+			corrupt: "does not continue the log at 110",
 		},
 		{
 			name: "dropped, and created again under a new incarnation",

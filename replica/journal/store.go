@@ -68,6 +68,12 @@ type StoreOptions struct {
 	// runs no flusher: tests call Checkpoint).
 	CheckpointEvery time.Duration
 	CheckpointBytes uint64
+	// DirectFrameBytes: a frame of at least this many bytes is written
+	// to its partition's segment file only, which Sync fsyncs, and the
+	// journal records where it is (partlog.Options.DirectFrameBytes); a
+	// smaller one is copied into the journal. 0: DefaultDirectFrameBytes;
+	// negative: every frame is copied.
+	DirectFrameBytes int
 	// OnError hears a checkpoint that failed (a segment file's fsync or
 	// the journal's write): the process must crash-stop, since the logs
 	// involved have failed. nil: the error is only returned to the next
@@ -81,6 +87,13 @@ type StoreStats struct {
 	Flushes     uint64 // logs flushed for checkpoints (an fsync each, unless nothing was new)
 	Released    uint64 // journal segments released
 }
+
+// DefaultDirectFrameBytes is the size from which a frame is written to its
+// segment file only (StoreOptions.DirectFrameBytes). Below it, copying the
+// frame into the journal costs less than an fsync of the segment file of
+// its own: many partitions' small appends share one group commit. Above
+// it, the second copy costs more than the fsync (docs/benchmarks.md).
+const DefaultDirectFrameBytes = 128 << 10
 
 // Unjournaled as a checkpoint entry's flushed offset: the partition's log
 // is not journaled (it failed to open), and recovery opens it as it is.
@@ -138,6 +151,12 @@ func OpenStore(opts StoreOptions, onDisk []PartitionID) (*Store, map[PartitionID
 	}
 	if opts.CheckpointBytes == 0 {
 		opts.CheckpointBytes = 256 << 20
+	}
+	switch {
+	case opts.DirectFrameBytes == 0:
+		opts.DirectFrameBytes = DefaultDirectFrameBytes
+	case opts.DirectFrameBytes < 0:
+		opts.DirectFrameBytes = 0
 	}
 	s := &Store{
 		opts:        opts,
@@ -384,6 +403,7 @@ func (s *Store) closeLogs(opened map[PartitionID]Opened) {
 func (s *Store) logOptions(id PartitionID, flushed *uint64, empty *partlog.Start) partlog.Options {
 	lo := s.opts.LogOptions(id)
 	lo.FS, lo.Flushed, lo.Empty = s.fs, flushed, empty
+	lo.DirectFrameBytes = s.opts.DirectFrameBytes
 	return lo
 }
 
@@ -655,6 +675,16 @@ func (p *partitionJournal) Truncate(to, epoch uint64) error {
 
 func (p *partitionJournal) Reset(st partlog.Start) error {
 	return p.wait(p.j.Append(&Logged{Record: Record{Kind: Reset, Part: p.id, Incarnation: p.inc, Base: st.Base, Rolling: st.Rolling}}))
+}
+
+func (p *partitionJournal) Written(h partlog.BatchHeader) (uint64, error) {
+	t, err := p.j.Append(&Logged{Record: Record{Kind: Written, Part: p.id, Incarnation: p.inc, Epoch: h.Epoch, Base: h.BaseOffset, End: h.End()}})
+	return uint64(t), err
+}
+
+func (p *partitionJournal) Flushed(end uint64) (uint64, error) {
+	t, err := p.j.Append(&Logged{Record: Record{Kind: Flushed, Part: p.id, Incarnation: p.inc, End: end}})
+	return uint64(t), err
 }
 
 func (p *partitionJournal) Wait(t uint64) error { return p.j.Wait(Ticket(t)) }

@@ -158,6 +158,10 @@ type crashRun struct {
 	pending *PartitionID
 	after   *model
 	onDisk  map[PartitionID]bool
+	// large and small count the frames appended at or past, and below,
+	// storeOptions' DirectFrameBytes: written to a segment file only, or
+	// copied into the journal.
+	large, small int
 }
 
 // storeScript runs a fixed random script (by seed) of store operations
@@ -213,6 +217,11 @@ func storeScript(seed int64, fsys partlog.FS) crashRun {
 				return run
 			}
 			*m = after
+			if len(f) >= storeOptions(nil).DirectFrameBytes {
+				run.large++
+			} else {
+				run.small++
+			}
 		case r < 75:
 			if err := l.Sync(); err != nil {
 				return run
@@ -281,7 +290,9 @@ func TestStorePowerLossAtEveryChange(t *testing.T) {
 	}
 	for seed := range int64(seeds) {
 		clean := &crashFS{FS: faultfs.New()}
-		storeScript(seed, clean)
+		if run := storeScript(seed, clean); run.large == 0 || run.small == 0 {
+			t.Fatalf("seed %d: %d large frames and %d small: the script must append both kinds", seed, run.large, run.small)
+		}
 		total := clean.count
 		for at := 1; at <= total+10; at++ {
 			rng := rand.New(rand.NewSource(seed*100_000 + int64(at)))

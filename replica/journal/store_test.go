@@ -21,6 +21,10 @@ func storeOptions(fsys partlog.FS) StoreOptions {
 			return partlog.Options{Dir: partDir(id), SegmentBytes: 4096, IndexIntervalBytes: 256}
 		},
 		CheckpointEvery: -1, // tests checkpoint when they choose
+		// Frames of 800 bytes or more go to their segment files only:
+		// the scripted runs' frames (up to 4 records of up to 400 bytes)
+		// are of both kinds.
+		DirectFrameBytes: 800,
 	}
 }
 
@@ -276,7 +280,9 @@ func storeRun(t *testing.T, seed int64) {
 // they say; a store closed cleanly opens with every log as it was.
 func TestStoreCheckpointsReleaseTheJournal(t *testing.T) {
 	fsys := faultfs.New()
-	st, _, err := OpenStore(storeOptions(fsys), nil)
+	opts := storeOptions(fsys)
+	opts.DirectFrameBytes = -1 // every frame fills the journal
+	st, _, err := OpenStore(opts, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,4 +395,51 @@ func dump(t *testing.T, fsys partlog.FS, id PartitionID) {
 		}
 		return nil
 	})
+}
+
+// A truncation promises [.., to) durable. Below the cut may lie a frame
+// written to its segment file only, with no Sync since: the truncation
+// makes it durable and records that before its own record, or the
+// journal's replay, finding no Flushed record after it, would end the log
+// at its base after a power loss.
+func TestStoreTruncationKeepsAFileOnlyFrameBelowIt(t *testing.T) {
+	fsys := faultfs.New()
+	st, _, err := OpenStore(storeOptions(fsys), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := PartitionID{"s", 0}
+	l, err := st.Create(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{10, 1000, 10} { // small [0,1), large [1,2), small [2,3)
+		f, err := partlog.AppendBatch(nil, 1, l.NextOffset(), []partlog.Record{{Value: bytes.Repeat([]byte("v"), size)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Append(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Truncate(2); err != nil {
+		t.Fatal(err)
+	}
+	fsys.Crash(faultfs.CrashOptions{})
+	l.Close()
+	st.Close()
+
+	st, opened, err := OpenStore(storeOptions(fsys), []PartitionID{id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	o := opened[id]
+	if o.Err != nil || o.Log == nil {
+		t.Fatalf("reopen: %+v", o)
+	}
+	defer o.Log.Close()
+	if n := o.Log.NextOffset(); n != 2 {
+		t.Fatalf("log ends at %d after the power loss, want 2 (the truncation's promise)", n)
+	}
 }

@@ -101,6 +101,13 @@ type Options struct {
 	// unsynced writes, for the journal's replay to write again. A log
 	// that does not reach it is ErrCorrupt.
 	Flushed *uint64
+	// DirectFrameBytes: a journaled log writes a frame of at least this
+	// many bytes to its segment file only, and the journal records where
+	// it is, not its bytes (docs/journal.md, "Large frames"): Sync fsyncs
+	// the file for it, then has the journal record that. Smaller frames
+	// are copied into the journal, which makes them durable with every
+	// other partition's in one group commit. 0: every frame is journalled.
+	DirectFrameBytes int
 	// Empty, when set, makes recovery remove every segment (newest
 	// first) and start an empty log at Empty.Base: the journal says the
 	// log was reset, or created, after its checkpoint.
@@ -130,6 +137,13 @@ type Journal interface {
 	Truncate(to, epoch uint64) error
 	// Reset durably records that the log was emptied to start at s.
 	Reset(s Start) error
+	// Written records a frame appended to its segment file only (one of
+	// at least Options.DirectFrameBytes); it is not durable until a
+	// Flushed record at or past its end is.
+	Written(h BatchHeader) (ticket uint64, err error)
+	// Flushed records that the segment files hold everything below end
+	// durably (they were fsynced that far).
+	Flushed(end uint64) (ticket uint64, err error)
 	// Wait returns once the records up to ticket are durable.
 	Wait(ticket uint64) error
 }

@@ -62,6 +62,14 @@ func (j *recJournal) Reset(s partlog.Start) error {
 	return err
 }
 
+func (j *recJournal) Written(h partlog.BatchHeader) (uint64, error) {
+	return j.add(fmt.Sprintf("written %d-%d e%d", h.BaseOffset, h.End(), h.Epoch))
+}
+
+func (j *recJournal) Flushed(end uint64) (uint64, error) {
+	return j.add(fmt.Sprintf("flushed %d", end))
+}
+
 func (j *recJournal) Wait(t uint64) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -165,6 +173,80 @@ func TestJournaledLog(t *testing.T) {
 	if d := l.DurableOffset(); d != 100 {
 		t.Fatalf("durable offset %d after the reset, want 100", d)
 	}
+}
+
+// A frame of at least DirectFrameBytes is written to its segment file
+// only: the journal is told where it is (written), and Sync makes it
+// durable by fsyncing the file, then recording flushed, and waiting for
+// the journal to hold that. Small frames around it are journalled as
+// ever; a truncation first makes a file-only frame durable, so that the
+// journal's replay never cuts one below the cut.
+func TestJournaledLogLargeFrames(t *testing.T) {
+	fsys := faultfs.New()
+	l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 1 << 20; o.DirectFrameBytes = 400 })
+	defer l.Close()
+	j := newRecJournal()
+	if err := l.UseJournal(j); err != nil {
+		t.Fatal(err)
+	}
+	syncs := fsys.Syncs()
+	appendAll(t, l, uniform(1, 1, 10, 1))  // small: [0,1)
+	appendAll(t, l, uniform(1, 5, 100, 1)) // large: [1,6)
+	appendAll(t, l, uniform(1, 1, 10, 1))  // small: [6,7)
+	synced := make(chan error, 1)
+	go func() { synced <- l.Sync() }()
+	// The flushed record is the 4th: Sync waits for it, not for the
+	// small frame after the large one.
+	j.release(3)
+	select {
+	case err := <-synced:
+		t.Fatalf("Sync returned (%v) before the journal held the flushed record", err)
+	default:
+	}
+	j.release(4)
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if d := l.DurableOffset(); d != 7 {
+		t.Fatalf("durable offset %d, want 7", d)
+	}
+	if n := fsys.Syncs() - syncs; n != 1 {
+		t.Fatalf("Sync made %d fsyncs, want 1 (the segment file, for its large frame)", n)
+	}
+	// Small frames alone: no fsync, no flushed record.
+	appendAll(t, l, uniform(1, 1, 10, 1)) // [7,8)
+	j.release(5)
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if n := fsys.Syncs() - syncs; n != 1 {
+		t.Fatalf("%d fsyncs after a Sync of small frames, want 1", n)
+	}
+	// A truncation with a large frame not yet flushed: flushed first.
+	appendAll(t, l, uniform(1, 5, 100, 2)) // large: [8,13)
+	appendAll(t, l, uniform(1, 1, 10, 2))  // small: [13,14)
+	truncated := make(chan error, 1)
+	go func() { truncated <- l.Truncate(13) }()
+	j.release(100)
+	if err := <-truncated; err != nil || l.DurableOffset() != 13 {
+		t.Fatalf("Truncate: %v, durable offset %d; want 13", err, l.DurableOffset())
+	}
+	appendAll(t, l, uniform(1, 5, 100, 3)) // large: [13,18)
+	if err := l.Reset(100, 0xabcd); err != nil {
+		t.Fatal(err)
+	}
+	appendAll(t, l, uniform(1, 1, 10, 4)) // small: [100,101)
+	j.release(100)
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	equalStrings(t, j.records(), []string{
+		"frame 0-1 e1", "written 1-6 e1", "frame 6-7 e1", "flushed 7",
+		"frame 7-8 e1",
+		"written 8-13 e2", "frame 13-14 e2", "flushed 14", "truncate 13 e2",
+		"written 13-18 e3", "reset 100 0000abcd",
+		"frame 100-101 e4",
+	})
 }
 
 // A failed journal record fails the log for good, and a truncation the

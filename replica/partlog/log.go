@@ -65,6 +65,12 @@ type Log struct {
 	journal Journal
 	jticket uint64
 	flushed atomic.Uint64
+	// direct is Options.DirectFrameBytes. fileOnly (under wmu) is the end
+	// of the last frame a journaled log wrote to its segment file only
+	// whose journal record has no Flushed record after it yet (0: none):
+	// Sync must fsync the file and record Flushed before it is durable.
+	direct   int64
+	fileOnly uint64
 	// fault is the first fatal error (wrapping ErrFailed or ErrCorrupt);
 	// once set, it is returned by every later call. Atomic so that readers
 	// holding mu shared can record corruption they find.
@@ -226,8 +232,16 @@ func (l *Log) Append(frame []byte) error {
 	l.mu.Unlock()
 	if l.journal != nil {
 		// In the log's order, under wmu: the journal holds one
-		// partition's frames in the order they were appended.
-		t, err := l.journal.Frame(h, frame)
+		// partition's frames in the order they were appended. A large
+		// frame is not copied: the journal records where it is, and
+		// Sync fsyncs the segment file for it.
+		var t uint64
+		if l.direct > 0 && int64(len(frame)) >= l.direct {
+			t, err = l.journal.Written(h)
+			l.fileOnly = h.End()
+		} else {
+			t, err = l.journal.Frame(h, frame)
+		}
 		if err != nil {
 			// In the file and readable, but never durable: the log
 			// stops, and recovery cuts what the journal does not hold.
@@ -287,18 +301,42 @@ func (l *Log) syncHeld() error {
 	// seals). If Append rolls while we fsync, s is the sealed one and end is
 	// within it, so fsyncing s still covers end.
 	s, end := l.active(), l.next
-	size, ticket := s.size, l.jticket
+	size, ticket, fileOnly := s.size, l.jticket, l.fileOnly
 	l.wmu.Unlock()
 	if l.durable.Load() >= end {
 		return nil
 	}
 	if l.journal != nil {
 		// Durable once the journal holds it; the segment files are
-		// fsynced later, by Flush.
+		// fsynced later, by Flush. A frame written to the segment file
+		// only is durable once the file is fsynced past it and the
+		// journal holds a Flushed record saying so (which it holds after
+		// every record before it).
+		if fileOnly != 0 {
+			if l.flushed.Load() < end {
+				if err := datasync(s.f); err != nil {
+					return l.fail(ErrFailed, "fsync %s: %w", s.path, err)
+				}
+				advance(&l.flushed, end)
+				l.dropCachedBehind(s, size)
+			}
+			t, err := l.journal.Flushed(end)
+			if err != nil {
+				return l.fail(ErrFailed, "journal flushed to %d: %w", end, err)
+			}
+			ticket = t
+		}
 		if err := l.journal.Wait(ticket); err != nil {
 			return l.fail(ErrFailed, "journal: %w", err)
 		}
 		l.advanceDurable(end)
+		if fileOnly != 0 {
+			l.wmu.Lock()
+			if l.fileOnly <= end {
+				l.fileOnly = 0
+			}
+			l.wmu.Unlock()
+		}
 		return nil
 	}
 	if err := datasync(s.f); err != nil {

@@ -45,12 +45,15 @@ func newLog(o Options) (*Log, error) {
 		return nil, errors.New("partlog: Options.Dir is empty")
 	case o.IndexIntervalBytes < 0:
 		return nil, errors.New("partlog: negative IndexIntervalBytes")
+	case o.DirectFrameBytes < 0:
+		return nil, errors.New("partlog: negative DirectFrameBytes")
 	}
 	l := &Log{
 		fs:       o.FS,
 		dir:      filepath.Clean(o.Dir),
 		interval: o.IndexIntervalBytes,
 		now:      o.Now,
+		direct:   int64(o.DirectFrameBytes),
 	}
 	if err := l.SetLimits(Limits{SegmentBytes: o.SegmentBytes, RetentionBytes: o.RetentionBytes, RetentionTime: o.RetentionTime}); err != nil {
 		return nil, err

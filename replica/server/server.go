@@ -87,6 +87,10 @@ type Options struct {
 	// JournalSegmentBytes is the size of each journal segment file (0:
 	// journal.DefaultSegmentBytes).
 	JournalSegmentBytes int64
+	// JournalDirectFrameBytes: appends of at least this many bytes are
+	// fsynced in their partition's file and not copied into the journal
+	// (journal.StoreOptions.DirectFrameBytes; 0: its default).
+	JournalDirectFrameBytes int
 }
 
 type partKey struct {
@@ -158,6 +162,11 @@ func New(opts Options) (*Server, error) {
 	}
 	if journalByDefault {
 		opts.Journal = true
+		if opts.JournalDirectFrameBytes == 0 {
+			// Tests' appends are small: some of them take the path
+			// of large ones too.
+			opts.JournalDirectFrameBytes = testDirectFrameBytes
+		}
 	}
 	s := &Server{
 		id:         opts.ID,
@@ -241,9 +250,10 @@ func (s *Server) openExisting(opts Options) error {
 		return nil
 	}
 	store, opened, err := journal.OpenStore(journal.StoreOptions{
-		Journal:    journal.Options{Dir: jdir, FS: s.fs, SegmentBytes: opts.JournalSegmentBytes},
-		LogOptions: s.journaledLogOptions,
-		OnError:    func(err error) { s.fatal(fmt.Errorf("journal checkpoint failed: %w", err)) },
+		Journal:          journal.Options{Dir: jdir, FS: s.fs, SegmentBytes: opts.JournalSegmentBytes},
+		LogOptions:       s.journaledLogOptions,
+		DirectFrameBytes: opts.JournalDirectFrameBytes,
+		OnError:          func(err error) { s.fatal(fmt.Errorf("journal checkpoint failed: %w", err)) },
 	}, ids)
 	if err != nil {
 		return fmt.Errorf("failed to open the journal in %s: %w", jdir, err)
@@ -273,6 +283,9 @@ func (s *Server) openExisting(opts Options) error {
 // package's tests set it from CATENA_TEST_JOURNAL, to run the whole suite
 // over the journal (make test-journal).
 var journalByDefault bool
+
+// testDirectFrameBytes is JournalDirectFrameBytes under journalByDefault.
+const testDirectFrameBytes = 2 << 10
 
 // journalDir is the journal's directory under the data directory.
 const journalDir = "journal"
