@@ -27,7 +27,8 @@ const (
 	// source).
 	Reset
 	// Flushed: the segment files hold [.., End) durably on their own (a
-	// catch-up copy fsynced them; its frames are not journalled).
+	// Sync fsynced them for a Written frame). It raises what replay
+	// trusts of the files, never lowers it.
 	Flushed
 	// Drop: the partition incarnation is gone.
 	Drop
@@ -294,6 +295,12 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 				return nil, corrupt(i, r, "flushed to %d inside frame [%d, %d)", r.End, st.unflushed[u].Base, st.unflushed[u].End)
 			}
 			st.unflushed = st.unflushed[u:]
+			if r.End <= st.plan.Keep && st.plan.ResetTo == nil {
+				// Says less than the files are trusted with already: a
+				// Sync's record for a snapshot older than the
+				// checkpoint's flush, written after its position.
+				continue
+			}
 			if r.End < st.end {
 				n := sort.Search(len(st.writeEnds), func(k int) bool { return st.writeEnds[k] > r.End })
 				if n < len(st.writeEnds) && records[st.plan.Writes[n]].Base < r.End {

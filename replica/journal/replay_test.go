@@ -237,6 +237,24 @@ func TestReplay(t *testing.T) {
 			want: map[PartitionID]string{p0: "inc 1 keep 300 [300,350)"},
 		},
 		{
+			// A checkpoint took its position, then a Sync recorded
+			// flushed for its older snapshot, then the checkpoint's
+			// flush found the log longer: the record says less than the
+			// checkpoint and must not lower what it trusts.
+			name:    "a flushed record below the checkpoint's offset lowers nothing",
+			cp:      Checkpoint{Position: 1000, Entries: map[PartitionID]Entry{p0: {Incarnation: 1, Flushed: 300}}},
+			disk:    onDisk,
+			records: []Record{rec(Flushed, p0, 1, 200), frame(p0, 1, 3, 300, 310)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 300 [300,310)"},
+		},
+		{
+			name:    "a flushed record below the checkpoint's offset, frames it passed over after it",
+			cp:      Checkpoint{Position: 1000, Entries: map[PartitionID]Entry{p0: {Incarnation: 1, Flushed: 300}}},
+			disk:    onDisk,
+			records: []Record{rec(Flushed, p0, 1, 200), frame(p0, 1, 3, 200, 300), frame(p0, 1, 3, 300, 310)},
+			want:    map[PartitionID]string{p0: "inc 1 keep 300 [300,310)"},
+		},
+		{
 			name: "flushed inside a file-only frame",
 			cp:   cp, disk: onDisk,
 			records: []Record{written(p0, 1, 3, 100, 200), rec(Flushed, p0, 1, 150)},

@@ -392,7 +392,8 @@ func TestStorePowerLossUnderConcurrentLoad(t *testing.T) {
 	}
 	for seed := range int64(seeds) {
 		rng := rand.New(rand.NewSource(seed))
-		fsys := &crashFS{FS: faultfs.New(), at: 300 + rng.Intn(3000), opts: faultfs.CrashOptions{KeepUnsynced: []int{0, -1, rng.Intn(300)}[rng.Intn(3)]}}
+		fsys := &crashFS{FS: faultfs.New(), opts: faultfs.CrashOptions{KeepUnsynced: []int{0, -1, rng.Intn(300)}[rng.Intn(3)]}}
+		crashAfter := 300 + rng.Intn(3000) // changes after the partitions are created
 		opts := storeOptions(fsys)
 		opts.CheckpointEvery = time.Millisecond
 		st, _, err := OpenStore(opts, nil)
@@ -410,12 +411,26 @@ func TestStorePowerLossUnderConcurrentLoad(t *testing.T) {
 			}
 			m := &model{}
 			run.models[id] = m
+			if p == 3 {
+				// The flusher checkpoints all along: on a busy machine
+				// the creations alone can make hundreds of changes.
+				fsys.mu.Lock()
+				fsys.at = fsys.count + crashAfter
+				fsys.mu.Unlock()
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				defer l.Close()
 				for i := 0; i < 400; i++ {
-					f, err := partlog.AppendBatch(nil, 1, l.NextOffset(), []partlog.Record{{Value: make([]byte, 50+i%300)}})
+					// Every fourth frame is large: written to its
+					// segment file only, its Sync recording flushed
+					// while checkpoints take their positions.
+					size := 50 + i%300
+					if i%4 == 3 {
+						size += storeOptions(nil).DirectFrameBytes
+					}
+					f, err := partlog.AppendBatch(nil, 1, l.NextOffset(), []partlog.Record{{Value: make([]byte, size)}})
 					if err != nil {
 						panic(err)
 					}

@@ -740,7 +740,10 @@ func (l *Log) Close() error {
 		err = *p
 	} else if s := l.active(); l.durable.Load() < l.next || l.flushed.Load() < l.next || s.zeroTo > s.size {
 		// A journaled log too: a clean close leaves the segment files
-		// whole, so the journal's last checkpoint needs nothing of it.
+		// whole. (The journal's replay trusts them only as far as its
+		// records say: the replica checkpoints before it closes its
+		// logs, or a frame written to its file only, never synced, is
+		// cut with what follows it.)
 		if serr := s.cutZeros(); serr != nil {
 			err = l.fail(ErrFailed, "close: %w", serr)
 		} else if serr := s.f.Sync(); serr != nil {

@@ -161,6 +161,9 @@ func (l *Log) Truncate(to uint64) error {
 		if err != nil {
 			return err
 		}
+		if err := l.usable(); err != nil {
+			return err // an append failed meanwhile
+		}
 	}
 	k := l.segmentFor(to)
 	s := l.segs[k]
