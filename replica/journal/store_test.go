@@ -28,6 +28,18 @@ func storeOptions(fsys partlog.FS) StoreOptions {
 	}
 }
 
+// appendValue appends a frame of one record holding value, at epoch 1.
+func appendValue(t *testing.T, l *partlog.Log, value []byte) {
+	t.Helper()
+	f, err := partlog.AppendBatch(nil, 1, l.NextOffset(), []partlog.Record{{Value: value}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Append(f); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func partDir(id PartitionID) string {
 	return filepath.Join("/data/streams", id.Stream, fmt.Sprintf("%05d", id.Partition))
 }
@@ -293,13 +305,7 @@ func TestStoreCheckpointsReleaseTheJournal(t *testing.T) {
 	}
 	value := bytes.Repeat([]byte("v"), 1000)
 	for i := range 300 {
-		f, err := partlog.AppendBatch(nil, 1, l.NextOffset(), []partlog.Record{{Value: value}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Append(f); err != nil {
-			t.Fatal(err)
-		}
+		appendValue(t, l, value)
 		if err := l.Sync(); err != nil {
 			t.Fatal(err)
 		}
@@ -414,13 +420,7 @@ func TestStoreTruncationKeepsAFileOnlyFrameBelowIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, size := range []int{10, 1000, 10} { // small [0,1), large [1,2), small [2,3)
-		f, err := partlog.AppendBatch(nil, 1, l.NextOffset(), []partlog.Record{{Value: bytes.Repeat([]byte("v"), size)}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := l.Append(f); err != nil {
-			t.Fatal(err)
-		}
+		appendValue(t, l, bytes.Repeat([]byte("v"), size))
 	}
 	if err := l.Truncate(2); err != nil {
 		t.Fatal(err)
