@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"hash/crc32"
 	"io"
 	"io/fs"
@@ -12,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/catena-streams/catena/replica/partlog"
 )
@@ -69,6 +71,10 @@ type Stats struct {
 	// Recycled counts rolls into a freed segment rather than one
 	// written with zeros.
 	Recycled uint64
+	// Busy is the time the writer spent writing and syncing groups
+	// (rolls included): against the time passed, how saturated the group
+	// commit is; against Groups, what one costs.
+	Busy time.Duration
 }
 
 // Journal is a replica process's journal: records of every partition,
@@ -713,7 +719,9 @@ func (j *Journal) writer() {
 		j.cond.Broadcast() // room for appends waiting on a full group
 		j.mu.Unlock()
 
+		began := time.Now()
 		end, err := j.write(group)
+		busy := time.Since(began)
 		j.mu.Lock()
 		if err != nil {
 			j.failLocked(err)
@@ -725,6 +733,7 @@ func (j *Journal) writer() {
 		j.writingDone = nil
 		j.stats.Groups++
 		j.stats.Bytes += uint64(len(group))
+		j.stats.Busy += busy
 		j.spare = group[:0]
 		j.cond.Broadcast()
 		j.mu.Unlock()

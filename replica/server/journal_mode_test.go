@@ -39,7 +39,7 @@ func TestJournalMetrics(t *testing.T) {
 			}
 			continue
 		}
-		if got["catena_replica_journal_groups_total"] < 1 || got["catena_replica_journal_bytes_total"] < 3*10 ||
+		if got["catena_replica_journal_groups_total"] < 1 || got["catena_replica_journal_bytes_total"] < 3*10 || got["catena_replica_journal_busy_seconds_total"] <= 0 ||
 			got["catena_replica_journal_checkpoints_total"] < 1 || got["catena_replica_journal_end_bytes"] <= 0 {
 			t.Errorf("journal metrics after an append: groups %v, bytes %v, checkpoints %v, end %v", got["catena_replica_journal_groups_total"],
 				got["catena_replica_journal_bytes_total"], got["catena_replica_journal_checkpoints_total"], got["catena_replica_journal_end_bytes"])

@@ -177,6 +177,8 @@ var (
 		"Journal segments rolled to, by whether the segment was recycled (one a checkpoint freed) or written with zeros first.", []string{"segment"}, nil)
 	journalCheckpointsDesc = prometheus.NewDesc("catena_replica_journal_checkpoints_total",
 		"Journal checkpoints: the partitions' files fsynced, and the journal before the checkpoint freed.", nil, nil)
+	journalBusyDesc = prometheus.NewDesc("catena_replica_journal_busy_seconds_total",
+		"Time the replica's journal spent writing and fdatasyncing its groups: its rate is how saturated the group commit is (1: always busy), and over the groups' rate what one group costs.", nil, nil)
 	journalEndDesc = prometheus.NewDesc("catena_replica_journal_end_bytes",
 		"Journal position after the last durable group: grows by the bytes every group commit writes.", nil, nil)
 )
@@ -185,7 +187,7 @@ var (
 type journalCollector struct{ s *Server }
 
 func (c journalCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{journalGroupsDesc, journalBytesDesc, journalRollsDesc, journalCheckpointsDesc, journalEndDesc} {
+	for _, d := range []*prometheus.Desc{journalGroupsDesc, journalBytesDesc, journalBusyDesc, journalRollsDesc, journalCheckpointsDesc, journalEndDesc} {
 		ch <- d
 	}
 }
@@ -198,6 +200,7 @@ func (c journalCollector) Collect(ch chan<- prometheus.Metric) {
 	js, ss := store.Journal().Stats(), store.Stats()
 	ch <- prometheus.MustNewConstMetric(journalGroupsDesc, prometheus.CounterValue, float64(js.Groups))
 	ch <- prometheus.MustNewConstMetric(journalBytesDesc, prometheus.CounterValue, float64(js.Bytes))
+	ch <- prometheus.MustNewConstMetric(journalBusyDesc, prometheus.CounterValue, js.Busy.Seconds())
 	ch <- prometheus.MustNewConstMetric(journalRollsDesc, prometheus.CounterValue, float64(js.Recycled), "recycled")
 	ch <- prometheus.MustNewConstMetric(journalRollsDesc, prometheus.CounterValue, float64(js.Rolls-js.Recycled), "zeroed")
 	ch <- prometheus.MustNewConstMetric(journalCheckpointsDesc, prometheus.CounterValue, float64(ss.Checkpoints))
