@@ -37,11 +37,11 @@ const (
 	// journal position Base (EncodeCheckpoint). Replay is given the last
 	// one apart, not among its records.
 	CheckpointRecord
-	// Written: a frame of offsets [Base, End) under Epoch, appended and
-	// written to its segment file only, not to the journal (a large
-	// frame: docs/journal.md, "Large frames"). It is durable once a
-	// Flushed record at or past End follows; until one does, replay keeps
-	// nothing from Base on.
+	// Written: a frame of offsets [Base, End) under Epoch, its CRC in
+	// Rolling, appended and written to its segment file only, not to the
+	// journal (a large frame: docs/journal.md, "Large frames"). Replay
+	// plans it as a frame the file must hold: recovery keeps it if the
+	// file holds that frame whole, and ends the log at its base if not.
 	Written
 )
 
@@ -86,6 +86,8 @@ type Record struct {
 	Epoch       uint64
 	// Base and End: Frame and Written [Base, End); Create and Reset Base;
 	// Truncate and Flushed End; CheckpointRecord its position in Base.
+	// Rolling: Create's and Reset's rolling checksum; Written's frame CRC
+	// (and Frame's, when OpenStore reads it from the frame's header).
 	Base, End uint64
 	// Rolling is the log's rolling checksum at Base of a Create or a
 	// Reset.
@@ -116,10 +118,13 @@ type OnDisk struct {
 }
 
 // Plan is what recovery does to one partition: open its log trusting
-// [start, Keep) (cutting whatever lies above), or when ResetTo is set make
-// it empty at that offset (creating its directory if missing), then write
-// the frames of Writes (indexes into the records given to Replay), in
-// order.
+// [start, Keep), or when ResetTo is set make it empty at that offset
+// (creating its directory if missing), then bring it to the frames of
+// Writes (indexes into the records given to Replay), in order. Above Keep
+// the segment files keep the frames that match Writes from the first on
+// (offsets and CRC) and are cut after them; the rest of Writes is
+// written from the journal, up to the first Written frame, whose bytes
+// the journal does not have: the log ends at its base.
 type Plan struct {
 	Incarnation uint64
 	Keep        uint64
@@ -152,9 +157,6 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 		end       uint64
 		lastEpoch uint64
 		writeEnds []uint64 // End of each planned write
-		// unflushed are the Written frames no Flushed record covers yet,
-		// in log order: nothing from the first one's base on is kept.
-		unflushed []Record
 	}
 	parts := map[key]*state{}
 	for id, d := range disk {
@@ -243,14 +245,11 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 				// Below what the segment files hold durably: journalled
 				// between the checkpoint's position and its snapshot, or
 				// trimmed by retention since.
-			case r.Base == st.end && r.End > r.Base && r.Kind == Frame:
+			case r.Base == st.end && r.End > r.Base:
+				// A Written frame's bytes are in the segment file only:
+				// recovery looks for it there.
 				st.plan.Writes = append(st.plan.Writes, i)
 				st.writeEnds = append(st.writeEnds, r.End)
-				st.end = r.End
-			case r.Base == st.end && r.End > r.Base:
-				// In the segment file only: kept if a Flushed record
-				// says the file holds it.
-				st.unflushed = append(st.unflushed, r)
 				st.end = r.End
 			default:
 				return nil, corrupt(i, r, "frame [%d, %d) does not continue the log at %d", r.Base, r.End, st.end)
@@ -263,12 +262,6 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 			// epoch follow, never of an earlier one than it.
 			st.lastEpoch = r.Epoch
 			st.end = r.End
-			// File-only frames past the cut are cut with it.
-			u := sort.Search(len(st.unflushed), func(k int) bool { return st.unflushed[k].End > r.End })
-			if u < len(st.unflushed) && st.unflushed[u].Base < r.End {
-				return nil, corrupt(i, r, "a truncation to %d inside frame [%d, %d)", r.End, st.unflushed[u].Base, st.unflushed[u].End)
-			}
-			st.unflushed = st.unflushed[:u]
 			if r.End <= st.plan.Keep && st.plan.ResetTo == nil {
 				st.plan.Keep = r.End
 				st.plan.Writes, st.writeEnds = nil, nil
@@ -283,18 +276,12 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 		case Reset:
 			base := r.Base
 			st.plan.ResetTo, st.plan.Keep, st.end = &partlog.Start{Base: base, Rolling: r.Rolling}, base, base
-			st.plan.Writes, st.writeEnds, st.unflushed = nil, nil, nil
+			st.plan.Writes, st.writeEnds = nil, nil
 			st.lastEpoch = 0
 		case Flushed:
 			// The files hold everything below End durably, as the log
 			// was then (a reset and the frames before included): nothing
-			// below it is replayed, and file-only frames below it are
-			// kept.
-			u := sort.Search(len(st.unflushed), func(k int) bool { return st.unflushed[k].End > r.End })
-			if u < len(st.unflushed) && st.unflushed[u].Base < r.End {
-				return nil, corrupt(i, r, "flushed to %d inside frame [%d, %d)", r.End, st.unflushed[u].Base, st.unflushed[u].End)
-			}
-			st.unflushed = st.unflushed[u:]
+			// below it is replayed.
 			if r.End <= st.plan.Keep && st.plan.ResetTo == nil {
 				// Says less than the files are trusted with already: a
 				// Sync's record for a snapshot older than the
@@ -315,7 +302,7 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 			st.onDisk = true
 		case Drop:
 			st.plan.Dropped = true
-			st.plan.Writes, st.writeEnds, st.unflushed = nil, nil, nil
+			st.plan.Writes, st.writeEnds = nil, nil
 		default:
 			return nil, corrupt(i, r, "unknown record kind")
 		}
@@ -345,18 +332,6 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 			}
 			st.plan.Keep = d.Start
 			st.plan.Writes, st.writeEnds = st.plan.Writes[n:], st.writeEnds[n:]
-			// A file-only frame below the start was in a sealed
-			// segment, fsynced when it was sealed.
-			u := sort.Search(len(st.unflushed), func(w int) bool { return st.unflushed[w].End > d.Start })
-			st.unflushed = st.unflushed[u:]
-		}
-		if len(st.unflushed) > 0 {
-			// A file-only frame no Flushed record covers was never
-			// acknowledged, nor was anything after it: the log ends at
-			// its base.
-			gap := st.unflushed[0].Base
-			n := sort.Search(len(st.writeEnds), func(w int) bool { return st.writeEnds[w] > gap })
-			st.plan.Writes, st.writeEnds = st.plan.Writes[:n], st.writeEnds[:n]
 		}
 		switch {
 		case st.known && !st.plan.Dropped && !st.onDisk && st.plan.ResetTo == nil:

@@ -47,7 +47,11 @@ func show(pl *Plan, records []Record) string {
 		s += fmt.Sprintf(" reset %d", pl.ResetTo.Base)
 	}
 	for _, i := range pl.Writes {
-		s += fmt.Sprintf(" [%d,%d)", records[i].Base, records[i].End)
+		w := ""
+		if records[i].Kind == Written {
+			w = "w" // to be found in the segment file
+		}
+		s += fmt.Sprintf(" %s[%d,%d)", w, records[i].Base, records[i].End)
 	}
 	return s
 }
@@ -191,10 +195,10 @@ func TestReplay(t *testing.T) {
 			want:    map[PartitionID]string{p0: "inc 1 keep 200 [200,210)"},
 		},
 		{
-			name: "a file-only frame never flushed: what follows it is cut with it",
+			name: "a file-only frame is planned, for recovery to find in its file",
 			cp:   cp, disk: onDisk,
 			records: []Record{frame(p0, 1, 3, 100, 110), written(p0, 1, 3, 110, 200), frame(p0, 1, 3, 200, 210)},
-			want:    map[PartitionID]string{p0: "inc 1 keep 100 [100,110)"},
+			want:    map[PartitionID]string{p0: "inc 1 keep 100 [100,110) w[110,200) [200,210)"},
 		},
 		{
 			name: "two file-only frames, only the first flushed",
@@ -203,7 +207,7 @@ func TestReplay(t *testing.T) {
 				written(p0, 1, 3, 100, 200), frame(p0, 1, 3, 200, 210), written(p0, 1, 3, 210, 300),
 				frame(p0, 1, 3, 300, 310), rec(Flushed, p0, 1, 200),
 			},
-			want: map[PartitionID]string{p0: "inc 1 keep 200 [200,210)"},
+			want: map[PartitionID]string{p0: "inc 1 keep 200 [200,210) w[210,300) [300,310)"},
 		},
 		{
 			name: "a truncation removes the file-only frame it cuts",
@@ -227,7 +231,7 @@ func TestReplay(t *testing.T) {
 			want:    map[PartitionID]string{p0: "inc 1 keep 100 [100,110)"},
 		},
 		{
-			name: "retention past a file-only frame never flushed keeps from the disk's start",
+			name: "retention past a file-only frame keeps from the disk's start",
 			cp:   cp,
 			disk: map[PartitionID]OnDisk{p0: {Incarnation: 1, Start: 300}},
 			records: []Record{

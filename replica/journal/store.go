@@ -186,6 +186,13 @@ func OpenStore(opts StoreOptions, onDisk []PartitionID) (*Store, map[PartitionID
 			cp = &Checkpoint{Position: l.Base, Entries: entries}
 			return nil
 		}
+		if l.Kind == Frame && len(l.Payload) >= partlog.FrameHeaderSize {
+			// Its CRC, as a Written record carries it: recovery keeps a
+			// frame the segment file holds whole.
+			if h, err := partlog.DecodeHeader(l.Payload[:partlog.FrameHeaderSize]); err == nil {
+				l.Rolling = h.CRC
+			}
+		}
 		all = append(all, placed{pos, l.Record})
 		return nil
 	})
@@ -317,6 +324,9 @@ func (s *Store) recover(cp Checkpoint, records []Record, onDisk []PartitionID, o
 			continue
 		}
 		lo := s.logOptions(id, &pl.Keep, pl.ResetTo)
+		for _, i := range pl.Writes {
+			lo.Verify = append(lo.Verify, partlog.FrameCheck{Base: records[i].Base, End: records[i].End, CRC: records[i].Rolling})
+		}
 		if pl.ResetTo != nil {
 			// Its directory and incarnation may not have reached the
 			// disk: the create record is the authority.
@@ -332,9 +342,13 @@ func (s *Store) recover(cp Checkpoint, records []Record, onDisk []PartitionID, o
 			writeTo[i] = id
 		}
 	}
-	// Planned frames, from the journal (Replay planned without their
-	// bytes). records are the checkpoint's position on, checkpoint
-	// records left out, in the same order a scan from there gives.
+	// Planned frames the segment files did not hold, from the journal
+	// (Replay planned without their bytes), up to the first Written one
+	// they did not hold: its bytes were only ever in the file, so it was
+	// never acknowledged, nor anything after it. records are the
+	// checkpoint's position on, checkpoint records left out, in the same
+	// order a scan from there gives.
+	ended := map[PartitionID]bool{}
 	if len(writeTo) > 0 {
 		i := 0
 		if _, err := Scan(s.fs, s.opts.Journal.Dir, cp.Position, func(pos uint64, l Logged) error {
@@ -343,14 +357,21 @@ func (s *Store) recover(cp Checkpoint, records []Record, onDisk []PartitionID, o
 			}
 			defer func() { i++ }()
 			id, ok := writeTo[i]
-			if !ok {
+			if !ok || ended[id] {
 				return nil
 			}
-			if r := records[i]; r.Kind != Frame || r.Part != l.Part || r.Base != l.Base || r.End != l.End {
+			r := records[i]
+			if r.Kind != l.Kind || r.Part != l.Part || r.Base != l.Base || r.End != l.End {
 				return fmt.Errorf("%w: record %d read again is not the record planned from", ErrCorrupt, i)
 			}
 			m := s.members[id]
-			if m == nil { // failed meanwhile
+			switch {
+			case m == nil: // failed meanwhile
+				return nil
+			case r.End <= m.log.NextOffset():
+				return nil // the segment file held it whole
+			case r.Kind == Written:
+				ended[id] = true
 				return nil
 			}
 			if err := m.log.Append(l.Payload); err != nil {
@@ -678,12 +699,7 @@ func (p *partitionJournal) Reset(st partlog.Start) error {
 }
 
 func (p *partitionJournal) Written(h partlog.BatchHeader) (uint64, error) {
-	t, err := p.j.Append(&Logged{Record: Record{Kind: Written, Part: p.id, Incarnation: p.inc, Epoch: h.Epoch, Base: h.BaseOffset, End: h.End()}})
-	return uint64(t), err
-}
-
-func (p *partitionJournal) Flushed(end uint64) (uint64, error) {
-	t, err := p.j.Append(&Logged{Record: Record{Kind: Flushed, Part: p.id, Incarnation: p.inc, End: end}})
+	t, err := p.j.Append(&Logged{Record: Record{Kind: Written, Part: p.id, Incarnation: p.inc, Epoch: h.Epoch, Base: h.BaseOffset, End: h.End(), Rolling: h.CRC}})
 	return uint64(t), err
 }
 

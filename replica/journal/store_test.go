@@ -404,10 +404,10 @@ func dump(t *testing.T, fsys partlog.FS, id PartitionID) {
 }
 
 // A truncation promises [.., to) durable. Below the cut may lie a frame
-// written to its segment file only, with no Sync since: the truncation
-// makes it durable and records that before its own record, or the
-// journal's replay, finding no Flushed record after it, would end the log
-// at its base after a power loss.
+// written to its segment file only, with no Sync since: the truncation's
+// fsync of the segment covers it, and recovery finds it there whole (a
+// build that cut the files above the checkpoint without reading them lost
+// it).
 func TestStoreTruncationKeepsAFileOnlyFrameBelowIt(t *testing.T) {
 	fsys := faultfs.New()
 	st, _, err := OpenStore(storeOptions(fsys), nil)

@@ -103,15 +103,31 @@ type Options struct {
 	Flushed *uint64
 	// DirectFrameBytes: a journaled log writes a frame of at least this
 	// many bytes to its segment file only, and the journal records where
-	// it is, not its bytes (docs/journal.md, "Large frames"): Sync fsyncs
-	// the file for it, then has the journal record that. Smaller frames
-	// are copied into the journal, which makes them durable with every
-	// other partition's in one group commit. 0: every frame is journalled.
+	// it is and its CRC, not its bytes (docs/journal.md, "Large frames"):
+	// Sync fsyncs the file for it while it waits for the journal. Smaller
+	// frames are copied into the journal, which makes them durable with
+	// every other partition's in one group commit. 0: every frame is
+	// journalled.
 	DirectFrameBytes int
 	// Empty, when set, makes recovery remove every segment (newest
 	// first) and start an empty log at Empty.Base: the journal says the
 	// log was reset, or created, after its checkpoint.
 	Empty *Start
+	// Verify, with Flushed or Empty, are the frames the journal says
+	// follow, in order. Recovery keeps the segment files' frames above
+	// Flushed (from Empty.Base: when the files start there, with that
+	// rolling checksum) as long as they are whole and match Verify from
+	// its first, offsets and CRC, and cuts what follows. A frame found
+	// whole with the offsets and the CRC of the frame written is that
+	// frame, whatever else a crash left in the files.
+	Verify []FrameCheck
+}
+
+// FrameCheck is a frame recovery may keep (Options.Verify): its offsets
+// [Base, End) and its CRC.
+type FrameCheck struct {
+	Base, End uint64
+	CRC       uint32
 }
 
 // Start is where an empty log begins: its first offset and the rolling
@@ -138,12 +154,9 @@ type Journal interface {
 	// Reset durably records that the log was emptied to start at s.
 	Reset(s Start) error
 	// Written records a frame appended to its segment file only (one of
-	// at least Options.DirectFrameBytes); it is not durable until a
-	// Flushed record at or past its end is.
+	// at least Options.DirectFrameBytes), by its offsets and CRC; Sync
+	// fsyncs the file for it while it waits for the record.
 	Written(h BatchHeader) (ticket uint64, err error)
-	// Flushed records that the segment files hold everything below end
-	// durably (they were fsynced that far).
-	Flushed(end uint64) (ticket uint64, err error)
 	// Wait returns once the records up to ticket are durable.
 	Wait(ticket uint64) error
 }

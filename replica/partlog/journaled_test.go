@@ -1,6 +1,7 @@
 package partlog_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -64,10 +65,6 @@ func (j *recJournal) Reset(s partlog.Start) error {
 
 func (j *recJournal) Written(h partlog.BatchHeader) (uint64, error) {
 	return j.add(fmt.Sprintf("written %d-%d e%d", h.BaseOffset, h.End(), h.Epoch))
-}
-
-func (j *recJournal) Flushed(end uint64) (uint64, error) {
-	return j.add(fmt.Sprintf("flushed %d", end))
 }
 
 func (j *recJournal) Wait(t uint64) error {
@@ -176,11 +173,10 @@ func TestJournaledLog(t *testing.T) {
 }
 
 // A frame of at least DirectFrameBytes is written to its segment file
-// only: the journal is told where it is (written), and Sync makes it
-// durable by fsyncing the file, then recording flushed, and waiting for
-// the journal to hold that. Small frames around it are journalled as
-// ever; a truncation first makes a file-only frame durable, so that the
-// journal's replay never cuts one below the cut.
+// only: the journal is told where it is and its CRC (written), and Sync
+// fsyncs the file while it waits for the journal. Small frames around it
+// are journalled as ever. A truncation's own fsync covers a file-only
+// frame below the cut.
 func TestJournaledLogLargeFrames(t *testing.T) {
 	fsys := faultfs.New()
 	l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes = 1 << 20; o.DirectFrameBytes = 400 })
@@ -195,15 +191,13 @@ func TestJournaledLogLargeFrames(t *testing.T) {
 	appendAll(t, l, uniform(1, 1, 10, 1))  // small: [6,7)
 	synced := make(chan error, 1)
 	go func() { synced <- l.Sync() }()
-	// The flushed record is the 4th: Sync waits for it, not for the
-	// small frame after the large one.
-	j.release(3)
+	j.release(2)
 	select {
 	case err := <-synced:
-		t.Fatalf("Sync returned (%v) before the journal held the flushed record", err)
+		t.Fatalf("Sync returned (%v) before the journal held its last frame", err)
 	default:
 	}
-	j.release(4)
+	j.release(3)
 	if err := <-synced; err != nil {
 		t.Fatal(err)
 	}
@@ -213,16 +207,17 @@ func TestJournaledLogLargeFrames(t *testing.T) {
 	if n := fsys.Syncs() - syncs; n != 1 {
 		t.Fatalf("Sync made %d fsyncs, want 1 (the segment file, for its large frame)", n)
 	}
-	// Small frames alone: no fsync, no flushed record.
+	// Small frames alone: no fsync.
 	appendAll(t, l, uniform(1, 1, 10, 1)) // [7,8)
-	j.release(5)
+	j.release(4)
 	if err := l.Sync(); err != nil {
 		t.Fatal(err)
 	}
 	if n := fsys.Syncs() - syncs; n != 1 {
 		t.Fatalf("%d fsyncs after a Sync of small frames, want 1", n)
 	}
-	// A truncation with a large frame not yet flushed: flushed first.
+	// A truncation above a large frame not yet synced: its fsync of the
+	// segment covers the frame.
 	appendAll(t, l, uniform(1, 5, 100, 2)) // large: [8,13)
 	appendAll(t, l, uniform(1, 1, 10, 2))  // small: [13,14)
 	truncated := make(chan error, 1)
@@ -241,12 +236,109 @@ func TestJournaledLogLargeFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	equalStrings(t, j.records(), []string{
-		"frame 0-1 e1", "written 1-6 e1", "frame 6-7 e1", "flushed 7",
+		"frame 0-1 e1", "written 1-6 e1", "frame 6-7 e1",
 		"frame 7-8 e1",
-		"written 8-13 e2", "frame 13-14 e2", "flushed 14", "truncate 13 e2",
+		"written 8-13 e2", "frame 13-14 e2", "truncate 13 e2",
 		"written 13-18 e3", "reset 100 0000abcd",
 		"frame 100-101 e4",
 	})
+}
+
+// Recovery keeps the frames above Flushed (or from Empty's base) that the
+// segment files hold whole and that match Verify from its first, offsets
+// and CRC, across segment rolls, and cuts what follows: later segments
+// removed, a torn or stale frame cut.
+func TestOpenVerify(t *testing.T) {
+	build := func(t *testing.T) (*faultfs.FS, [][]byte) {
+		fsys := faultfs.New()
+		l := openFS(t, fsys, nil)                        // 4 KiB segments
+		frames := appendAll(t, l, uniform(40, 4, 40, 1)) // [4i, 4i+4)
+		mustClose(t, l)
+		if n := len(segments(t, fsys)); n < 3 {
+			t.Fatalf("%d segments, want several", n)
+		}
+		return fsys, frames
+	}
+	checks := func(t *testing.T, frames [][]byte, from, to int) []partlog.FrameCheck {
+		var cs []partlog.FrameCheck
+		for _, f := range frames[from:to] {
+			h, err := partlog.DecodeHeader(f[:partlog.FrameHeaderSize])
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, partlog.FrameCheck{Base: h.BaseOffset, End: h.End(), CRC: h.CRC})
+		}
+		return cs
+	}
+	for _, tc := range []struct {
+		name    string
+		flushed uint64
+		empty   *partlog.Start
+		verify  func([][]byte) []partlog.FrameCheck
+		damage  int // a frame to damage on disk (-1: none)
+		frames  int // whole frames kept
+	}{
+		{name: "every frame above, across rolls", flushed: 20, frames: 40, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 5, 40) }},
+		{name: "fewer frames than the files hold", flushed: 20, frames: 31, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 5, 31) }},
+		{name: "from a later segment", flushed: 100, frames: 40, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 25, 40) }},
+		{name: "a CRC that does not match", flushed: 20, frames: 10, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck {
+				cs := checks(t, f, 5, 40)
+				cs[5].CRC++
+				return cs
+			}},
+		{name: "a frame damaged on disk", flushed: 20, frames: 12, damage: 12,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 5, 40) }},
+		{name: "a plan that does not start at the cut", flushed: 20, frames: 5, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 6, 40) }},
+		{name: "empty, the files starting there", empty: &partlog.Start{}, frames: 40, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 0, 40) }},
+		{name: "empty, the files another log's", empty: &partlog.Start{Rolling: 0x1234}, frames: 0, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 0, 40) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fsys, frames := build(t)
+			if tc.damage >= 0 {
+				// Find the frame's bytes in its segment and flip one.
+				for _, seg := range segments(t, fsys) {
+					data, _ := fsys.ReadFile(seg)
+					if i := bytes.Index(data, frames[tc.damage]); i >= 0 {
+						f, err := fsys.OpenFile(seg, os.O_RDWR, 0)
+						if err != nil {
+							t.Fatal(err)
+						}
+						f.WriteAt([]byte{data[i+len(frames[tc.damage])-1] ^ 0xff}, int64(i+len(frames[tc.damage])-1))
+						f.Sync()
+						f.Close()
+					}
+				}
+			}
+			at := tc.flushed
+			l := openFS(t, fsys, func(o *partlog.Options) {
+				if tc.empty != nil {
+					o.Empty = tc.empty
+				} else {
+					o.Flushed = &at
+				}
+				o.Verify = tc.verify(frames)
+			})
+			defer l.Close()
+			if n := l.NextOffset(); n != uint64(4*tc.frames) {
+				t.Fatalf("log ends at %d, want %d", n, 4*tc.frames)
+			}
+			equalFrames(t, readAll(t, l), frames[:tc.frames])
+			appendAll(t, l, uniform(1, 4, 40, 2))
+			mustClose(t, l)
+			l = openFS(t, fsys, nil)
+			if n := l.NextOffset(); n != uint64(4*tc.frames+4) {
+				t.Fatalf("reopened log ends at %d, want %d", n, 4*tc.frames+4)
+			}
+			mustClose(t, l)
+		})
+	}
 }
 
 // A failed journal record fails the log for good, and a truncation the

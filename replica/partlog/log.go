@@ -67,8 +67,8 @@ type Log struct {
 	flushed atomic.Uint64
 	// direct is Options.DirectFrameBytes. fileOnly (under wmu) is the end
 	// of the last frame a journaled log wrote to its segment file only
-	// whose journal record has no Flushed record after it yet (0: none):
-	// Sync must fsync the file and record Flushed before it is durable.
+	// that no fsync of the files covers yet (0: none): Sync fsyncs the
+	// file for it.
 	direct   int64
 	fileOnly uint64
 	// fault is the first fatal error (wrapping ErrFailed or ErrCorrupt);
@@ -309,25 +309,25 @@ func (l *Log) syncHeld() error {
 	if l.journal != nil {
 		// Durable once the journal holds it; the segment files are
 		// fsynced later, by Flush. A frame written to the segment file
-		// only is durable once the file is fsynced past it and the
-		// journal holds a Flushed record saying so (which it holds after
-		// every record before it).
-		if fileOnly != 0 {
-			if l.flushed.Load() < end {
-				if err := datasync(s.f); err != nil {
-					return l.fail(ErrFailed, "fsync %s: %w", s.path, err)
-				}
-				advance(&l.flushed, end)
-				l.dropCachedBehind(s, size)
-			}
-			t, err := l.journal.Flushed(end)
-			if err != nil {
-				return l.fail(ErrFailed, "journal flushed to %d: %w", end, err)
-			}
-			ticket = t
+		// only is durable once the file is fsynced past it too (and the
+		// journal holds its record, its offsets and CRC, which recovery
+		// finds it by): the fsync runs while the journal's group commit
+		// does.
+		var synced chan error
+		if fileOnly != 0 && l.flushed.Load() < end {
+			synced = make(chan error, 1)
+			go func() { synced <- datasync(s.f) }()
 		}
-		if err := l.journal.Wait(ticket); err != nil {
-			return l.fail(ErrFailed, "journal: %w", err)
+		werr := l.journal.Wait(ticket)
+		if synced != nil {
+			if err := <-synced; err != nil {
+				return l.fail(ErrFailed, "fsync %s: %w", s.path, err)
+			}
+			advance(&l.flushed, end)
+			l.dropCachedBehind(s, size)
+		}
+		if werr != nil {
+			return l.fail(ErrFailed, "journal: %w", werr)
 		}
 		l.advanceDurable(end)
 		if fileOnly != 0 {
@@ -740,10 +740,7 @@ func (l *Log) Close() error {
 		err = *p
 	} else if s := l.active(); l.durable.Load() < l.next || l.flushed.Load() < l.next || s.zeroTo > s.size {
 		// A journaled log too: a clean close leaves the segment files
-		// whole. (The journal's replay trusts them only as far as its
-		// records say: the replica checkpoints before it closes its
-		// logs, or a frame written to its file only, never synced, is
-		// cut with what follows it.)
+		// whole, so the journal's last checkpoint needs nothing of it.
 		if serr := s.cutZeros(); serr != nil {
 			err = l.fail(ErrFailed, "close: %w", serr)
 		} else if serr := s.f.Sync(); serr != nil {

@@ -150,21 +150,6 @@ func (l *Log) Truncate(to uint64) error {
 		l.wmu.Lock() // for the deferred unlock
 		return err
 	}
-	if l.journal != nil && l.fileOnly != 0 {
-		// A frame written to a segment file only is kept by the
-		// journal's replay only below a Flushed record: the promise of
-		// [.., to) durable needs one before the truncation's. Appends
-		// meanwhile only add past to.
-		l.wmu.Unlock()
-		err := l.syncHeld()
-		l.wmu.Lock()
-		if err != nil {
-			return err
-		}
-		if err := l.usable(); err != nil {
-			return err // an append failed meanwhile
-		}
-	}
 	k := l.segmentFor(to)
 	s := l.segs[k]
 	pos, err := l.boundary(s, to)
@@ -211,7 +196,7 @@ func (l *Log) Truncate(to uint64) error {
 	l.noteCut(to)
 	l.segs = l.segs[: k+1 : k+1]
 	l.next = to
-	l.fileOnly = 0 // flushed above, or cut
+	l.fileOnly = 0 // below the cut, fsynced with it (below); above, cut
 	l.rolling = rolling
 	l.epochs = l.epochs[:n:n]
 	if l.durable.Load() > to {

@@ -25,7 +25,7 @@ func Open(opts Options) (*Log, error) {
 	if opts.Flushed != nil && opts.Empty != nil {
 		return nil, errors.New("partlog: Options.Flushed and Options.Empty together")
 	}
-	if err := l.recover(opts.Flushed, opts.Empty); err != nil {
+	if err := l.recover(opts.Flushed, opts.Empty, opts.Verify); err != nil {
 		for _, s := range l.segs {
 			s.f.Close()
 		}
@@ -105,9 +105,10 @@ func corruptAt(path string, pos int64, format string, args ...any) error {
 }
 
 // recover runs recovery steps 1–8, after cutting the log at flushed or
-// emptying it at empty when the journal's replay says so. On error, the
-// segments opened so far are in l.segs for the caller to close.
-func (l *Log) recover(flushed *uint64, empty *Start) error {
+// emptying it at empty when the journal's replay says so, keeping the
+// frames of verify that follow. On error, the segments opened so far are
+// in l.segs for the caller to close.
+func (l *Log) recover(flushed *uint64, empty *Start, verify []FrameCheck) error {
 	// Step 1.
 	if err := l.fs.MkdirAll(l.dir, 0o755); err != nil {
 		return fmt.Errorf("partlog: create %s: %w", l.dir, err)
@@ -135,6 +136,15 @@ func (l *Log) recover(flushed *uint64, empty *Start) error {
 			return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
 		}
 	}
+	if empty != nil && len(verify) > 0 && len(bases) > 0 && bases[0] == empty.Base {
+		// The files may be the empty log's, with frames of verify.
+		if ok, err := l.startsAt(bases[0], *empty); err != nil {
+			return err
+		} else if ok {
+			at := empty.Base
+			flushed, empty = &at, nil
+		}
+	}
 	switch {
 	case empty != nil:
 		if err := l.removeNewestFirstAt(bases); err != nil {
@@ -148,7 +158,7 @@ func (l *Log) recover(flushed *uint64, empty *Start) error {
 		l.next, l.rolling = empty.Base, empty.Rolling
 		return nil
 	case flushed != nil:
-		if bases, err = l.cutAbove(bases, *flushed); err != nil {
+		if bases, err = l.cutAbove(bases, *flushed, verify); err != nil {
 			return err
 		}
 	}
@@ -211,15 +221,36 @@ func (l *Log) removeNewestFirstAt(bases []uint64) error {
 	return nil
 }
 
+// startsAt says whether the segment of base starts with a header of base
+// and s's rolling checksum.
+func (l *Log) startsAt(base uint64, s Start) (bool, error) {
+	path := filepath.Join(l.dir, segmentName(base))
+	f, err := l.fs.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return false, fmt.Errorf("partlog: open %s: %w", path, err)
+	}
+	defer f.Close()
+	if err := readFromDisk(f); err != nil {
+		return false, fmt.Errorf("partlog: %s: %w", path, err)
+	}
+	hdr := make([]byte, SegmentHeaderSize)
+	if _, err := f.ReadAt(hdr, 0); err != nil {
+		return false, nil // shorter than a header: not the log's
+	}
+	b, rolling, err := decodeSegmentHeader(hdr)
+	return err == nil && b == s.Base && rolling == s.Rolling, nil
+}
+
 // cutAbove cuts the log in the segments of bases at offset to, below which
-// a journal's checkpoint says the files were fsynced: later segments are
-// removed newest first, and the segment holding to is cut at its frame
-// boundary and fsynced. Nothing above to is read: it is whatever a crash
-// left of unsynced writes. Below it the frames must be whole and
-// contiguous (ErrCorrupt otherwise; the normal recovery that follows
-// checks them again, with the rolling checksums). It returns the bases
-// left.
-func (l *Log) cutAbove(bases []uint64, to uint64) ([]uint64, error) {
+// a journal's checkpoint says the files were fsynced, or past the frames
+// above it that match verify from its first (offsets and CRC, whole): the
+// segment holding the cut is cut at its frame boundary and fsynced, later
+// segments removed newest first. Nothing else above to is trusted: it is
+// whatever a crash left of unsynced writes. Below it the frames must be
+// whole and contiguous (ErrCorrupt otherwise; the normal recovery that
+// follows checks them again, with the rolling checksums). It returns the
+// bases left.
+func (l *Log) cutAbove(bases []uint64, to uint64, verify []FrameCheck) ([]uint64, error) {
 	if len(bases) == 0 {
 		if to == 0 {
 			return nil, nil
@@ -230,23 +261,12 @@ func (l *Log) cutAbove(bases []uint64, to uint64) ([]uint64, error) {
 	if k < 0 {
 		return nil, corruptAt(filepath.Join(l.dir, segmentName(bases[0])), 0, "the journal says the log was flushed to offset %d, below its first segment", to)
 	}
-	if err := l.removeNewestFirstAt(bases[k+1:]); err != nil {
+	path := filepath.Join(l.dir, segmentName(bases[k]))
+	f, size, err := l.openToVerify(path)
+	if err != nil {
 		return nil, err
 	}
-	bases = bases[:k+1]
-	path := filepath.Join(l.dir, segmentName(bases[k]))
-	f, err := l.fs.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return nil, fmt.Errorf("partlog: open %s: %w", path, err)
-	}
-	defer f.Close()
-	if err := readFromDisk(f); err != nil {
-		return nil, fmt.Errorf("partlog: %s: %w", path, err)
-	}
-	size, err := fileSize(f)
-	if err != nil {
-		return nil, fmt.Errorf("partlog: stat %s: %w", path, err)
-	}
+	defer func() { f.Close() }()
 	pos, next := int64(SegmentHeaderSize), bases[k]
 	r := segReader{f: f, limit: size, reuse: true}
 	for next < to {
@@ -265,15 +285,85 @@ func (l *Log) cutAbove(bases []uint64, to uint64) ([]uint64, error) {
 		// A segment holding only a header, its frames cut short.
 		return nil, corruptAt(path, size, "the segment ends before offset %d, which the journal says was flushed", to)
 	}
-	if size > pos {
-		if err := f.Truncate(pos); err != nil {
-			return nil, fmt.Errorf("partlog: cut %s at byte %d: %w", path, pos, err)
+	// The frames of verify the files hold whole, in order, each where the
+	// one before ended: in this segment, or at the start of the next one
+	// (an append rolled to it).
+	for _, v := range verify {
+		if v.Base != next {
+			break
 		}
-		if err := f.Sync(); err != nil {
-			return nil, fmt.Errorf("partlog: fsync %s: %w", path, err)
+		h, bad, err := scanFrame(&r, pos, size)
+		if err != nil {
+			return nil, fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
 		}
+		if bad != nil || h.BaseOffset != v.Base || h.End() != v.End || h.CRC != v.CRC {
+			if k+1 >= len(bases) || bases[k+1] != next {
+				break
+			}
+			if err := cutAt(f, path, size, pos); err != nil {
+				return nil, err
+			}
+			f.Close()
+			k++
+			path = filepath.Join(l.dir, segmentName(bases[k]))
+			if f, size, err = l.openToVerify(path); err != nil {
+				return nil, err
+			}
+			pos, r = SegmentHeaderSize, segReader{f: f, limit: size, reuse: true}
+			if h, bad, err = scanFrame(&r, pos, size); err != nil {
+				return nil, fmt.Errorf("partlog: read %s at byte %d: %w", path, pos, err)
+			}
+			if bad != nil || h.BaseOffset != v.Base || h.End() != v.End || h.CRC != v.CRC {
+				break
+			}
+		}
+		next, pos = h.End(), pos+int64(h.FrameLen)
 	}
-	return bases, nil
+	if err := l.removeNewestFirstAt(bases[k+1:]); err != nil {
+		return nil, err
+	}
+	if err := cutAt(f, path, size, pos); err != nil {
+		return nil, err
+	}
+	return bases[:k+1], nil
+}
+
+// openToVerify opens a segment file for cutAbove, its next reads from the
+// disk, and gives its size.
+func (l *Log) openToVerify(path string) (File, int64, error) {
+	f, err := l.fs.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("partlog: open %s: %w", path, err)
+	}
+	if err := readFromDisk(f); err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("partlog: %s: %w", path, err)
+	}
+	size, err := fileSize(f)
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("partlog: stat %s: %w", path, err)
+	}
+	if size < SegmentHeaderSize {
+		f.Close()
+		return nil, 0, corruptAt(path, size, "file of %d bytes has no whole segment header", size)
+	}
+	return f, size, nil
+}
+
+// cutAt cuts the segment file f of size bytes at pos, if it is longer,
+// and fsyncs it.
+func cutAt(f File, path string, size, pos int64) error {
+	if size <= pos {
+		return nil
+	}
+	if err := f.Truncate(pos); err != nil {
+		return fmt.Errorf("partlog: cut %s at byte %d: %w", path, pos, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("partlog: fsync %s: %w", path, err)
+	}
+	return nil
 }
 
 // ReadFromDisk is readFromDisk, for other files recovered the same way
