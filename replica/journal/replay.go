@@ -325,7 +325,10 @@ func Replay(cp Checkpoint, records []Record, disk map[PartitionID]OnDisk) (map[P
 			// A truncation lowered what is kept below the disk's start:
 			// retention removed the segments between since, each
 			// fsynced when it was sealed. What is planned below the
-			// start goes with them.
+			// start goes with them. (A reset's or a creation's plan
+			// keeps its frames: whether the files are that log, past a
+			// start retention moved, recovery tells by their rolling
+			// checksum.)
 			n := sort.Search(len(st.writeEnds), func(w int) bool { return st.writeEnds[w] > d.Start })
 			if n < len(st.writeEnds) && records[st.plan.Writes[n]].Base < d.Start {
 				return nil, fmt.Errorf("%w: partition %s (incarnation %d): frame [%d, %d) straddles the log's start %d on disk", ErrCorrupt, k.id, k.inc, records[st.plan.Writes[n]].Base, st.writeEnds[n], d.Start)

@@ -259,6 +259,26 @@ func TestReplay(t *testing.T) {
 			want:    map[PartitionID]string{p0: "inc 1 keep 300 [300,310)"},
 		},
 		{
+			name: "retention past a creation: planned whole, for recovery to find",
+			cp:   cp,
+			disk: map[PartitionID]OnDisk{p0: {Incarnation: 1}, p1: {Incarnation: 2, Start: 20}},
+			records: []Record{
+				rec(Create, p1, 2, 0), written(p1, 2, 1, 0, 10), written(p1, 2, 1, 10, 20),
+				written(p1, 2, 1, 20, 30), frame(p1, 2, 1, 30, 31),
+			},
+			want: map[PartitionID]string{p0: "inc 1 keep 100", p1: "inc 2 keep 0 reset 0 w[0,10) w[10,20) w[20,30) [30,31)"},
+		},
+		{
+			name: "retention past a reset: planned whole, for recovery to find",
+			cp:   cp,
+			disk: map[PartitionID]OnDisk{p0: {Incarnation: 1, Start: 520}},
+			records: []Record{
+				rec(Reset, p0, 1, 500), written(p0, 1, 5, 500, 510), written(p0, 1, 5, 510, 520),
+				written(p0, 1, 5, 520, 530),
+			},
+			want: map[PartitionID]string{p0: "inc 1 keep 500 reset 500 w[500,510) w[510,520) w[520,530)"},
+		},
+		{
 			name: "flushed inside a file-only frame",
 			cp:   cp, disk: onDisk,
 			records: []Record{written(p0, 1, 3, 100, 200), rec(Flushed, p0, 1, 150)},

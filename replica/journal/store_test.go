@@ -443,3 +443,67 @@ func TestStoreTruncationKeepsAFileOnlyFrameBelowIt(t *testing.T) {
 		t.Fatalf("log ends at %d after the power loss, want 2 (the truncation's promise)", n)
 	}
 }
+
+// A log created (or reset) after the last checkpoint whose first segments
+// retention has removed since: its plan starts it empty at a base its
+// files no longer start at. Its large frames, acknowledged, are in the
+// files only; recovery keeps them from the files' start.
+func TestStoreRetentionPastACreationKeepsFileOnlyFrames(t *testing.T) {
+	for _, reset := range []bool{false, true} {
+		fsys := faultfs.New()
+		opts := storeOptions(fsys)
+		logOptions := opts.LogOptions
+		opts.LogOptions = func(id PartitionID) partlog.Options {
+			lo := logOptions(id)
+			lo.RetentionBytes = 4096
+			return lo
+		}
+		st, _, err := OpenStore(opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := PartitionID{"s", 0}
+		l, err := st.Create(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reset {
+			if err := st.Checkpoint(); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.Reset(100, 7); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 10 {
+			appendValue(t, l, bytes.Repeat([]byte("v"), 1000)) // large: written to the file only
+			if err := l.Sync(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := l.NextOffset()
+		if _, err := l.EnforceRetention(); err != nil {
+			t.Fatal(err)
+		}
+		if l.StartOffset() == want-10 {
+			t.Fatalf("retention removed nothing: log [%d,%d)", l.StartOffset(), want)
+		}
+		fsys.Crash(faultfs.CrashOptions{})
+		l.Close()
+		st.Close()
+
+		st, opened, err := OpenStore(opts, []PartitionID{id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := opened[id]
+		if o.Err != nil || o.Log == nil {
+			t.Fatalf("reset %v: reopen: %+v", reset, o)
+		}
+		if n := o.Log.NextOffset(); n != want {
+			t.Errorf("reset %v: log [%d,%d) after the power loss, acknowledged up to %d", reset, o.Log.StartOffset(), n, want)
+		}
+		o.Log.Close()
+		st.Close()
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -275,8 +276,9 @@ func TestOpenVerify(t *testing.T) {
 		flushed uint64
 		empty   *partlog.Start
 		verify  func([][]byte) []partlog.FrameCheck
-		damage  int // a frame to damage on disk (-1: none)
-		frames  int // whole frames kept
+		damage  int  // a frame to damage on disk (-1: none)
+		trimmed bool // retention removed the first segment
+		frames  int  // whole frames kept
 	}{
 		{name: "every frame above, across rolls", flushed: 20, frames: 40, damage: -1,
 			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 5, 40) }},
@@ -298,6 +300,10 @@ func TestOpenVerify(t *testing.T) {
 			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 0, 40) }},
 		{name: "empty, the files another log's", empty: &partlog.Start{Rolling: 0x1234}, frames: 0, damage: -1,
 			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 0, 40) }},
+		{name: "empty, retention past its base", empty: &partlog.Start{}, trimmed: true, frames: 40, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 0, 40) }},
+		{name: "empty, retention past its base, the files another log's", empty: &partlog.Start{Rolling: 0x1234}, trimmed: true, frames: 0, damage: -1,
+			verify: func(f [][]byte) []partlog.FrameCheck { return checks(t, f, 0, 40) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fsys, frames := build(t)
@@ -316,6 +322,19 @@ func TestOpenVerify(t *testing.T) {
 					}
 				}
 			}
+			start := 0 // the first frame kept
+			if tc.trimmed {
+				segs := segments(t, fsys)
+				if err := fsys.Remove(segs[0]); err != nil {
+					t.Fatal(err)
+				}
+				var base uint64
+				fmt.Sscanf(filepath.Base(segs[1]), "%d", &base)
+				start = int(base / 4)
+			}
+			if tc.frames == 0 {
+				start = 0
+			}
 			at := tc.flushed
 			l := openFS(t, fsys, func(o *partlog.Options) {
 				if tc.empty != nil {
@@ -329,7 +348,7 @@ func TestOpenVerify(t *testing.T) {
 			if n := l.NextOffset(); n != uint64(4*tc.frames) {
 				t.Fatalf("log ends at %d, want %d", n, 4*tc.frames)
 			}
-			equalFrames(t, readAll(t, l), frames[:tc.frames])
+			equalFrames(t, readAll(t, l), frames[start:tc.frames])
 			appendAll(t, l, uniform(1, 4, 40, 2))
 			mustClose(t, l)
 			l = openFS(t, fsys, nil)

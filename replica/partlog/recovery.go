@@ -136,13 +136,24 @@ func (l *Log) recover(flushed *uint64, empty *Start, verify []FrameCheck) error 
 			return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
 		}
 	}
-	if empty != nil && len(verify) > 0 && len(bases) > 0 && bases[0] == empty.Base {
-		// The files may be the empty log's, with frames of verify.
-		if ok, err := l.startsAt(bases[0], *empty); err != nil {
-			return err
-		} else if ok {
-			at := empty.Base
-			flushed, empty = &at, nil
+	if empty != nil && len(verify) > 0 && len(bases) > 0 && bases[0] >= empty.Base {
+		// The files may be the empty log's, with frames of verify;
+		// retention may have removed its first segments since. They
+		// are if the first one starts where those frames lead, with
+		// the rolling checksum they lead to.
+		at, rolling, rest := empty.Base, empty.Rolling, verify
+		for len(rest) > 0 && rest[0].Base == at && rest[0].End <= bases[0] {
+			rolling = rollChecksum(rolling, rest[0].CRC)
+			at, rest = rest[0].End, rest[1:]
+		}
+		if at == bases[0] {
+			ok, err := l.startsAt(at, Start{Base: at, Rolling: rolling})
+			if err != nil {
+				return err
+			}
+			if ok {
+				flushed, empty, verify = &at, nil, rest
+			}
 		}
 	}
 	switch {
