@@ -119,7 +119,8 @@ type OnDisk struct {
 
 // Plan is what recovery does to one partition: open its log trusting
 // [start, Keep), or when ResetTo is set make it empty at that offset
-// (creating its directory if missing), then bring it to the frames of
+// (creating its directory if missing; its files are kept if they are
+// that log's, partlog.Options.Verify), then bring it to the frames of
 // Writes (indexes into the records given to Replay), in order. Above Keep
 // the segment files keep the frames that match Writes from the first on
 // (offsets and CRC) and are cut after them; the rest of Writes is

@@ -111,15 +111,19 @@ type Options struct {
 	DirectFrameBytes int
 	// Empty, when set, makes recovery remove every segment (newest
 	// first) and start an empty log at Empty.Base: the journal says the
-	// log was reset, or created, after its checkpoint.
+	// log was reset, or created, after its checkpoint. With Verify, the
+	// segments are kept when they are that log's (below).
 	Empty *Start
 	// Verify, with Flushed or Empty, are the frames the journal says
 	// follow, in order. Recovery keeps the segment files' frames above
-	// Flushed (from Empty.Base: when the files start there, with that
-	// rolling checksum) as long as they are whole and match Verify from
-	// its first, offsets and CRC, and cuts what follows. A frame found
-	// whole with the offsets and the CRC of the frame written is that
-	// frame, whatever else a crash left in the files.
+	// Flushed as long as they are whole and match Verify from its first,
+	// offsets and CRC, and cuts what follows. With Empty, the files are
+	// that log's when their first segment starts where Verify's frames
+	// from Empty.Base lead (at Empty.Base, or past it where retention
+	// moved the start), with the rolling checksum they lead to; they are
+	// then kept as with Flushed at that start. A frame found whole with
+	// the offsets and the CRC of the frame written is that frame,
+	// whatever else a crash left in the files.
 	Verify []FrameCheck
 }
 
