@@ -66,9 +66,8 @@ type Log struct {
 	jticket uint64
 	flushed atomic.Uint64
 	// direct is Options.DirectFrameBytes. fileOnly (under wmu) is the end
-	// of the last frame a journaled log wrote to its segment file only
-	// that no fsync of the files covers yet (0: none): Sync fsyncs the
-	// file for it.
+	// of the last frame a journaled log wrote to its segment file only:
+	// while it is past flushed, Sync fsyncs the file for it.
 	direct   int64
 	fileOnly uint64
 	// fault is the first fatal error (wrapping ErrFailed or ErrCorrupt);
@@ -314,7 +313,7 @@ func (l *Log) syncHeld() error {
 		// finds it by): the fsync runs while the journal's group commit
 		// does.
 		var synced chan error
-		if fileOnly != 0 && l.flushed.Load() < end {
+		if fileOnly > l.flushed.Load() {
 			synced = make(chan error, 1)
 			go func() { synced <- datasync(s.f) }()
 		}
@@ -330,13 +329,6 @@ func (l *Log) syncHeld() error {
 			return l.fail(ErrFailed, "journal: %w", werr)
 		}
 		l.advanceDurable(end)
-		if fileOnly != 0 {
-			l.wmu.Lock()
-			if l.fileOnly <= end {
-				l.fileOnly = 0
-			}
-			l.wmu.Unlock()
-		}
 		return nil
 	}
 	if err := datasync(s.f); err != nil {

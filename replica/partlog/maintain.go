@@ -196,7 +196,7 @@ func (l *Log) Truncate(to uint64) error {
 	l.noteCut(to)
 	l.segs = l.segs[: k+1 : k+1]
 	l.next = to
-	l.fileOnly = 0 // below the cut, fsynced with it (below); above, cut
+	l.fileOnly = min(l.fileOnly, to) // fsynced with the cut, below
 	l.rolling = rolling
 	l.epochs = l.epochs[:n:n]
 	if l.durable.Load() > to {
@@ -293,7 +293,6 @@ func (l *Log) Reset(base uint64, rolling uint32) error {
 	}
 	l.segs = []*segment{s}
 	l.next = base
-	l.fileOnly = 0 // the journal's replay starts from the reset
 	l.rolling = rolling
 	l.epochs = nil
 	l.durable.Store(base)
