@@ -54,10 +54,11 @@ func (r *ReplicaPoolReconciler) reconcileNodeLoss(ctx context.Context, pool *str
 	l := *plan.Replace
 	logger := log.FromContext(ctx).WithValues("replica", l.Pod, "node", l.Node, "claim", l.Claim, "volume", l.Volume)
 	// The cache decided; the API server confirms before anything is given
-	// up: a Node that came back, or a cache behind, keeps the replica.
-	if still, err := r.stillLost(ctx, in, l); err != nil || !still {
+	// up: a Node that came back, or replacement just turned off, keeps the
+	// replica.
+	if why, err := r.confirmReplacement(ctx, in, l); err != nil || why != "" {
 		if err == nil {
-			logger.Info("A replica's node is no longer lost when read again: not replacing it")
+			logger.Info("Not replacing a lost replica: the API server, read again, says otherwise", "why", why)
 		}
 		return nodeLossRecheck, nil, err
 	}
@@ -112,25 +113,47 @@ func (r *ReplicaPoolReconciler) deleteLostPod(ctx context.Context, pod *corev1.P
 	return nil
 }
 
-// stillLost reads the lost replica's node again from the API server (not
-// the cache) and says whether it is still lost.
-func (r *ReplicaPoolReconciler) stillLost(ctx context.Context, in nodeLossInput, l lostReplica) (bool, error) {
+// confirmReplacement reads again from the API server (not the cache) what
+// the cache gave the replica up on: its node still lost, and replacement
+// still on for the pool and every Stream on it. The cache's informers
+// are separate (a Node's deletion may arrive before the annotation set on
+// the pool just before it). It returns "" to go ahead, else why not.
+func (r *ReplicaPoolReconciler) confirmReplacement(ctx context.Context, in nodeLossInput, l lostReplica) (string, error) {
 	reader := r.APIReader
 	if reader == nil {
 		reader = r.Client
 	}
+	fresh := in
+	pool := &streamsv1alpha1.ReplicaPool{}
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(in.Pool), pool); err != nil {
+		return "", fmt.Errorf("failed to read ReplicaPool %s again: %w", in.Pool.Name, err)
+	}
+	var streams streamsv1alpha1.StreamList
+	if err := reader.List(ctx, &streams, client.InNamespace(pool.Namespace)); err != nil {
+		return "", fmt.Errorf("failed to read the Streams in %s again: %w", pool.Namespace, err)
+	}
+	fresh.Pool, fresh.Streams = pool, nil
+	for _, s := range streams.Items {
+		if s.PoolName() == pool.Name {
+			fresh.Streams = append(fresh.Streams, s)
+		}
+	}
+	if off := replacementDisabled(fresh); off != "" {
+		return "replacement is off (" + off + ")", nil
+	}
 	host, _ := volumeNode(in.Volumes[l.Volume])
 	n, err := nodeByHostname(ctx, reader, host)
 	if err != nil {
-		return false, err
+		return "", err
 	}
-	fresh := in
 	fresh.Nodes = map[string]*corev1.Node{}
 	if n != nil {
 		fresh.Nodes[host] = n
 	}
-	_, _, lost := replicaLost(fresh, l.Pod)
-	return lost, nil
+	if _, _, lost := replicaLost(fresh, l.Pod); !lost {
+		return "its node " + host + " is no longer lost", nil
+	}
+	return "", nil
 }
 
 // nodeByHostname is the one Node labelled kubernetes.io/hostname=host
