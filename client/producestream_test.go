@@ -129,9 +129,12 @@ func TestAnAttemptTimedOutOnTheStreamIsRetried(t *testing.T) {
 	// and sent the retry: it is the retry's answer that counts, and the
 	// late one goes to no one, not to a later call.
 	srv, c := setup(t, 1)
-	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1, RequestTimeout: 100 * time.Millisecond, RetryBackoff: time.Millisecond})
+	// The timeout must also hold every later call's round trip on a busy
+	// machine under -race (a retried one is answered as a duplicate): 400
+	// ms, the slow answer three times that.
+	p := client.NewProducer(c, "s", client.ProducerOptions{Linger: -1, RequestTimeout: 400 * time.Millisecond, RetryBackoff: time.Millisecond})
 	defer p.Close()
-	srv.DelayProduce(1, 300*time.Millisecond)
+	srv.DelayProduce(1, 1200*time.Millisecond)
 	a, err := p.SendSync(context.Background(), client.Record{Value: []byte("slow")})
 	if err != nil || a.Offset != 0 {
 		t.Fatalf("ack %+v, %v; want offset 0", a, err)
@@ -145,7 +148,7 @@ func TestAnAttemptTimedOutOnTheStreamIsRetried(t *testing.T) {
 		if err != nil || a.Offset != uint64(i) || a.Duplicate {
 			t.Fatalf("record %d: ack %+v, %v; want offset %d, not a duplicate", i, a, err, i)
 		}
-		time.Sleep(60 * time.Millisecond)
+		time.Sleep(240 * time.Millisecond)
 	}
 	if stored := srv.Records("s", 0); len(stored) != 6 {
 		t.Fatalf("%d records stored, want 6", len(stored))

@@ -98,6 +98,20 @@ func client(t testing.TB, addr string) catenapb.ReplicaClient {
 	return catenapb.NewReplicaClient(conn)
 }
 
+// connected is n's client with its connection made (a Status call
+// answered on it), for calls with deadlines too short to also cover
+// a handshake.
+func connected(t testing.TB, n *node) catenapb.ReplicaClient {
+	t.Helper()
+	c := n.rc
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := c.Status(ctx, &catenapb.StatusRequest{}); err != nil {
+		t.Fatalf("connect to %s: %v", n.addr, err)
+	}
+	return c
+}
+
 func members(nodes ...*node) []*catenapb.Member {
 	out := make([]*catenapb.Member, len(nodes))
 	for i, n := range nodes {
@@ -684,9 +698,10 @@ func TestReturningHeadTruncatesOrphansAndRejoinsAtTail(t *testing.T) {
 
 	// The successor is unreachable: the head's next batches stay local.
 	stopNode(b)
+	oldHead := connected(t, a)
 	for i := range 2 {
 		actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-		_, err := client(t, a.addr).Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, uint64(i*3+1), 3)})
+		_, err := oldHead.Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, uint64(i*3+1), 3)})
 		cancel()
 		if status.Code(err) != codes.DeadlineExceeded {
 			t.Fatalf("append with the successor down: %v, want DeadlineExceeded", err)
@@ -1208,10 +1223,11 @@ func TestStatusReportsAStalledSuccessor(t *testing.T) {
 	if st := status0(t, a); st.GetSuccessorStalledMs() != 0 || st.GetSuccessorDownMs() != 0 {
 		t.Fatalf("every forwarded record is acknowledged, yet the link reports trouble: %v", st)
 	}
+	ac := connected(t, a)
 	px.freeze()
 	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if _, err := client(t, a.addr).Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 3, 2)}); status.Code(err) != codes.DeadlineExceeded {
+	if _, err := ac.Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 3, 2)}); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("append through a frozen link: %v, want DeadlineExceeded", err)
 	}
 	eventually(t, 5*time.Second, func() error {
@@ -1683,9 +1699,13 @@ func TestRetentionKeepsWhatIsNotOnEveryMember(t *testing.T) {
 	}
 	stopNode(b)
 	value := bytes.Repeat([]byte("x"), 64<<10)
+	// One connection, made before the short deadlines: a new one per call
+	// would spend them on its handshake, and an append never sent leaves a
+	// gap in the log.
+	ac := connected(t, a)
 	for i := range 48 { // 3 MiB: three segments
 		actx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		_, err := client(t, a.addr).Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: 1,
+		_, err := ac.Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: 1,
 			Records: []*catenapb.AppendRecord{{Value: value, ProducerId: 1, Sequence: uint64(i + 1)}}})
 		cancel()
 		if status.Code(err) != codes.DeadlineExceeded {

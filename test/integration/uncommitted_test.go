@@ -20,7 +20,10 @@ import (
 // resumes (SIGCONT) it commits, the producer is answered, and it is served.
 func TestConsumersNeverSeeUncommitted(t *testing.T) {
 	const partition = 0
-	d := startDev(t, t.TempDir())
+	// The paused tail must stay in the chain for the whole check: with the
+	// default failure timeout (1 s) the master would remove it, and the
+	// head and middle would commit the record while the reads below run.
+	d := startDev(t, t.TempDir(), "--failure-timeout", "5m")
 	stream := d.state.Stream
 
 	// Something committed first, so the partition is not empty.
