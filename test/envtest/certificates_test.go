@@ -161,6 +161,12 @@ access:
 		theirs := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "taken-replica-tls"}, StringData: map[string]string{"mine": "yes"}}
 		Expect(k8s.Create(ctx, theirs)).To(Succeed())
 		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "taken", `replicas: 1`))).To(Succeed())
+		By("waiting for the operator to have looked at the pool (its status says it saw this generation)")
+		Eventually(func(g Gomega) {
+			var pool streamsv1alpha1.ReplicaPool
+			g.Expect(k8s.Get(ctx, key(ns, "taken"), &pool)).To(Succeed())
+			g.Expect(pool.Status.ObservedGeneration).To(Equal(pool.Generation))
+		}).Should(Succeed())
 		Consistently(func(g Gomega) {
 			var s corev1.Secret
 			g.Expect(k8s.Get(ctx, key(ns, "taken-replica-tls"), &s)).To(Succeed())
