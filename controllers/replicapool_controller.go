@@ -111,6 +111,11 @@ func (r *ReplicaPoolReconciler) Reconcile(ctx context.Context, req reconcile.Req
 		// The Secret first: a pod waits for its volume's Secret.
 		wake, err := c.ensureLeaf(ctx, pool, pool.TLSSecretName(), poolLeaf(pool), nil)
 		if err != nil {
+			// No replica runs without it: say why where kubectl
+			// describe shows it.
+			if r.Recorder != nil {
+				r.Recorder.Eventf(pool, nil, corev1.EventTypeWarning, "CertificateFailed", "Issue", "replica certificate: %v", err)
+			}
 			return res, err
 		}
 		mountTLS(&desiredSTS.Spec.Template.Spec, pool.TLSSecretName(), c.podArgs(replicaAccessArgs(pool, c.OperatorIdentity())...)...)

@@ -213,6 +213,9 @@ func (r *StreamReconciler) reconcileCertificates(ctx context.Context, stream *st
 
 	wake, err := c.ensureLeaf(ctx, stream, stream.IngestTLSSecretName(), ingestLeaf(stream), nil)
 	if err != nil {
+		// Nothing of the Stream runs without it, and its status is not
+		// written on a failed pass: say why where kubectl describe shows it.
+		r.event(stream, corev1.EventTypeWarning, "CertificateFailed", "Issue", "ingestion certificate: %v", err)
 		return time.Time{}, err
 	}
 	if err := c.ensureBundle(ctx, stream, stream.CABundleName()); err != nil {

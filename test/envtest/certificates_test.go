@@ -161,11 +161,10 @@ access:
 		theirs := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "taken-replica-tls"}, StringData: map[string]string{"mine": "yes"}}
 		Expect(k8s.Create(ctx, theirs)).To(Succeed())
 		Expect(k8s.Create(ctx, manifest(ns, "ReplicaPool", "taken", `replicas: 1`))).To(Succeed())
-		By("waiting for the operator to have looked at the pool (its status says it saw this generation)")
+		By("waiting for the operator to say why the pool cannot run")
 		Eventually(func(g Gomega) {
-			var pool streamsv1alpha1.ReplicaPool
-			g.Expect(k8s.Get(ctx, key(ns, "taken"), &pool)).To(Succeed())
-			g.Expect(pool.Status.ObservedGeneration).To(Equal(pool.Generation))
+			g.Expect(objectEvents(g, ns, "ReplicaPool", "taken", "CertificateFailed")).To(ContainElement(
+				ContainSubstring("secret taken-replica-tls exists and is not the operator's")))
 		}).Should(Succeed())
 		Consistently(func(g Gomega) {
 			var s corev1.Secret

@@ -195,11 +195,10 @@ spec:
   dnsNames: [example.com]
   issuerRef: {name: `+issuer+`, kind: ClusterIssuer}`))).To(Succeed())
 		Expect(k8s.Create(ctx, manifest(ns, "Stream", "orders", "partitions: 1\nreplicationFactor: 1"))).To(Succeed())
-		By("waiting for the operator to have looked at the Stream (its status says it saw this generation)")
+		By("waiting for the operator to say why the Stream cannot run")
 		Eventually(func(g Gomega) {
-			var stream streamsv1alpha1.Stream
-			g.Expect(k8s.Get(ctx, key(ns, "orders"), &stream)).To(Succeed())
-			g.Expect(stream.Status.ObservedGeneration).To(Equal(stream.Generation))
+			g.Expect(objectEvents(g, ns, "Stream", "orders", "CertificateFailed")).To(ContainElement(
+				ContainSubstring("certificate orders-ingest-tls exists and is not the operator's")))
 		}).Should(Succeed())
 		Consistently(func(g Gomega) {
 			crt := certificate(g, ns, "orders-ingest-tls")

@@ -159,11 +159,17 @@ func setPodReady(ns, name string, status corev1.ConditionStatus) {
 
 // poolEvents are the notes of a pool's Events with reason.
 func poolEvents(g Gomega, ns, pool, reason string) []string {
+	return objectEvents(g, ns, "ReplicaPool", pool, reason)
+}
+
+// objectEvents are the notes of the Events with reason about the object of
+// kind and name.
+func objectEvents(g Gomega, ns, kind, name, reason string) []string {
 	var evs eventsv1.EventList
 	g.Expect(k8s.List(ctx, &evs, client.InNamespace(ns))).To(Succeed())
 	var notes []string
 	for _, e := range evs.Items {
-		if e.Regarding.Kind == "ReplicaPool" && e.Regarding.Name == pool && e.Reason == reason {
+		if e.Regarding.Kind == kind && e.Regarding.Name == name && e.Reason == reason {
 			notes = append(notes, e.Note)
 		}
 	}
