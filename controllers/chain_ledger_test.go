@@ -135,7 +135,9 @@ type ledgerTestEnv struct {
 	stream *streamsv1alpha1.Stream
 }
 
-func newLedgerTestEnv(t *testing.T, objs ...client.Object) *ledgerTestEnv {
+// testScheme knows Kubernetes' kinds and Catena's, for fake clients.
+func testScheme(t *testing.T) *runtime.Scheme {
+	t.Helper()
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
@@ -143,6 +145,11 @@ func newLedgerTestEnv(t *testing.T, objs ...client.Object) *ledgerTestEnv {
 	if err := streamsv1alpha1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
+	return scheme
+}
+
+func newLedgerTestEnv(t *testing.T, objs ...client.Object) *ledgerTestEnv {
+	scheme := testScheme(t)
 	stream := &streamsv1alpha1.Stream{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "orders", UID: "stream-uid"}}
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(objs, stream)...).Build()
 	return &ledgerTestEnv{t: t, client: c, stream: stream}

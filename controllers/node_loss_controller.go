@@ -128,16 +128,11 @@ func (r *ReplicaPoolReconciler) confirmReplacement(ctx context.Context, in nodeL
 	if err := reader.Get(ctx, client.ObjectKeyFromObject(in.Pool), pool); err != nil {
 		return "", fmt.Errorf("failed to read ReplicaPool %s again: %w", in.Pool.Name, err)
 	}
-	var streams streamsv1alpha1.StreamList
-	if err := reader.List(ctx, &streams, client.InNamespace(pool.Namespace)); err != nil {
-		return "", fmt.Errorf("failed to read the Streams in %s again: %w", pool.Namespace, err)
+	streams, err := poolStreams(ctx, reader, pool)
+	if err != nil {
+		return "", err
 	}
-	fresh.Pool, fresh.Streams = pool, nil
-	for _, s := range streams.Items {
-		if s.PoolName() == pool.Name {
-			fresh.Streams = append(fresh.Streams, s)
-		}
-	}
+	fresh.Pool, fresh.Streams = pool, streams
 	if off := replacementDisabled(fresh); off != "" {
 		return "replacement is off (" + off + ")", nil
 	}

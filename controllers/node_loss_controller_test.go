@@ -7,9 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -49,13 +47,7 @@ func TestReconcileNodeLossConfirmsTheOffSwitch(t *testing.T) {
 			apiServer = append(apiServer, w.in.Pool.DeepCopy(), stream)
 			cached = append(cached, func() client.Object { p := w.in.Pool.DeepCopy(); p.Annotations = nil; return p }())
 
-			scheme := runtime.NewScheme()
-			if err := clientgoscheme.AddToScheme(scheme); err != nil {
-				t.Fatal(err)
-			}
-			if err := streamsv1alpha1.AddToScheme(scheme); err != nil {
-				t.Fatal(err)
-			}
+			scheme := testScheme(t)
 			cache := fake.NewClientBuilder().WithScheme(scheme).WithObjects(cached...).Build()
 			api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(apiServer...).Build()
 			r := &ReplicaPoolReconciler{Client: cache, APIReader: api, Scheme: scheme, NodeLoss: &NodeLossOptions{Grace: w.in.Grace}, now: func() time.Time { return lossNow }}

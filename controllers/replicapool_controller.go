@@ -184,15 +184,11 @@ func (r *ReplicaPoolReconciler) observe(ctx context.Context, pool *streamsv1alph
 		sts = nil
 	}
 	obs.sts = sts
-	var streams streamsv1alpha1.StreamList
-	if err := r.Client.List(ctx, &streams, client.InNamespace(pool.Namespace)); err != nil {
-		return obs, fmt.Errorf("failed to list the Streams in %s: %w", pool.Namespace, err)
+	streams, err := poolStreams(ctx, r.Client, pool)
+	if err != nil {
+		return obs, err
 	}
-	for _, s := range streams.Items {
-		if s.PoolName() == pool.Name {
-			obs.streams = append(obs.streams, s)
-		}
-	}
+	obs.streams = streams
 	var chains streamsv1alpha1.ReplicationChainList
 	if err := r.Client.List(ctx, &chains, client.InNamespace(pool.Namespace)); err != nil {
 		return obs, fmt.Errorf("failed to list the ReplicationChains in %s: %w", pool.Namespace, err)
@@ -203,6 +199,21 @@ func (r *ReplicaPoolReconciler) observe(ctx context.Context, pool *streamsv1alph
 		}
 	}
 	return obs, nil
+}
+
+// poolStreams are the Streams hosted on the pool, as reader has them.
+func poolStreams(ctx context.Context, reader client.Reader, pool *streamsv1alpha1.ReplicaPool) ([]streamsv1alpha1.Stream, error) {
+	var streams streamsv1alpha1.StreamList
+	if err := reader.List(ctx, &streams, client.InNamespace(pool.Namespace)); err != nil {
+		return nil, fmt.Errorf("failed to list the Streams in %s: %w", pool.Namespace, err)
+	}
+	var on []streamsv1alpha1.Stream
+	for _, s := range streams.Items {
+		if s.PoolName() == pool.Name {
+			on = append(on, s)
+		}
+	}
+	return on, nil
 }
 
 // usage is what the pool hosts, for its status.

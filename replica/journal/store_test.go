@@ -28,6 +28,22 @@ func storeOptions(fsys partlog.FS) StoreOptions {
 	}
 }
 
+// openWithLog opens a store on no partitions and creates partition s/0 in
+// it.
+func openWithLog(t *testing.T, opts StoreOptions) (*Store, PartitionID, *partlog.Log) {
+	t.Helper()
+	st, _, err := OpenStore(opts, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := PartitionID{"s", 0}
+	l, err := st.Create(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, id, l
+}
+
 // appendValue appends a frame of one record holding value, at epoch 1.
 func appendValue(t *testing.T, l *partlog.Log, value []byte) {
 	t.Helper()
@@ -294,15 +310,7 @@ func TestStoreCheckpointsReleaseTheJournal(t *testing.T) {
 	fsys := faultfs.New()
 	opts := storeOptions(fsys)
 	opts.DirectFrameBytes = -1 // every frame fills the journal
-	st, _, err := OpenStore(opts, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := PartitionID{"s", 0}
-	l, err := st.Create(id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, id, l := openWithLog(t, opts)
 	value := bytes.Repeat([]byte("v"), 1000)
 	for i := range 300 {
 		appendValue(t, l, value)
@@ -410,15 +418,7 @@ func dump(t *testing.T, fsys partlog.FS, id PartitionID) {
 // it).
 func TestStoreTruncationKeepsAFileOnlyFrameBelowIt(t *testing.T) {
 	fsys := faultfs.New()
-	st, _, err := OpenStore(storeOptions(fsys), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := PartitionID{"s", 0}
-	l, err := st.Create(id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, id, l := openWithLog(t, storeOptions(fsys))
 	for _, size := range []int{10, 1000, 10} { // small [0,1), large [1,2), small [2,3)
 		appendValue(t, l, bytes.Repeat([]byte("v"), size))
 	}
@@ -458,15 +458,7 @@ func TestStoreRetentionPastACreationKeepsFileOnlyFrames(t *testing.T) {
 			lo.RetentionBytes = 4096
 			return lo
 		}
-		st, _, err := OpenStore(opts, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id := PartitionID{"s", 0}
-		l, err := st.Create(id)
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, id, l := openWithLog(t, opts)
 		if reset {
 			if err := st.Checkpoint(); err != nil {
 				t.Fatal(err)
