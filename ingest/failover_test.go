@@ -281,6 +281,66 @@ func TestAHeadThatAnswersIsNotReportedWhileItsChainIsSlow(t *testing.T) {
 	}
 }
 
+// TestAnAssignedAppendStillRelearnsTheChain: a head that assigned an
+// append's offsets is reachable, but its chain may have moved on without
+// it (the master removed it from the chain while ingestion could still
+// reach it), and then the append waits forever. An assigned append asks
+// discovery later than a silent head's (refreshAfter), but asks: here
+// discovery rounds are an hour apart, so only that refresh can move the
+// append to the new head.
+func TestAnAssignedAppendStillRelearnsTheChain(t *testing.T) {
+	head, next := &chainMember{id: "head"}, &chainMember{id: "next"}
+	addrs, both := serveChain(t, 5, head, next)
+	head.slowChain.Store(true)
+	s := startIngestion(t, addrs)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := produceAsync(ctx, s)
+	for head.answered() == 0 {
+		select {
+		case err := <-done:
+			t.Fatalf("the append was answered though nothing committed it: %v", err)
+		case <-ctx.Done():
+			t.Fatal("the head never saw the append")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	next.view(6, both[1:])
+	if err := <-done; err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+	if next.answered() != 1 {
+		t.Fatalf("the new head answered %d appends, want 1", next.answered())
+	}
+}
+
+// TestRefreshAfter: a silent head's append asks for a discovery round
+// after stallAfter; an assigned one after four of its partition's usual
+// round trips, never sooner than stallAfter nor later than the periodic
+// round.
+func TestRefreshAfter(t *testing.T) {
+	interval := time.Second
+	a := &appender{srv: &Server{disc: &discovery{interval: interval}}}
+	for _, tc := range []struct {
+		name      string
+		assigned  bool
+		roundTrip time.Duration
+		want      time.Duration
+	}{
+		{"not assigned, quiet", false, 0, stallAfter},
+		{"not assigned, loaded", false, 200 * time.Millisecond, stallAfter},
+		{"assigned, no round trip yet", true, 0, stallAfter},
+		{"assigned, quick chain", true, time.Millisecond, stallAfter},
+		{"assigned, loaded chain", true, 100 * time.Millisecond, 400 * time.Millisecond},
+		{"assigned, past the interval", true, 400 * time.Millisecond, interval},
+	} {
+		a.roundTrip = tc.roundTrip
+		if got := a.refreshAfter(&sent{assigned: tc.assigned}); got != tc.want {
+			t.Errorf("%s: refreshAfter = %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
 // TestAHeadThatAnswersOtherPartitionsIsNotReported: whether a head can be
 // reached is a property of its process, which the master's detector
 // judges (Health is per replica). A head that keeps answering appends to

@@ -24,6 +24,10 @@ type metrics struct {
 	answeredBy     *prometheus.CounterVec
 	records        *prometheus.CounterVec
 	produceErrors  *prometheus.CounterVec
+	// discoveryRounds counts route refreshes by what started them:
+	// "interval" (the periodic round) or "request" (an appender whose
+	// append went unanswered for stallAfter, or a head that refused).
+	discoveryRounds *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -61,9 +65,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "catena", Subsystem: "ingest", Name: "produce_errors_total",
 			Help: "Records produced and answered with an error, by gRPC code (a whole request refused counts each of its records; stream is empty for a stream ingestion does not know).",
 		}, []string{"stream", "code"}),
+		discoveryRounds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "ingest", Name: "discovery_rounds_total",
+			Help: "Rounds of Status calls to every replica that refresh the route table, by what started them: interval (the periodic round) or request (an append unanswered for a while, or a head that refused).",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.produceSeconds, m.waitSeconds, m.appendSeconds, m.appends, m.answeredBy, m.records, m.produceErrors)
+		reg.MustRegister(m.produceSeconds, m.waitSeconds, m.appendSeconds, m.appends, m.answeredBy, m.records, m.produceErrors, m.discoveryRounds)
 	}
 	return m
 }

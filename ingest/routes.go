@@ -261,13 +261,17 @@ func (d *discovery) requestRefresh() <-chan struct{} {
 func (d *discovery) loop(ctx context.Context) {
 	t := time.NewTicker(d.interval)
 	defer t.Stop()
+	interval := d.srv.metrics.discoveryRounds.WithLabelValues("interval")
+	requested := d.srv.metrics.discoveryRounds.WithLabelValues("request")
 	for {
 		d.refresh(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			interval.Inc()
 		case <-d.kick:
+			requested.Inc()
 		}
 	}
 }
