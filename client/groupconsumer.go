@@ -376,7 +376,9 @@ func (g *GroupConsumer) serveGeneration(parts []uint32) bool {
 	g.serial++
 	serial := g.serial
 	g.assigned = parts
-	g.positions = start
+	// Copies: Poll writes positions under g.mu while the readers below
+	// still read start, each as it begins, without it.
+	g.positions = maps.Clone(start)
 	g.from = maps.Clone(start)
 	g.mu.Unlock()
 	select {

@@ -92,6 +92,29 @@ func (m *goMember) read() map[string]bool {
 	return out
 }
 
+// TestAGoMemberReadsManyPartitionsAtOnce: a Go member's generation starts
+// a reader per partition, and Poll records each batch's position while
+// readers of other partitions are still starting. The generation's start
+// offsets were the same map as the positions Poll writes, read by each
+// reader as it started: a data race, caught once by CI under -race in
+// TestGoClientReachesTheCoordinatorThroughAnyNode. The race detector sees
+// it only when a reader starts after Poll's first write, which the
+// scheduler decides; sixteen partitions with records waiting make that
+// likelier, not certain (five runs of this test before the fix passed).
+func TestAGoMemberReadsManyPartitionsAtOnce(t *testing.T) {
+	const partitions = 16
+	c := startCluster(t, partitions)
+	all := c.produceN(t, partitions, 5)
+	m := c.goGroupMember(t, "go", "many")
+	waitFor(t, 30*time.Second, "the member to read every record", func() bool { return len(m.read()) == len(all) })
+	got := m.read()
+	for _, k := range all {
+		if !got[k] {
+			t.Fatalf("record %s was never read", k)
+		}
+	}
+}
+
 // TestGoClientAndKafkaClientShareAGroup: two members through Catena's Go
 // client and one franz-go member (range) form one group; one Go member
 // is killed (its connections cut, no LeaveGroup) after reading records it
