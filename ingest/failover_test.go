@@ -168,6 +168,18 @@ func produceAsync(ctx context.Context, s *Server) <-chan error {
 	return done
 }
 
+// expectAnsweredBy waits for the produce whose outcome done carries and
+// checks that it succeeded at head, the chain's new head, in one append.
+func expectAnsweredBy(t *testing.T, done <-chan error, head *chainMember) {
+	t.Helper()
+	if err := <-done; err != nil {
+		t.Fatalf("produce once the chain moved to %s: %v", head.id, err)
+	}
+	if n := head.answered(); n != 1 {
+		t.Fatalf("the new head %s answered %d appends, want 1", head.id, n)
+	}
+}
+
 // firstHeadReport waits until m has been told a head is unreachable and
 // returns the first such report; it fails the test when ctx ends first.
 func firstHeadReport(t *testing.T, ctx context.Context, m *chainMember) *catenapb.ReportHeadUnreachableRequest {
@@ -306,12 +318,7 @@ func TestAnAssignedAppendStillRelearnsTheChain(t *testing.T) {
 		}
 	}
 	next.view(6, both[1:])
-	if err := <-done; err != nil {
-		t.Fatalf("produce: %v", err)
-	}
-	if next.answered() != 1 {
-		t.Fatalf("the new head answered %d appends, want 1", next.answered())
-	}
+	expectAnsweredBy(t, done, next)
 }
 
 // TestRefreshAfter: a silent head's append asks for a discovery round
@@ -436,12 +443,7 @@ func TestAHeadThatNeverConnectsIsReportedAndLeft(t *testing.T) {
 		t.Fatalf("first report %v: want head \"dark\" at epoch 7, sent before the 5 s connect timeout", first)
 	}
 	next.view(8, both[1:])
-	if err := <-done; err != nil {
-		t.Fatalf("produce once the chain left the dark head: %v", err)
-	}
-	if next.answered() != 1 {
-		t.Fatalf("the new head answered %d appends, want 1", next.answered())
-	}
+	expectAnsweredBy(t, done, next)
 }
 
 // TestANewHeadIsNotReportedForTheOldOnesSilence: when the chain leaves a

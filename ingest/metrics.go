@@ -25,8 +25,9 @@ type metrics struct {
 	records        *prometheus.CounterVec
 	produceErrors  *prometheus.CounterVec
 	// discoveryRounds counts route refreshes by what started them:
-	// "interval" (the periodic round) or "request" (an appender whose
-	// append went unanswered for stallAfter, or a head that refused).
+	// "interval" (the periodic round) or "request" (anything that found
+	// the routes stale: an append unanswered for a while, a failed append
+	// session, a read, a call naming a stream the table lacks).
 	discoveryRounds *prometheus.CounterVec
 }
 
@@ -67,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"stream", "code"}),
 		discoveryRounds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "catena", Subsystem: "ingest", Name: "discovery_rounds_total",
-			Help: "Rounds of Status calls to every replica that refresh the route table, by what started them: interval (the periodic round) or request (an append unanswered for a while, or a head that refused).",
+			Help: "Rounds of Status calls to every replica that refresh the route table, by what started them: interval (the periodic round) or request (an append unanswered for a while, a failed append session, a read, a call naming a stream the table lacks).",
 		}, []string{"reason"}),
 	}
 	if reg != nil {
