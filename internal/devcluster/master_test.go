@@ -4,14 +4,18 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/catena-streams/catena/replica/chainmaster"
 	"github.com/catena-streams/catena/replica/server"
 	"github.com/catena-streams/catena/rpc/catenapb"
 	"github.com/catena-streams/catena/rpc/transport"
@@ -282,6 +286,130 @@ func TestMasterRepairsEveryStream(t *testing.T) {
 				if ps.GetEpoch() != 2 {
 					return fmt.Errorf("%s: %s/%d at epoch %d, want 2", n.id, ps.GetStream(), ps.GetPartition(), ps.GetEpoch())
 				}
+			}
+		}
+		return nil
+	})
+}
+
+// TestMasterRejoinsACopyUnderSteadyWrites: a replica that returns further
+// behind than the join lag copies the chain from outside it while a
+// producer writes on. The copy moves its log end between any two rounds;
+// the master must keep the agreement it found at the copy's start rather
+// than ask again every round, which held the join back until a lull in the
+// writes (a returning replica took seconds to rejoin under a steady
+// 2,000 records/s, and a failure meanwhile left its chain too short).
+func TestMasterRejoinsACopyUnderSteadyWrites(t *testing.T) {
+	ctx := context.Background()
+	a := startNode(t, "a", "127.0.0.1:0", t.TempDir())
+	b := startNode(t, "b", "127.0.0.1:0", t.TempDir())
+	c := startNode(t, "c", "127.0.0.1:0", t.TempDir())
+	pool := transport.NewPool(nil)
+	defer pool.Close()
+	rc := func(n *replicaNode) catenapb.ReplicaClient {
+		conn, err := pool.Get(n.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return catenapb.NewReplicaClient(conn)
+	}
+	var asked atomic.Int32
+	logger := funcr.New(func(_, args string) {
+		if strings.Contains(args, `"msg"="Found where a returning replica agrees with the chain"`) {
+			asked.Add(1)
+		}
+	}, funcr.Options{})
+	m := newMaster(pool, logger, map[string]string{"a": a.addr, "b": b.addr, "c": c.addr}, 3, time.Hour, newMasterStream("s", 1, nil))
+	defer m.stop()
+	chains := m.streams[0].chains
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
+	req := &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Config: cfg,
+		Members: []*catenapb.Member{{Id: "a", Addr: a.addr}, {Id: "b", Addr: b.addr}, {Id: "c", Addr: c.addr}}}
+	for _, n := range []*replicaNode{c, b, a} {
+		if _, err := rc(n).Configure(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seq := uint64(1)
+	appendBatch := func(epoch uint64, count int) error {
+		recs := make([]*catenapb.AppendRecord, count)
+		for i := range recs {
+			recs[i] = &catenapb.AppendRecord{Value: []byte(fmt.Sprintf("r%d", seq+uint64(i))), ProducerId: 1, Sequence: seq + uint64(i)}
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := rc(a).Append(actx, &catenapb.AppendRequest{Stream: "s", Epoch: epoch, Records: recs})
+		if err == nil {
+			seq += uint64(count)
+		}
+		return err
+	}
+	if err := appendBatch(1, 100); err != nil {
+		t.Fatal(err)
+	}
+
+	// c goes; the chain moves on without it, further than the join lag.
+	c.stop()
+	m.failed["c"] = true
+	m.repair(ctx)
+	if ch := chains[0]; ch.Epoch != 2 || fmt.Sprint(ch.Members) != "[a b]" {
+		t.Fatalf("after c failed: %+v", ch)
+	}
+	for range 2*chainmaster.DefaultJoinLag/500 + 1 {
+		if err := appendBatch(2, 500); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// c returns while a producer writes a few records every millisecond
+	// or two, following the chain's epoch.
+	c = startNode(t, "c", c.addr, c.dir)
+	delete(m.failed, "c")
+	waitAnswers(t, m, "c")
+	stop := make(chan struct{})
+	writerDone := make(chan error, 1)
+	go func() {
+		epoch := uint64(2)
+		for {
+			select {
+			case <-stop:
+				writerDone <- nil
+				return
+			case <-time.After(time.Millisecond): // the producer's pace
+			}
+			if err := appendBatch(epoch, 5); err != nil {
+				st, serr := rc(a).Status(ctx, &catenapb.StatusRequest{Stream: "s"})
+				if serr != nil || st.GetPartitions()[0].GetEpoch() == epoch {
+					writerDone <- fmt.Errorf("append at epoch %d: %v", epoch, err)
+					return
+				}
+				epoch = st.GetPartitions()[0].GetEpoch()
+			}
+		}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for fmt.Sprint(chains[0].Members) != "[a b c]" && time.Now().Before(deadline) {
+		m.repair(ctx)
+		<-time.After(20 * time.Millisecond) // the master's tick, shortened
+	}
+	close(stop)
+	if err := <-writerDone; err != nil {
+		t.Fatal(err)
+	}
+	if ch := chains[0]; fmt.Sprint(ch.Members) != "[a b c]" {
+		t.Fatalf("c did not rejoin under steady writes in 30 s (asked where it agrees %d times): %+v", asked.Load(), ch)
+	}
+	if n := asked.Load(); n > 2 {
+		t.Errorf("the master asked where the copy agrees %d times; once is enough while the copy runs", n)
+	}
+	// Every record, in order, on every member.
+	end := seq - 1
+	waitFor(t, func() error {
+		sa := partStatus(t, rc(a))
+		for _, n := range []*replicaNode{a, b, c} {
+			st := partStatus(t, rc(n))
+			if st.GetLogEnd() != end || st.GetCommitted() != end || st.GetChecksum() != sa.GetChecksum() {
+				return fmt.Errorf("%s: end %d committed %d sum %08x; want %d, head sum %08x", n.id, st.GetLogEnd(), st.GetCommitted(), st.GetChecksum(), end, sa.GetChecksum())
 			}
 		}
 		return nil

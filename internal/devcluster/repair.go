@@ -246,7 +246,38 @@ func (m *master) repairStream(ctx context.Context, s *masterStream, answered, fa
 			m.log.Error(err, "Chain repair step failed; retrying on the next round", "stream", s.name, "partition", pr.Partition)
 		}
 	}
-	return len(repairs) > 0
+	for _, pr := range repairs {
+		if !keepsCopying(pr, m.reports) {
+			return true
+		}
+	}
+	return false
+}
+
+// keepsCopying reports whether a repair only asks replicas to go on with
+// copies they report running from the same source. That is no progress to
+// look at again at once: a copy of gigabytes otherwise kept the master
+// probing every replica back to back (repairMaxRounds a tick) until it
+// ended; the next tick sees how far it got.
+func keepsCopying(pr *chainmaster.Repair, reports map[string]*catenapb.StatusResponse) bool {
+	if pr.Plan.Changed || len(pr.Calls) == 0 {
+		return false
+	}
+	for _, c := range pr.Calls {
+		if c.Kind != chainmaster.CallCatchUp {
+			return false
+		}
+		var running bool
+		for _, ps := range reports[c.Replica].GetPartitions() {
+			if ps.GetStream() == c.CatchUp.GetChain().GetStream() && ps.GetPartition() == c.CatchUp.GetChain().GetPartition() {
+				running = ps.GetCopy().GetSourceId() == c.CatchUp.GetSourceId()
+			}
+		}
+		if !running {
+			return false
+		}
+	}
+	return true
 }
 
 func (m *master) execute(ctx context.Context, s *masterStream, pr *chainmaster.Repair) error {

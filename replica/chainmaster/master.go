@@ -305,10 +305,31 @@ func replicaOf(in Input, id string, cur chainplan.Chain) chainplan.Replica {
 	case ps.GetLogEnd() == 0:
 		r.Log = chainplan.LogEmpty
 	}
-	if a, ok := in.Agreements[id]; ok && a.ChainEpoch == cur.Epoch && a.LogEnd == r.LogEnd && a.LastLogEpoch == r.LastLogEpoch {
-		r.Agreement = &a.Offset
+	if a, ok := in.Agreements[id]; ok && a.ChainEpoch == cur.Epoch {
+		switch {
+		case a.LogEnd == r.LogEnd && a.LastLogEpoch == r.LastLogEpoch:
+			r.Agreement = &a.Offset
+		case copiedSince(a, ps, cur):
+			end := r.LogEnd
+			r.Agreement = &end
+		}
 	}
 	return r
+}
+
+// copiedSince reports whether a replica's log, found to agree with the
+// chain up to its end at a.LogEnd, still agrees up to its end now: it is
+// outside the chain at the chain's epoch, and a copy begun at or below
+// a.LogEnd runs. Outside the chain a replica takes no appends and no
+// links, so everything past the copy's start is the source's committed
+// log, in order (PartitionStatus.copy). Without this, a copy's log end,
+// which moves between any two rounds while the chain is written, made
+// every agreement stale by the next round: the master asked again and
+// again and planned the join only in a lull of the writes.
+func copiedSince(a Agreement, ps *catenapb.PartitionStatus, cur chainplan.Chain) bool {
+	c := ps.GetCopy()
+	return c != nil && a.Offset == a.LogEnd && c.GetStart() <= a.LogEnd && ps.GetLogEnd() >= a.LogEnd &&
+		ps.GetEpoch() == cur.Epoch && ps.GetRole() == catenapb.Role_ROLE_NONE
 }
 
 // Current is the chain a master plans from: its record, unless a replica

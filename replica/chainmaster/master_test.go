@@ -26,6 +26,13 @@ func joining(ps *catenapb.PartitionStatus, committed uint64) *catenapb.Partition
 	return ps
 }
 
+// copying is ps of a replica outside the chain copying it from source
+// since its log ended at start.
+func copying(ps *catenapb.PartitionStatus, source string, start uint64) *catenapb.PartitionStatus {
+	ps.Copy = &catenapb.CatchUpCopy{SourceId: source, Start: start}
+	return ps
+}
+
 // calls renders a repair's calls: kind(to@epoch [members]).
 func calls(r *Repair) string {
 	if r == nil {
@@ -148,6 +155,66 @@ func TestPlan(t *testing.T) {
 				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
 				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
 			want: "catchup(a@2 from c=c:1)",
+		},
+		{
+			// Under steady writes the copy's log end moves between every
+			// two rounds: asking again each time, the master never
+			// planned the join (a returning replica rejoined only in a
+			// lull of the writes).
+			name: "a copy that grew its agreeing log is not asked again, and joins once close",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
+				Reports: map[string]*catenapb.PartitionStatus{"a": copying(rep(2, []string{"b", "c"}, 8, cfg), "c", 5),
+					"b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
+		},
+		{
+			name: "a copy found agreeing as it ran keeps copying while far behind",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 6, LastLogEpoch: 2, Offset: 6}},
+				Reports: map[string]*catenapb.PartitionStatus{"a": copying(rep(2, []string{"b", "c"}, 10, cfg), "c", 5),
+					"b": rep(2, []string{"b", "c"}, 20, cfg), "c": rep(2, []string{"b", "c"}, 20, cfg)}},
+			want: "catchup(a@2 from c=c:1)",
+		},
+		{
+			// Records between the agreement and the copy's start came
+			// from somewhere else (a link of an older epoch).
+			name: "a copy begun above the agreement is asked again",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
+				Reports: map[string]*catenapb.PartitionStatus{"a": copying(rep(2, []string{"b", "c"}, 8, cfg), "c", 6),
+					"b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@2 [b=b:1 c=c:1]) epochend(b e2 for a)",
+		},
+		{
+			name: "an agreement that asked for a cut is not carried by a copy",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 7, LastLogEpoch: 1, Offset: 5}},
+				Reports: map[string]*catenapb.PartitionStatus{"a": copying(rep(2, []string{"b", "c"}, 8, cfg), "c", 5),
+					"b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@2 [b=b:1 c=c:1]) epochend(b e2 for a)",
+		},
+		{
+			name: "a log that grew without a copy is asked again",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2,
+				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
+				Reports: map[string]*catenapb.PartitionStatus{"a": rep(2, []string{"b", "c"}, 8, cfg),
+					"b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@2 [b=b:1 c=c:1]) epochend(b e2 for a)",
+		},
+		{
+			name: "a copy made at an older epoch is asked again",
+			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2,
+				Chain:      &chainplan.Chain{Epoch: 3, Members: []string{"b", "c"}},
+				Agreements: map[string]Agreement{"a": {ChainEpoch: 3, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
+				Reports: map[string]*catenapb.PartitionStatus{"a": copying(rep(2, []string{"b", "c"}, 8, cfg), "c", 5),
+					"b": rep(3, []string{"b", "c"}, 9, cfg), "c": rep(3, []string{"b", "c"}, 9, cfg)}},
+			want: "configure(a@3 [b=b:1 c=c:1]) epochend(b e2 for a)",
 		},
 		{
 			name: "catching up in the chain, the joiner enters at once",

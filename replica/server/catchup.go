@@ -183,8 +183,11 @@ func (s *Server) reserveServe(ctx context.Context, want int) (int, error) {
 // copier is a running copy from a source.
 type copier struct {
 	source, addr string
-	cancel       context.CancelFunc
-	done         chan struct{}
+	// start is the log end when the copy began: past it, the log holds
+	// what the copy took from source (PartitionStatus.copy).
+	start  uint64
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 func (c *copier) running() bool {
@@ -237,7 +240,7 @@ func (s *Server) CatchUp(ctx context.Context, req *catenapb.CatchUpRequest) (*ca
 		c.cancel()
 	}
 	cctx, cancel := context.WithCancel(context.Background())
-	c := &copier{source: req.GetSourceId(), addr: req.GetSourceAddr(), cancel: cancel, done: make(chan struct{})}
+	c := &copier{source: req.GetSourceId(), addr: req.GetSourceAddr(), start: p.log.NextOffset(), cancel: cancel, done: make(chan struct{})}
 	p.copy = c
 	p.wg.Add(1)
 	go p.copyFrom(cctx, c)

@@ -766,6 +766,9 @@ func (p *partition) statusLocked() *catenapb.PartitionStatus {
 			ps.SuccessorError = p.linkErr.Error()
 		}
 		ps.HeadUnreachableMs = p.headUnreachableMs(st.Epoch)
+		if c := p.copy; c != nil && c.running() && st.Role == chain.RoleNone {
+			ps.Copy = &catenapb.CatchUpCopy{SourceId: c.source, Start: c.start}
+		}
 	}
 	return ps
 }

@@ -1119,6 +1119,11 @@ func TestCatchUpOutsideTheChainThenJoinAtTail(t *testing.T) {
 		}
 		return nil
 	})
+	// The running copy is in its status, with the log end it began at:
+	// the master's agreement with c's log holds past it (chainmaster).
+	if cp := status0(t, c).GetCopy(); cp.GetSourceId() != "b" || cp.GetStart() != 0 || cp == nil {
+		t.Fatalf("c's status while copying: copy %v, want from b since 0", cp)
+	}
 	// Idempotent: asking again keeps the copy.
 	if _, err := cc.CatchUp(ctx, &catenapb.CatchUpRequest{Chain: chainReq, SourceId: "b", SourceAddr: b.addr}); err != nil {
 		t.Fatal(err)
@@ -1140,8 +1145,8 @@ func TestCatchUpOutsideTheChainThenJoinAtTail(t *testing.T) {
 	// The copy rebuilt c's de-duplication table: a retry of an old
 	// sequence at c, were it head, would be recognised. Check it as the
 	// head of a chain of its own.
-	if st := status0(t, c); st.GetRole() != catenapb.Role_ROLE_TAIL || st.GetCommitted() != seq-1 {
-		t.Fatalf("c after joining: %v", st)
+	if st := status0(t, c); st.GetRole() != catenapb.Role_ROLE_TAIL || st.GetCommitted() != seq-1 || st.GetCopy() != nil {
+		t.Fatalf("c after joining (no copy left): %v", st)
 	}
 }
 

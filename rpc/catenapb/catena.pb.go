@@ -4830,8 +4830,11 @@ type PartitionStatus struct {
 	// current epoch if that is fresh (under a second old); 0 otherwise. The
 	// head's successor is the one that carries it (ReportHeadUnreachable).
 	HeadUnreachableMs uint64 `protobuf:"varint,24,opt,name=head_unreachable_ms,json=headUnreachableMs,proto3" json:"head_unreachable_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The copy this replica is making of the chain while outside it
+	// (CatchUp), while it runs; absent otherwise.
+	Copy          *CatchUpCopy `protobuf:"bytes,25,opt,name=copy,proto3" json:"copy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PartitionStatus) Reset() {
@@ -5032,6 +5035,72 @@ func (x *PartitionStatus) GetHeadUnreachableMs() uint64 {
 	return 0
 }
 
+func (x *PartitionStatus) GetCopy() *CatchUpCopy {
+	if x != nil {
+		return x.Copy
+	}
+	return nil
+}
+
+// A running catch-up copy (PartitionStatus.copy).
+type CatchUpCopy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The chain member copied from.
+	SourceId string `protobuf:"bytes,1,opt,name=source_id,json=sourceId,proto3" json:"source_id,omitempty"`
+	// The log end when the copy began. Since then the replica, outside the
+	// chain, has taken records from nothing but this copy, which appends the
+	// source's committed log in order: the log agrees with the chain from
+	// here to its end, and a master that found it agreeing at or above this
+	// offset need not ask again as the copy grows it.
+	Start         uint64 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CatchUpCopy) Reset() {
+	*x = CatchUpCopy{}
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CatchUpCopy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CatchUpCopy) ProtoMessage() {}
+
+func (x *CatchUpCopy) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CatchUpCopy.ProtoReflect.Descriptor instead.
+func (*CatchUpCopy) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *CatchUpCopy) GetSourceId() string {
+	if x != nil {
+		return x.SourceId
+	}
+	return ""
+}
+
+func (x *CatchUpCopy) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty stream: every partition.
@@ -5043,7 +5112,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5055,7 +5124,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5068,7 +5137,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -5100,7 +5169,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[74]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5112,7 +5181,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[74]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5125,7 +5194,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -5178,7 +5247,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[75]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5190,7 +5259,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[75]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5203,7 +5272,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -5271,7 +5340,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[76]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5283,7 +5352,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[76]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5296,7 +5365,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -5367,7 +5436,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[77]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5379,7 +5448,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[77]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5392,7 +5461,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -5471,7 +5540,7 @@ type CompletionsRequest struct {
 
 func (x *CompletionsRequest) Reset() {
 	*x = CompletionsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[78]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5483,7 +5552,7 @@ func (x *CompletionsRequest) String() string {
 func (*CompletionsRequest) ProtoMessage() {}
 
 func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[78]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5496,7 +5565,7 @@ func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionsRequest.ProtoReflect.Descriptor instead.
 func (*CompletionsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *CompletionsRequest) GetStream() string {
@@ -5531,7 +5600,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_catena_v1_catena_proto_msgTypes[79]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5543,7 +5612,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[79]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5556,7 +5625,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *Completion) GetEpoch() uint64 {
@@ -5592,7 +5661,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[80]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5604,7 +5673,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[80]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5617,7 +5686,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -5715,7 +5784,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[81]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5727,7 +5796,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[81]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5740,7 +5809,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
 }
 
 type BatchData struct {
@@ -5759,7 +5828,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[82]
+	mi := &file_catena_v1_catena_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5771,7 +5840,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[82]
+	mi := &file_catena_v1_catena_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5784,7 +5853,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -5819,7 +5888,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[83]
+	mi := &file_catena_v1_catena_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5831,7 +5900,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[83]
+	mi := &file_catena_v1_catena_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5844,7 +5913,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{83}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -5880,7 +5949,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[84]
+	mi := &file_catena_v1_catena_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5892,7 +5961,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[84]
+	mi := &file_catena_v1_catena_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5905,7 +5974,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{84}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -6323,7 +6392,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12+\n" +
 	"\amembers\x18\x04 \x03(\v2\x11.catena.v1.MemberR\amembers\x12/\n" +
 	"\x06config\x18\x05 \x01(\v2\x17.catena.v1.StreamConfigR\x06config\x12\x1c\n" +
-	"\tcommitted\x18\x06 \x01(\x04R\tcommitted\"\xff\x06\n" +
+	"\tcommitted\x18\x06 \x01(\x04R\tcommitted\"\xab\a\n" +
 	"\x0fPartitionStatus\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x1d\n" +
@@ -6350,7 +6419,11 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x14successor_stalled_ms\x18\x15 \x01(\x04R\x12successorStalledMs\x12'\n" +
 	"\x0fsuccessor_error\x18\x16 \x01(\tR\x0esuccessorError\x12,\n" +
 	"\x12log_start_checksum\x18\x17 \x01(\rR\x10logStartChecksum\x12.\n" +
-	"\x13head_unreachable_ms\x18\x18 \x01(\x04R\x11headUnreachableMs\"X\n" +
+	"\x13head_unreachable_ms\x18\x18 \x01(\x04R\x11headUnreachableMs\x12*\n" +
+	"\x04copy\x18\x19 \x01(\v2\x16.catena.v1.CatchUpCopyR\x04copy\"@\n" +
+	"\vCatchUpCopy\x12\x1b\n" +
+	"\tsource_id\x18\x01 \x01(\tR\bsourceId\x12\x14\n" +
+	"\x05start\x18\x02 \x01(\x04R\x05start\"X\n" +
 	"\rStatusRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12!\n" +
 	"\tpartition\x18\x02 \x01(\rH\x00R\tpartition\x88\x01\x01B\f\n" +
@@ -6497,7 +6570,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),                       // 0: catena.v1.Durability
 	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
@@ -6575,18 +6648,19 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*Member)(nil),                        // 73: catena.v1.Member
 	(*ConfigureRequest)(nil),              // 74: catena.v1.ConfigureRequest
 	(*PartitionStatus)(nil),               // 75: catena.v1.PartitionStatus
-	(*StatusRequest)(nil),                 // 76: catena.v1.StatusRequest
-	(*StatusResponse)(nil),                // 77: catena.v1.StatusResponse
-	(*AppendRequest)(nil),                 // 78: catena.v1.AppendRequest
-	(*AppendRecord)(nil),                  // 79: catena.v1.AppendRecord
-	(*AppendResponse)(nil),                // 80: catena.v1.AppendResponse
-	(*CompletionsRequest)(nil),            // 81: catena.v1.CompletionsRequest
-	(*Completion)(nil),                    // 82: catena.v1.Completion
-	(*ReplicateFrame)(nil),                // 83: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                     // 84: catena.v1.LinkHello
-	(*BatchData)(nil),                     // 85: catena.v1.BatchData
-	(*CommitNotice)(nil),                  // 86: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                  // 87: catena.v1.ReplicateAck
+	(*CatchUpCopy)(nil),                   // 76: catena.v1.CatchUpCopy
+	(*StatusRequest)(nil),                 // 77: catena.v1.StatusRequest
+	(*StatusResponse)(nil),                // 78: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                 // 79: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                  // 80: catena.v1.AppendRecord
+	(*AppendResponse)(nil),                // 81: catena.v1.AppendResponse
+	(*CompletionsRequest)(nil),            // 82: catena.v1.CompletionsRequest
+	(*Completion)(nil),                    // 83: catena.v1.Completion
+	(*ReplicateFrame)(nil),                // 84: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 85: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 86: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 87: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 88: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	4,  // 0: catena.v1.Record.headers:type_name -> catena.v1.RecordHeader
@@ -6623,91 +6697,92 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	5,  // 31: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
 	6,  // 32: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
 	7,  // 33: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
-	75, // 34: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	79, // 35: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
-	4,  // 36: catena.v1.AppendRecord.headers:type_name -> catena.v1.RecordHeader
-	84, // 37: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	85, // 38: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	86, // 39: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
-	43, // 40: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
-	43, // 41: catena.v1.Ingest.ProduceStream:input_type -> catena.v1.ProduceRequest
-	46, // 42: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
-	48, // 43: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
-	49, // 44: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	51, // 45: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
-	54, // 46: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
-	35, // 47: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
-	37, // 48: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
-	40, // 49: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
-	55, // 50: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
-	56, // 51: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
-	22, // 52: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
-	25, // 53: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
-	30, // 54: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
-	33, // 55: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
-	9,  // 56: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
-	12, // 57: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
-	15, // 58: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
-	17, // 59: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
-	19, // 60: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
-	74, // 61: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	76, // 62: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	78, // 63: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	78, // 64: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	81, // 65: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
-	83, // 66: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
-	46, // 67: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
-	49, // 68: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	70, // 69: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	72, // 70: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	68, // 71: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	65, // 72: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	66, // 73: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	62, // 74: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	63, // 75: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	59, // 76: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	45, // 77: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	45, // 78: catena.v1.Ingest.ProduceStream:output_type -> catena.v1.ProduceResponse
-	47, // 79: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	47, // 80: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	50, // 81: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	52, // 82: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	58, // 83: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	36, // 84: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	38, // 85: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	41, // 86: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	52, // 87: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
-	57, // 88: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
-	23, // 89: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
-	26, // 90: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
-	31, // 91: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
-	34, // 92: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
-	10, // 93: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
-	14, // 94: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
-	16, // 95: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
-	18, // 96: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
-	21, // 97: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
-	75, // 98: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	77, // 99: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	80, // 100: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	80, // 101: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	82, // 102: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
-	87, // 103: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	47, // 104: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	50, // 105: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	71, // 106: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	75, // 107: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	69, // 108: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	75, // 109: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	67, // 110: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	75, // 111: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	64, // 112: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	61, // 113: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	77, // [77:114] is the sub-list for method output_type
-	40, // [40:77] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	76, // 34: catena.v1.PartitionStatus.copy:type_name -> catena.v1.CatchUpCopy
+	75, // 35: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	80, // 36: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	4,  // 37: catena.v1.AppendRecord.headers:type_name -> catena.v1.RecordHeader
+	85, // 38: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	86, // 39: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	87, // 40: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	43, // 41: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
+	43, // 42: catena.v1.Ingest.ProduceStream:input_type -> catena.v1.ProduceRequest
+	46, // 43: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
+	48, // 44: catena.v1.Ingest.Subscribe:input_type -> catena.v1.SubscribeRequest
+	49, // 45: catena.v1.Ingest.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	51, // 46: catena.v1.Ingest.DescribeStream:input_type -> catena.v1.DescribeStreamRequest
+	54, // 47: catena.v1.Ingest.ListStreams:input_type -> catena.v1.ListStreamsRequest
+	35, // 48: catena.v1.Ingest.CommitConsumerOffset:input_type -> catena.v1.CommitConsumerOffsetRequest
+	37, // 49: catena.v1.Ingest.ListConsumers:input_type -> catena.v1.ListConsumersRequest
+	40, // 50: catena.v1.Ingest.DeleteConsumer:input_type -> catena.v1.DeleteConsumerRequest
+	55, // 51: catena.v1.Ingest.CreateStream:input_type -> catena.v1.CreateStreamRequest
+	56, // 52: catena.v1.Ingest.DeleteStream:input_type -> catena.v1.DeleteStreamRequest
+	22, // 53: catena.v1.Groups.ListGroups:input_type -> catena.v1.ListGroupsRequest
+	25, // 54: catena.v1.Groups.DescribeGroup:input_type -> catena.v1.DescribeGroupRequest
+	30, // 55: catena.v1.Groups.ResetGroupOffsets:input_type -> catena.v1.ResetGroupOffsetsRequest
+	33, // 56: catena.v1.Groups.DeleteGroup:input_type -> catena.v1.DeleteGroupRequest
+	9,  // 57: catena.v1.Groups.JoinGroup:input_type -> catena.v1.JoinGroupRequest
+	12, // 58: catena.v1.Groups.SyncGroup:input_type -> catena.v1.SyncGroupRequest
+	15, // 59: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
+	17, // 60: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
+	19, // 61: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
+	74, // 62: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	77, // 63: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	79, // 64: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	79, // 65: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	82, // 66: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
+	84, // 67: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	46, // 68: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
+	49, // 69: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
+	70, // 70: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	72, // 71: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	68, // 72: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	65, // 73: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	66, // 74: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	62, // 75: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	63, // 76: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	59, // 77: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	45, // 78: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	45, // 79: catena.v1.Ingest.ProduceStream:output_type -> catena.v1.ProduceResponse
+	47, // 80: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	47, // 81: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	50, // 82: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	52, // 83: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	58, // 84: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	36, // 85: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	38, // 86: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	41, // 87: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	52, // 88: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	57, // 89: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	23, // 90: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
+	26, // 91: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
+	31, // 92: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
+	34, // 93: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
+	10, // 94: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
+	14, // 95: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
+	16, // 96: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
+	18, // 97: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
+	21, // 98: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
+	75, // 99: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	78, // 100: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	81, // 101: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	81, // 102: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	83, // 103: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
+	88, // 104: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	47, // 105: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	50, // 106: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	71, // 107: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	75, // 108: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	69, // 109: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	75, // 110: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	67, // 111: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	75, // 112: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	64, // 113: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	61, // 114: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	78, // [78:115] is the sub-list for method output_type
+	41, // [41:78] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_catena_v1_catena_proto_init() }
@@ -6717,13 +6792,13 @@ func file_catena_v1_catena_proto_init() {
 	}
 	file_catena_v1_catena_proto_msgTypes[39].OneofWrappers = []any{}
 	file_catena_v1_catena_proto_msgTypes[60].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[73].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[80].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[74].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[81].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[84].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[85].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -6733,7 +6808,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   85,
+			NumMessages:   86,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
