@@ -417,7 +417,7 @@ func (p *partition) resetBelowSource(ctx context.Context, rc catenapb.ReplicaCli
 	// As after a truncation: the core, de-duplication and forwarding
 	// state describe the old log.
 	p.truncations.Add(1)
-	p.dedup = newDedupTable()
+	p.dedup, p.dedupSaved = newDedupTable(), 0
 	p.recent, p.recentBytes = nil, 0
 	p.core = chain.New(p.srv.id, start)
 	if p.meta != nil {

@@ -10,8 +10,10 @@ import (
 // Idempotence: every record carries its producer id and sequence in the log
 // (partlog.Record), so every member, not only the head, maintains this table
 // as it appends, and a member that becomes head already knows which
-// submissions it holds. After a restart the table is rebuilt from the tail of
-// the log (dedupRebuildRecords).
+// submissions it holds. After a restart the table is loaded from the
+// partition's snapshot and the records after it (dedupsnap.go), or, without
+// a snapshot that fits the log, rebuilt from the tail of the log
+// (dedupRebuildRecords).
 const (
 	// dedupWindowSequences is how many of a producer's most recent
 	// sequences per partition are remembered at least (up to twice as
@@ -28,7 +30,8 @@ const (
 	// dedupMaxProducers bounds the table per partition; the producer seen
 	// least recently is forgotten first.
 	dedupMaxProducers = 10000
-	// dedupRebuildRecords is how far back the table is rebuilt at start-up.
+	// dedupRebuildRecords is how far back the table is rebuilt at start-up
+	// without a snapshot, and how far below the log end a snapshot may be.
 	dedupRebuildRecords = 1 << 20
 )
 

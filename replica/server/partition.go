@@ -41,11 +41,14 @@ type partition struct {
 	stop      chan struct{} // closed when the partition shuts down
 	wg        sync.WaitGroup
 
-	mu        sync.Mutex
-	core      *chain.Replica
-	meta      *chainMeta
-	dedup     *dedupTable
-	committed uint64 // mirror of the core's committed offset, for readers
+	mu    sync.Mutex
+	core  *chain.Replica
+	meta  *chainMeta
+	dedup *dedupTable
+	// dedupSaved is the log end of the last de-duplication snapshot
+	// written or loaded (0: none).
+	dedupSaved uint64
+	committed  uint64 // mirror of the core's committed offset, for readers
 	// committedExact is false while a partition restored after a crash
 	// has only its recorded committed offset, which may lag what it knew
 	// (see committedTableFile); a new epoch brings the chain's.

@@ -109,6 +109,7 @@ func (s *Server) Truncate(ctx context.Context, req *catenapb.TruncateRequest) (*
 	// durable now (the log may grow again past the cut before it reports).
 	p.truncations.Add(1)
 	p.dedup.truncate(cut)
+	p.dedupSaved = 0
 	p.recent, p.recentBytes = nil, 0
 	// The core has no truncation: rebuild it over the shorter log and
 	// reinstall the installed configuration (where this replica has no role).

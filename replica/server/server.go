@@ -210,9 +210,10 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("failed to record committed offsets at start-up: %w", err)
 	}
 	s.committedLoaded = nil
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.retentionLoop()
 	go s.committedLoop()
+	go s.dedupLoop()
 	return s, nil
 }
 
@@ -424,7 +425,8 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		p.logger.V(1).Info("Cut the zeros written ahead of the partition log's last frame", "bytes", rec.ZeroTailBytes)
 	}
 	p.core = chain.New(s.id, l.NextOffset())
-	if err := p.rebuildDedup(); err != nil {
+	dedupFrom, err := p.loadDedup()
+	if err != nil {
 		p.failed = err
 	}
 	if h, err := readHolds(dir); err != nil {
@@ -460,7 +462,8 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 	p.wg.Add(1)
 	go p.syncLoop(syncInterval(cfg))
 	s.partitions[partKey{stream, index}] = p
-	p.logger.Info("Opened partition", "logStart", l.StartOffset(), "logEnd", l.NextOffset(), "epoch", p.core.Status().Epoch)
+	p.logger.Info("Opened partition", "logStart", l.StartOffset(), "logEnd", l.NextOffset(), "epoch", p.core.Status().Epoch,
+		"dedupReadFrom", dedupFrom)
 	return p, nil
 }
 
@@ -483,33 +486,6 @@ func logOptions(dir string, cfg *catenapb.StreamConfig) partlog.Options {
 		RetentionBytes:     cfg.GetRetentionBytes(),
 		RetentionTime:      time.Duration(cfg.GetRetentionMs()) * time.Millisecond,
 	}
-}
-
-// rebuildDedup reloads the idempotence table from the tail of the log.
-func (p *partition) rebuildDedup() error {
-	end := p.log.NextOffset()
-	from := p.log.StartOffset()
-	if end > dedupRebuildRecords && end-dedupRebuildRecords > from {
-		from = end - dedupRebuildRecords
-	}
-	for from < end {
-		frames, err := p.log.ReadFrames(from, end, 4<<20)
-		if err != nil {
-			return fmt.Errorf("failed to rebuild de-duplication table of %s/%d: %w", p.stream, p.index, err)
-		}
-		if len(frames) == 0 {
-			break
-		}
-		for _, fr := range frames {
-			h, recs, err := partlog.DecodeBatch(fr)
-			if err != nil {
-				return fmt.Errorf("failed to rebuild de-duplication table of %s/%d: %w", p.stream, p.index, err)
-			}
-			p.dedup.addBatch(recs)
-			from = h.End()
-		}
-	}
-	return nil
 }
 
 // startLink (re)starts the replication link for the current epoch. Callers
@@ -915,6 +891,10 @@ func (p *partition) close() {
 	close(p.stop)
 	p.mu.Unlock()
 	p.wg.Wait()
+	// A clean stop leaves the next start nothing to read back.
+	if err := p.saveDedup(); err != nil {
+		p.logger.Error(err, "Failed to save the de-duplication snapshot at close")
+	}
 	if p.log != nil {
 		if err := p.log.Close(); err != nil {
 			p.logger.Error(err, "Failed to close partition log")
