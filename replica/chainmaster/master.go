@@ -321,8 +321,9 @@ func replicaOf(in Input, id string, cur chainplan.Chain) chainplan.Replica {
 // chain up to its end at a.LogEnd, still agrees up to its end now: it is
 // outside the chain at the chain's epoch, and a copy begun at or below
 // a.LogEnd runs. Outside the chain a replica takes no appends and no
-// links, so everything past the copy's start is the source's committed
-// log, in order (PartitionStatus.copy). Without this, a copy's log end,
+// links, so while its epoch stays the agreement's, everything past the
+// copy's start is committed records of the chain, in order, at its log end
+// (PartitionStatus.copy). Without this, a copy's log end,
 // which moves between any two rounds while the chain is written, made
 // every agreement stale by the next round: the master asked again and
 // again and planned the join only in a lull of the writes.

@@ -179,8 +179,8 @@ func TestPlan(t *testing.T) {
 			want: "catchup(a@2 from c=c:1)",
 		},
 		{
-			// Records between the agreement and the copy's start came
-			// from somewhere else (a link of an older epoch).
+			// Records between the agreement and the copy's start were
+			// appended before the copy began: no agreement covers them.
 			name: "a copy begun above the agreement is asked again",
 			in: Input{Config: cfg, Addrs: addrs, Answered: all, Replication: 3, MinLength: 2, JoinLag: 2,
 				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -20,8 +21,9 @@ import (
 // partitions took minutes to come back from a crash.
 //
 // The file is written every dedupSnapshotInterval for each partition whose
-// log moved, and at a clean close, without fsync: a file the disk lost or
-// tore fails its checksum and the start rebuilds as before. A snapshot
+// durable log end moved, and at a clean close, without fsync: a file the
+// disk lost or tore fails its checksum and the start rebuilds as before. It
+// covers durable records only (see saveDedup). A snapshot
 // describes its log by the frame that ends at its offset (epoch and CRC);
 // one that the log no longer ends a frame with there (cut by a Truncate or
 // a Reset, retention past it) is not used.
@@ -130,7 +132,7 @@ func decodeDedupSnapshot(b []byte) (dedupSnapshot, error) {
 		for i := range w.runs {
 			r := seqRun{seq: binary.LittleEndian.Uint64(rest), offset: binary.LittleEndian.Uint64(rest[8:]), n: binary.LittleEndian.Uint64(rest[16:])}
 			rest = rest[24:]
-			if r.n == 0 || r.offset+r.n > s.offset || (i > 0 && r.seq < w.runs[i-1].end()) {
+			if r.n == 0 || r.n > s.offset || r.offset > s.offset-r.n || r.seq > math.MaxUint64-r.n || (i > 0 && r.seq < w.runs[i-1].end()) {
 				return dedupSnapshot{}, fmt.Errorf("%w: producer %d run %d out of place", errBadDedupSnapshot, id, i)
 			}
 			w.runs[i] = r
@@ -236,7 +238,11 @@ func (p *partition) saveDedup() error {
 		p.mu.Unlock()
 		return nil
 	}
-	end := p.log.NextOffset()
+	// Durable records only: a snapshot of records a power cut then took
+	// would name a frame the log may come to end at that offset again
+	// (a sole member goes on at the same epoch, and a retried frame is
+	// the same frame) after other records filled the gap below it.
+	end := p.log.DurableOffset()
 	if end == p.dedupSaved || end <= p.log.StartOffset() {
 		p.mu.Unlock()
 		return nil
@@ -250,7 +256,10 @@ func (p *partition) saveDedup() error {
 		p.mu.Unlock()
 		return fmt.Errorf("cannot read the frame ending at %d for the de-duplication snapshot of %s/%d: %v", end, p.stream, p.index, err)
 	}
-	s := dedupSnapshot{offset: end, frameEpoch: h.Epoch, frameCRC: h.CRC, table: p.dedup.clone()}
+	table := p.dedup.clone()
+	table.truncate(end) // what was appended past the durable end
+	s := dedupSnapshot{offset: end, frameEpoch: h.Epoch, frameCRC: h.CRC, table: table}
+	cuts := p.truncations.Load()
 	p.mu.Unlock()
 
 	tmp := filepath.Join(p.dir, dedupSnapshotFile+".tmp")
@@ -261,7 +270,9 @@ func (p *partition) saveDedup() error {
 		return fmt.Errorf("failed to install the de-duplication snapshot of %s/%d: %w", p.stream, p.index, err)
 	}
 	p.mu.Lock()
-	p.dedupSaved = end
+	if p.truncations.Load() == cuts {
+		p.dedupSaved = end // else a cut since: the next round saves again
+	}
 	p.mu.Unlock()
 	return nil
 }

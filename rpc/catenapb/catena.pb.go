@@ -5047,11 +5047,13 @@ type CatchUpCopy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The chain member copied from.
 	SourceId string `protobuf:"bytes,1,opt,name=source_id,json=sourceId,proto3" json:"source_id,omitempty"`
-	// The log end when the copy began. Since then the replica, outside the
-	// chain, has taken records from nothing but this copy, which appends the
-	// source's committed log in order: the log agrees with the chain from
-	// here to its end, and a master that found it agreeing at or above this
-	// offset need not ask again as the copy grows it.
+	// The log end when the copy began. A replica outside the chain takes no
+	// appends and no links: for as long as its epoch does not change, what
+	// it appends past this offset is committed records of chain members, in
+	// order, at its log end (this copy's, or the last chunk of one it
+	// replaced). So a master that found its log agreeing with the chain at or
+	// above this offset, at the epoch the replica still reports, need not ask
+	// again as the copy grows it.
 	Start         uint64 `protobuf:"varint,2,opt,name=start,proto3" json:"start,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
