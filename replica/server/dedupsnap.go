@@ -20,8 +20,9 @@ import (
 // partition, 0.5-1.5 s each here, so a replica with hundreds of busy
 // partitions took minutes to come back from a crash.
 //
-// The file is written every dedupSnapshotInterval for each partition whose
-// durable log end moved, and at a clean close, without fsync: a file the
+// The file is written for each partition whose durable log end moved by
+// dedupSnapshotRecords since its last one (looked at every
+// dedupSnapshotInterval), and at a clean close, without fsync: a file the
 // disk lost or tore fails its checksum and the start rebuilds as before. It
 // covers durable records only (see saveDedup). A snapshot
 // describes its log by the frame that ends at its offset (epoch and CRC);
@@ -31,7 +32,13 @@ const (
 	dedupSnapshotFile     = "dedup.snap"
 	dedupSnapshotVersion  = 1
 	dedupSnapshotInterval = 10 * time.Second
-	dedupSnapshotHeader   = 4 + 4 + 8 + 8 + 4 + 4 // magic, version, offset, frame epoch, frame CRC, producers
+	// dedupSnapshotRecords is how far a partition's log moves before its
+	// next snapshot: what a start after a crash reads back at most, beyond
+	// the last interval's records. It keeps a replica of many busy
+	// partitions from writing and renaming a file per partition every
+	// interval.
+	dedupSnapshotRecords = 1 << 16
+	dedupSnapshotHeader  = 4 + 4 + 8 + 8 + 4 + 4 // magic, version, offset, frame epoch, frame CRC, producers
 )
 
 var dedupSnapshotMagic = [4]byte{'C', 'D', 'D', 'S'}
@@ -227,10 +234,10 @@ func (p *partition) foldDedup(from uint64) error {
 	return nil
 }
 
-// saveDedup writes the partition's de-duplication snapshot if its log moved
-// since the last one. holdsMu keeps it from writing into a directory a Drop
+// saveDedup writes the partition's de-duplication snapshot if its durable
+// log end moved by at least minRecords since the last one. holdsMu keeps it from writing into a directory a Drop
 // is renaming away (Drop takes it before it fails the partition).
-func (p *partition) saveDedup() error {
+func (p *partition) saveDedup(minRecords uint64) error {
 	p.holdsMu.Lock()
 	defer p.holdsMu.Unlock()
 	p.mu.Lock()
@@ -243,7 +250,7 @@ func (p *partition) saveDedup() error {
 	// (a sole member goes on at the same epoch, and a retried frame is
 	// the same frame) after other records filled the gap below it.
 	end := p.log.DurableOffset()
-	if end == p.dedupSaved || end <= p.log.StartOffset() {
+	if end == p.dedupSaved || end <= p.log.StartOffset() || (end > p.dedupSaved && end-p.dedupSaved < minRecords) {
 		p.mu.Unlock()
 		return nil
 	}
@@ -291,7 +298,7 @@ func (s *Server) dedupLoop() {
 		case <-t.C:
 		}
 		for _, p := range s.openPartitions() {
-			if err := p.saveDedup(); err != nil {
+			if err := p.saveDedup(dedupSnapshotRecords); err != nil {
 				p.logger.Error(err, "Failed to save the de-duplication snapshot")
 			}
 		}

@@ -76,7 +76,14 @@ func TestARestartReadsBackOnlyWhatFollowsTheDedupSnapshot(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := a.srv.partitions[partKey{"s", 0}]
-	if err := p.saveDedup(); err != nil {
+	// The periodic round waits for the log to move further than this.
+	if err := p.saveDedup(dedupSnapshotRecords); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(p.dir, dedupSnapshotFile)); !os.IsNotExist(err) {
+		t.Fatalf("a snapshot after 20 records in the periodic round: %v", err)
+	}
+	if err := p.saveDedup(1); err != nil {
 		t.Fatal(err)
 	}
 	second, err := a.rc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 10)})
@@ -193,7 +200,7 @@ func TestADedupSnapshotCoversDurableRecordsOnly(t *testing.T) {
 	p := a.srv.partitions[partKey{"s", 0}]
 	snapshotAt := func() (uint64, bool) {
 		t.Helper()
-		if err := p.saveDedup(); err != nil {
+		if err := p.saveDedup(1); err != nil {
 			t.Fatal(err)
 		}
 		b, err := os.ReadFile(filepath.Join(p.dir, dedupSnapshotFile))

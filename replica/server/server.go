@@ -892,7 +892,7 @@ func (p *partition) close() {
 	p.mu.Unlock()
 	p.wg.Wait()
 	// A clean stop leaves the next start nothing to read back.
-	if err := p.saveDedup(); err != nil {
+	if err := p.saveDedup(1); err != nil {
 		p.logger.Error(err, "Failed to save the de-duplication snapshot at close")
 	}
 	if p.log != nil {
