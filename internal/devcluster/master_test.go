@@ -58,6 +58,41 @@ func (n *replicaNode) stop() {
 	n.srv.Close()
 }
 
+// threeNodes starts replicas a, b and c, with a pool the test's master and
+// calls share and a client of a node through it.
+func threeNodes(t *testing.T) (a, b, c *replicaNode, pool *transport.Pool, rc func(*replicaNode) catenapb.ReplicaClient) {
+	t.Helper()
+	a = startNode(t, "a", "127.0.0.1:0", t.TempDir())
+	b = startNode(t, "b", "127.0.0.1:0", t.TempDir())
+	c = startNode(t, "c", "127.0.0.1:0", t.TempDir())
+	pool = transport.NewPool(nil)
+	t.Cleanup(pool.Close)
+	rc = func(n *replicaNode) catenapb.ReplicaClient {
+		conn, err := pool.Get(n.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return catenapb.NewReplicaClient(conn)
+	}
+	return a, b, c, pool, rc
+}
+
+// installChain configures stream s's partition 0 on chain (head first) at
+// epoch 1, tail first, with fsync and a minimum chain length of one.
+func installChain(t *testing.T, rc func(*replicaNode) catenapb.ReplicaClient, chain ...*replicaNode) {
+	t.Helper()
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
+	req := &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Config: cfg}
+	for _, n := range chain {
+		req.Members = append(req.Members, &catenapb.Member{Id: n.id, Addr: n.addr})
+	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		if _, err := rc(chain[i]).Configure(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestMasterRepairsAReturningHeadWithOrphans drives the dev master's repair
 // over real (in-process) replicas through SCENARIOS.md 3: the head appends
 // records it never forwards and dies; the master removes it; the new head
@@ -65,31 +100,13 @@ func (n *replicaNode) stop() {
 // master truncates its orphans and re-adds it at the tail.
 func TestMasterRepairsAReturningHeadWithOrphans(t *testing.T) {
 	ctx := context.Background()
-	a := startNode(t, "a", "127.0.0.1:0", t.TempDir())
-	b := startNode(t, "b", "127.0.0.1:0", t.TempDir())
-	c := startNode(t, "c", "127.0.0.1:0", t.TempDir())
-	pool := transport.NewPool(nil)
-	defer pool.Close()
-	rc := func(n *replicaNode) catenapb.ReplicaClient {
-		conn, err := pool.Get(n.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return catenapb.NewReplicaClient(conn)
-	}
+	a, b, c, pool, rc := threeNodes(t)
 	// A failure timeout no test reaches: only the exits the test reports
 	// count.
 	m := newMaster(pool, logr.Discard(), map[string]string{"a": a.addr, "b": b.addr, "c": c.addr}, 3, time.Hour, newMasterStream("s", 1, nil))
 	defer m.stop()
 	chains := m.streams[0].chains
-	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
-	req := &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Config: cfg,
-		Members: []*catenapb.Member{{Id: "a", Addr: a.addr}, {Id: "b", Addr: b.addr}, {Id: "c", Addr: c.addr}}}
-	for _, n := range []*replicaNode{c, b, a} {
-		if _, err := rc(n).Configure(ctx, req); err != nil {
-			t.Fatal(err)
-		}
-	}
+	installChain(t, rc, a, b, c)
 	appendAt := func(n *replicaNode, epoch, producer, seq uint64, count int, timeout time.Duration) error {
 		recs := make([]*catenapb.AppendRecord, count)
 		for i := range recs {
@@ -301,18 +318,7 @@ func TestMasterRepairsEveryStream(t *testing.T) {
 // 2,000 records/s, and a failure meanwhile left its chain too short).
 func TestMasterRejoinsACopyUnderSteadyWrites(t *testing.T) {
 	ctx := context.Background()
-	a := startNode(t, "a", "127.0.0.1:0", t.TempDir())
-	b := startNode(t, "b", "127.0.0.1:0", t.TempDir())
-	c := startNode(t, "c", "127.0.0.1:0", t.TempDir())
-	pool := transport.NewPool(nil)
-	defer pool.Close()
-	rc := func(n *replicaNode) catenapb.ReplicaClient {
-		conn, err := pool.Get(n.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return catenapb.NewReplicaClient(conn)
-	}
+	a, b, c, pool, rc := threeNodes(t)
 	var asked atomic.Int32
 	logger := funcr.New(func(_, args string) {
 		if strings.Contains(args, `"msg"="Found where a returning replica agrees with the chain"`) {
@@ -322,14 +328,7 @@ func TestMasterRejoinsACopyUnderSteadyWrites(t *testing.T) {
 	m := newMaster(pool, logger, map[string]string{"a": a.addr, "b": b.addr, "c": c.addr}, 3, time.Hour, newMasterStream("s", 1, nil))
 	defer m.stop()
 	chains := m.streams[0].chains
-	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1}
-	req := &catenapb.ConfigureRequest{Stream: "s", Epoch: 1, Config: cfg,
-		Members: []*catenapb.Member{{Id: "a", Addr: a.addr}, {Id: "b", Addr: b.addr}, {Id: "c", Addr: c.addr}}}
-	for _, n := range []*replicaNode{c, b, a} {
-		if _, err := rc(n).Configure(ctx, req); err != nil {
-			t.Fatal(err)
-		}
-	}
+	installChain(t, rc, a, b, c)
 	seq := uint64(1)
 	appendBatch := func(epoch uint64, count int) error {
 		recs := make([]*catenapb.AppendRecord, count)

@@ -262,21 +262,12 @@ func (s *Server) persistCommittedLocked(w committedWrite) error {
 	return nil
 }
 
-// committedLoop records every partition's committed offset as it moves. A
-// failure is logged and retried on the next round: each offset is a floor,
-// and a lagging floor is what a crash leaves anyway.
-func (s *Server) committedLoop() {
-	defer s.wg.Done()
-	t := time.NewTicker(committedPersistInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
-		if err := s.persistCommitted(whenMoved); err != nil {
-			s.logger.Error(err, "Failed to record the committed offsets")
-		}
+// persistCommittedRound records every partition's committed offset if one
+// moved (every committedPersistInterval). A failure is logged and retried
+// on the next round: each offset is a floor, and a lagging floor is what a
+// crash leaves anyway.
+func (s *Server) persistCommittedRound() {
+	if err := s.persistCommitted(whenMoved); err != nil {
+		s.logger.Error(err, "Failed to record the committed offsets")
 	}
 }

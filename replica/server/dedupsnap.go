@@ -284,23 +284,14 @@ func (p *partition) saveDedup(minRecords uint64) error {
 	return nil
 }
 
-// dedupLoop writes the de-duplication snapshots of partitions whose logs
-// moved, every dedupSnapshotInterval. A failure is logged and tried again
-// on the next round: without a snapshot a start only reads more back.
-func (s *Server) dedupLoop() {
-	defer s.wg.Done()
-	t := time.NewTicker(dedupSnapshotInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
-		for _, p := range s.openPartitions() {
-			if err := p.saveDedup(dedupSnapshotRecords); err != nil {
-				p.logger.Error(err, "Failed to save the de-duplication snapshot")
-			}
+// saveDedups writes the de-duplication snapshots of partitions whose logs
+// moved far enough (every dedupSnapshotInterval). A failure is logged and
+// tried again on the next round: without a snapshot a start only reads more
+// back.
+func (s *Server) saveDedups() {
+	for _, p := range s.openPartitions() {
+		if err := p.saveDedup(dedupSnapshotRecords); err != nil {
+			p.logger.Error(err, "Failed to save the de-duplication snapshot")
 		}
 	}
 }

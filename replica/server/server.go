@@ -211,9 +211,9 @@ func New(opts Options) (*Server, error) {
 	}
 	s.committedLoaded = nil
 	s.wg.Add(3)
-	go s.retentionLoop()
-	go s.committedLoop()
-	go s.dedupLoop()
+	go s.every(retentionPeriod, s.enforceRetention)
+	go s.every(committedPersistInterval, s.persistCommittedRound)
+	go s.every(dedupSnapshotInterval, s.saveDedups)
 	return s, nil
 }
 
@@ -808,9 +808,11 @@ func (s *Server) ListOffsets(ctx context.Context, req *catenapb.ListOffsetsReque
 	return p.listOffsets(req)
 }
 
-func (s *Server) retentionLoop() {
+// every runs round every interval until the server stops; the caller
+// has added it to s.wg.
+func (s *Server) every(interval time.Duration, round func()) {
 	defer s.wg.Done()
-	t := time.NewTicker(retentionPeriod)
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -818,7 +820,7 @@ func (s *Server) retentionLoop() {
 			return
 		case <-t.C:
 		}
-		s.enforceRetention()
+		round()
 	}
 }
 
