@@ -247,7 +247,7 @@ func (m *master) repairStream(ctx context.Context, s *masterStream, answered, fa
 		}
 	}
 	for _, pr := range repairs {
-		if !keepsCopying(pr, m.reports) {
+		if !keepsCopying(pr, chainmaster.PartitionReports(m.reports, s.name, pr.Partition)) {
 			return true
 		}
 	}
@@ -258,22 +258,14 @@ func (m *master) repairStream(ctx context.Context, s *masterStream, answered, fa
 // copies they report running from the same source. That is no progress to
 // look at again at once: a copy of gigabytes otherwise kept the master
 // probing every replica back to back (repairMaxRounds a tick) until it
-// ended; the next tick sees how far it got.
-func keepsCopying(pr *chainmaster.Repair, reports map[string]*catenapb.StatusResponse) bool {
+// ended; the next tick sees how far it got. reports are the replicas'
+// reports of the repair's partition.
+func keepsCopying(pr *chainmaster.Repair, reports map[string]*catenapb.PartitionStatus) bool {
 	if pr.Plan.Changed || len(pr.Calls) == 0 {
 		return false
 	}
 	for _, c := range pr.Calls {
-		if c.Kind != chainmaster.CallCatchUp {
-			return false
-		}
-		var running bool
-		for _, ps := range reports[c.Replica].GetPartitions() {
-			if ps.GetStream() == c.CatchUp.GetChain().GetStream() && ps.GetPartition() == c.CatchUp.GetChain().GetPartition() {
-				running = ps.GetCopy().GetSourceId() == c.CatchUp.GetSourceId()
-			}
-		}
-		if !running {
+		if c.Kind != chainmaster.CallCatchUp || reports[c.Replica].GetCopy().GetSourceId() != c.CatchUp.GetSourceId() {
 			return false
 		}
 	}

@@ -207,21 +207,21 @@ func TestKeepsCopying(t *testing.T) {
 		return chainmaster.Call{Kind: chainmaster.CallCatchUp, Replica: replica,
 			CatchUp: &catenapb.CatchUpRequest{Chain: &catenapb.ConfigureRequest{Stream: "s", Partition: 0}, SourceId: source}}
 	}
-	copying := func(source string) map[string]*catenapb.StatusResponse {
+	copying := func(source string) map[string]*catenapb.PartitionStatus {
 		st := ps("a", 2, []string{"b", "c"}, 5, 1)
 		st.Copy = &catenapb.CatchUpCopy{SourceId: source, Start: 5}
-		return map[string]*catenapb.StatusResponse{"a": resp(st)}
+		return map[string]*catenapb.PartitionStatus{"a": st}
 	}
 	for _, tc := range []struct {
 		name    string
 		pr      *chainmaster.Repair
-		reports map[string]*catenapb.StatusResponse
+		reports map[string]*catenapb.PartitionStatus
 		want    bool
 	}{
 		{"the copy it asks for runs", &chainmaster.Repair{Calls: []chainmaster.Call{catchUp("a", "c")}}, copying("c"), true},
 		{"a copy from another source runs", &chainmaster.Repair{Calls: []chainmaster.Call{catchUp("a", "c")}}, copying("b"), false},
 		{"no copy runs yet", &chainmaster.Repair{Calls: []chainmaster.Call{catchUp("a", "c")}},
-			map[string]*catenapb.StatusResponse{"a": resp(ps("a", 2, []string{"b", "c"}, 5, 1))}, false},
+			map[string]*catenapb.PartitionStatus{"a": ps("a", 2, []string{"b", "c"}, 5, 1)}, false},
 		{"no report", &chainmaster.Repair{Calls: []chainmaster.Call{catchUp("a", "c")}}, nil, false},
 		{"a new epoch", &chainmaster.Repair{Plan: chainplan.Plan{Changed: true}, Calls: []chainmaster.Call{catchUp("a", "c")}}, copying("c"), false},
 		{"another call too", &chainmaster.Repair{Calls: []chainmaster.Call{catchUp("a", "c"), {Kind: chainmaster.CallConfigure, Replica: "b"}}}, copying("c"), false},

@@ -165,22 +165,35 @@ func (s dedupSnapshot) fitsLog(l *partlog.Log) error {
 	case end-s.offset > dedupRebuildRecords:
 		return fmt.Errorf("taken at offset %d, more than %d records below the log end %d", s.offset, dedupRebuildRecords, end)
 	}
-	frames, err := l.ReadFrames(s.offset-1, s.offset, 1)
+	h, err := frameEndingAt(l, s.offset)
 	if err != nil {
-		return fmt.Errorf("reading the frame ending at %d: %w", s.offset, err)
+		return err
+	}
+	if h.Epoch != s.frameEpoch || h.CRC != s.frameCRC {
+		return fmt.Errorf("the log's frame [%d,%d) of epoch %d (CRC %08x) is not the one that ended there (epoch %d, CRC %08x)",
+			h.BaseOffset, h.End(), h.Epoch, h.CRC, s.frameEpoch, s.frameCRC)
+	}
+	return nil
+}
+
+// frameEndingAt is the header of l's frame that ends at offset end (above
+// the log start).
+func frameEndingAt(l *partlog.Log, end uint64) (partlog.BatchHeader, error) {
+	frames, err := l.ReadFrames(end-1, end, 1)
+	if err != nil {
+		return partlog.BatchHeader{}, fmt.Errorf("reading the frame holding offset %d: %w", end-1, err)
 	}
 	if len(frames) == 0 {
-		return fmt.Errorf("no frame holds offset %d", s.offset-1)
+		return partlog.BatchHeader{}, fmt.Errorf("no frame holds offset %d", end-1)
 	}
 	h, err := partlog.DecodeHeader(frames[0])
 	if err != nil {
-		return fmt.Errorf("the frame holding offset %d: %w", s.offset-1, err)
+		return partlog.BatchHeader{}, fmt.Errorf("the frame holding offset %d: %w", end-1, err)
 	}
-	if h.End() != s.offset || h.Epoch != s.frameEpoch || h.CRC != s.frameCRC {
-		return fmt.Errorf("the log's frame [%d,%d) of epoch %d (CRC %08x) is not the one that ended at %d (epoch %d, CRC %08x)",
-			h.BaseOffset, h.End(), h.Epoch, h.CRC, s.offset, s.frameEpoch, s.frameCRC)
+	if h.End() != end {
+		return partlog.BatchHeader{}, fmt.Errorf("no frame ends at %d: the one holding offset %d is [%d,%d)", end, end-1, h.BaseOffset, h.End())
 	}
-	return nil
+	return h, nil
 }
 
 // loadDedup builds the de-duplication table at open: from the snapshot
@@ -254,14 +267,10 @@ func (p *partition) saveDedup(minRecords uint64) error {
 		p.mu.Unlock()
 		return nil
 	}
-	frames, err := p.log.ReadFrames(end-1, end, 1)
-	var h partlog.BatchHeader
-	if err == nil && len(frames) > 0 {
-		h, err = partlog.DecodeHeader(frames[0])
-	}
-	if err != nil || len(frames) == 0 || h.End() != end {
+	h, err := frameEndingAt(p.log, end)
+	if err != nil {
 		p.mu.Unlock()
-		return fmt.Errorf("cannot read the frame ending at %d for the de-duplication snapshot of %s/%d: %v", end, p.stream, p.index, err)
+		return fmt.Errorf("de-duplication snapshot of %s/%d: %w", p.stream, p.index, err)
 	}
 	table := p.dedup.clone()
 	table.truncate(end) // what was appended past the durable end
