@@ -139,7 +139,7 @@ bench-compare: build ## Run the same produce workloads against Catena and a 3-no
 	  -records $${COMPARE_RECORDS:-200000} -rounds $${COMPARE_ROUNDS:-2} -out $(CURDIR)/$(BIN)/bench-compare.md
 
 .PHONY: bench-catchup
-bench-catchup: ## Measure a replacement's copy outside the chain: MiB/s, and producer p99 before and during; the joiner's log on the chain's disk, then under CATENA_CATCHUP_JOINER_DIR (/dev/shm: a disk of its own) (CATENA_CATCHUP_MIB, CATENA_CATCHUP_RATE).
+bench-catchup: ## Measure a replacement's copy outside the chain: MiB/s, and producer p99 before and during; the joiner's log on the chain's disk, then under CATENA_CATCHUP_JOINER_DIR (/dev/shm: a disk of its own) (CATENA_CATCHUP_MIB, CATENA_CATCHUP_RATE, CATENA_CATCHUP_CPUPROFILE).
 	CATENA_CATCHUP_JOINER_DIR= $(GO) test -run='^$$' -bench=BenchmarkCatchUp -benchtime=1x ./replica/server/
 	CATENA_CATCHUP_JOINER_DIR=$${CATENA_CATCHUP_JOINER_DIR:-/dev/shm} $(GO) test -run='^$$' -bench=BenchmarkCatchUp -benchtime=1x ./replica/server/
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -22,7 +23,9 @@ import (
 // `make bench-catchup` (CATENA_CATCHUP_RATE caps the copy in MiB/s, as
 // `catena replica --catch-up-rate` does, 0 for no cap; its default
 // otherwise); every member fsyncs before acknowledging, on the machine's
-// disk under the test's temporary directory.
+// disk under the test's temporary directory. CATENA_CATCHUP_CPUPROFILE
+// names a file for a CPU profile of the copy alone (the fill before it
+// left out).
 func BenchmarkCatchUp(b *testing.B) {
 	mib := 512
 	if v, err := strconv.Atoi(os.Getenv("CATENA_CATCHUP_MIB")); err == nil && v > 0 {
@@ -134,6 +137,16 @@ func runCatchUpBench(b *testing.B, mib int) {
 	mu.Lock()
 	phase = 1
 	mu.Unlock()
+	if path := os.Getenv("CATENA_CATCHUP_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
 	start := time.Now()
 	if _, err := cc.CatchUp(ctx, &catenapb.CatchUpRequest{Chain: req, SourceId: "b", SourceAddr: bb.addr}); err != nil {
 		b.Fatal(err)
