@@ -95,6 +95,7 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 		l.mu.Unlock()
 		res.StartOffset = l.segs[0].base
 		s.h.retire() // read-only from now on; its close error is of no use
+		l.removeSummary(s.path)
 		if err := l.fs.Remove(s.path); err != nil {
 			return res, l.fail(ErrFailed, "retention: remove %s: %w", s.path, err)
 		}
@@ -207,6 +208,7 @@ func (l *Log) Truncate(to uint64) error {
 	if err := l.removeNewestFirst("truncate", later); err != nil {
 		return err
 	}
+	l.removeSummary(s.path) // the last segment now, and cut
 	if err := s.f.Truncate(pos); err != nil {
 		return l.fail(ErrFailed, "truncate %s to byte %d: %w", s.path, pos, err)
 	}
@@ -307,6 +309,7 @@ func (l *Log) removeNewestFirst(op string, segs []*segment) error {
 	for i := len(segs) - 1; i >= 0; i-- {
 		d := segs[i]
 		d.h.retire()
+		l.removeSummary(d.path)
 		if err := l.fs.Remove(d.path); err != nil {
 			return l.fail(ErrFailed, "%s: remove %s: %w", op, d.path, err)
 		}

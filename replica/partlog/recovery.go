@@ -136,6 +136,9 @@ func (l *Log) recover(flushed *uint64, empty *Start, verify []FrameCheck) error 
 			return fmt.Errorf("partlog: fsync dir %s: %w", l.dir, err)
 		}
 	}
+	if err := l.removeSummaries(names, bases); err != nil {
+		return err
+	}
 	if empty != nil && len(verify) > 0 && len(bases) > 0 && bases[0] >= empty.Base {
 		// The files may be the empty log's, with frames of verify;
 		// retention may have removed its first segments since. They
@@ -205,8 +208,10 @@ func (l *Log) recover(flushed *uint64, empty *Start, verify []FrameCheck) error 
 			return err
 		}
 	}
-	// Step 8.
+	// Step 8. A summary of the last segment is of an earlier life: it was
+	// sealed once and cut since (a truncation, a journal's replay).
 	last := l.active()
+	l.removeSummary(last.path)
 	if err := last.f.Sync(); err != nil {
 		return fmt.Errorf("partlog: fsync %s: %w", last.path, err)
 	}
@@ -222,6 +227,7 @@ func (l *Log) recover(flushed *uint64, empty *Start, verify []FrameCheck) error 
 func (l *Log) removeNewestFirstAt(bases []uint64) error {
 	for i := len(bases) - 1; i >= 0; i-- {
 		path := filepath.Join(l.dir, segmentName(bases[i]))
+		l.removeSummary(path)
 		if err := l.fs.Remove(path); err != nil {
 			return fmt.Errorf("partlog: remove %s: %w", path, err)
 		}
@@ -404,7 +410,7 @@ func readFromDisk(f File) error {
 
 // loadSegment verifies s's header and continuity (steps 3–4) and scans its
 // frames (step 5), repairing a torn tail if s is the last segment (6–7).
-func (l *Log) loadSegment(s *segment, first, last bool) error {
+func (l *Log) loadSegment(s *segment, first, last bool) (err error) {
 	size, err := fileSize(s.f)
 	if err != nil {
 		return fmt.Errorf("partlog: stat %s: %w", s.path, err)
@@ -435,6 +441,16 @@ func (l *Log) loadSegment(s *segment, first, last bool) error {
 		}
 	}
 
+	if !last {
+		if sum, ok := l.readSummary(s, size); ok {
+			return l.adopt(s, sum)
+		}
+		defer func() {
+			if err == nil {
+				l.writeSummary(s, l.summarize(s)) // for the next Open
+			}
+		}()
+	}
 	r := segReader{f: s.f, limit: size, reuse: true}
 	for pos := int64(SegmentHeaderSize); pos < size; {
 		h, bad, err := scanFrame(&r, pos, size)

@@ -122,6 +122,15 @@ type segment struct {
 	end   uint64 // exclusive end offset
 	maxTs int64  // greatest batch MaxTimestamp; math.MinInt64 if empty
 	index []indexEntry
+	// lastPos and lastCRC are the last frame's byte position and CRC, for
+	// the segment's summary (summary.go).
+	lastPos int64
+	lastCRC uint32
+	// rollEnd is the rolling checksum at end as a summary gave it, and
+	// unverified says the segment's frames were not read since (Open took
+	// them from its summary): VerifySealed reads them. Under mu.
+	rollEnd    uint32
+	unverified bool
 
 	// uncachedTo is where the page cache of the file was last dropped up
 	// to (only Sync, under syncMu, touches it).
@@ -263,6 +272,7 @@ func (s *segment) addFrame(h BatchHeader, pos int64, interval int64) {
 	s.size = pos + int64(h.FrameLen)
 	s.end = h.End()
 	s.maxTs = max(s.maxTs, h.MaxTimestamp)
+	s.lastPos, s.lastCRC = pos, h.CRC
 }
 
 // lookup returns the byte position of the last indexed frame starting at or

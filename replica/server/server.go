@@ -110,6 +110,10 @@ type Server struct {
 	// history this replica serves to every copy from it
 	// (Options.CatchUpBytesPerSecond each; nil: no cap).
 	copyLimit, serveLimit *rate.Limiter
+	// verifyLimit paces the reads of sealed segments that their logs'
+	// Open took from summaries (partition.verifySealed), all partitions'
+	// together.
+	verifyLimit *rate.Limiter
 	// copyWait: copyWait (tests lengthen it).
 	copyWait time.Duration
 	metrics  *metrics
@@ -169,20 +173,21 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s := &Server{
-		id:         opts.ID,
-		dataDir:    opts.DataDir,
-		logger:     opts.Logger,
-		pool:       transport.NewPool(opts.TLS, opts.DialOptions...),
-		copyLimit:  newCopyLimit(opts.CatchUpBytesPerSecond),
-		serveLimit: newCopyLimit(opts.CatchUpBytesPerSecond),
-		copyWait:   copyWait,
-		metrics:    newMetrics(opts.Registerer),
-		fatalFn:    opts.Fatal,
-		fs:         opts.FS,
-		partitions: map[partKey]*partition{},
-		dropping:   map[partKey]bool{},
-		stop:       make(chan struct{}),
-		successors: heard.New(),
+		id:          opts.ID,
+		dataDir:     opts.DataDir,
+		logger:      opts.Logger,
+		pool:        transport.NewPool(opts.TLS, opts.DialOptions...),
+		copyLimit:   newCopyLimit(opts.CatchUpBytesPerSecond),
+		serveLimit:  newCopyLimit(opts.CatchUpBytesPerSecond),
+		verifyLimit: rate.NewLimiter(rate.Limit(verifyBytesPerSecond), 1<<20),
+		copyWait:    copyWait,
+		metrics:     newMetrics(opts.Registerer),
+		fatalFn:     opts.Fatal,
+		fs:          opts.FS,
+		partitions:  map[partKey]*partition{},
+		dropping:    map[partKey]bool{},
+		stop:        make(chan struct{}),
+		successors:  heard.New(),
 	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(partitionCollector{s}); err != nil {
@@ -461,6 +466,10 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 	p.m.logEnd.Set(float64(l.NextOffset()))
 	p.wg.Add(1)
 	go p.syncLoop(syncInterval(cfg))
+	if p.failed == nil {
+		p.wg.Add(1)
+		go p.verifySealed()
+	}
 	s.partitions[partKey{stream, index}] = p
 	p.logger.Info("Opened partition", "logStart", l.StartOffset(), "logEnd", l.NextOffset(), "epoch", p.core.Status().Epoch,
 		"dedupReadFrom", dedupFrom)
@@ -922,4 +931,40 @@ const stallGrace = 10 * time.Second
 func (p *partition) successorStalled(addr string) time.Duration {
 	silent := p.srv.successors.SilentSince(addr, p.stalledSince)
 	return max(silent, time.Since(p.stalledSince)-stallGrace)
+}
+
+// verifyBytesPerSecond is how fast a replica reads, in the background,
+// the sealed segments its logs' Open took from their summaries (all
+// partitions together): about a quarter of what a copy may read, so that
+// the chains' fsyncs on the same disk do not wait behind it
+// (docs/benchmarks.md, "Catch-up of a replacement"). 500 GB take two
+// hours and a half.
+const verifyBytesPerSecond = 64 << 20
+
+// verifySealed reads the sealed segments the log's Open took from their
+// summaries, paced, until it has read them or the partition stops: damage
+// found stops the partition being served, as damage found by Open did,
+// and the chain repairs it.
+func (p *partition) verifySealed() {
+	defer p.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	start := time.Now()
+	err := p.log.VerifySealed(ctx, func(ctx context.Context, n int) error { return pace(ctx, p.srv.verifyLimit, int64(n)) })
+	switch {
+	case err == nil:
+		p.logger.V(1).Info("Verified the sealed segments opened from their summaries", "took", time.Since(start).String())
+	case errors.Is(err, partlog.ErrCorrupt):
+		p.markCorrupt(err)
+	case ctx.Err() != nil || errors.Is(err, partlog.ErrClosed):
+	default:
+		p.logger.Error(err, "Failed to verify the sealed segments opened from their summaries")
+	}
 }

@@ -1853,3 +1853,54 @@ func TestIntervalDurabilityWakesOnlyForAppends(t *testing.T) {
 		t.Errorf("%.0f syncs in 100 intervals with nothing appended, want none", n)
 	}
 }
+
+// A replica's restart opens sealed segments from their summaries without
+// reading their frames, and reads them afterwards: damage there found
+// then stops the partition being served, as damage found at the start
+// did before (docs/storage-format.md §13).
+func TestARestartFindsDamageInASealedSegmentAfterOpening(t *testing.T) {
+	a := startNode(t, "a", nil)
+	ctx := context.Background()
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, SegmentBytes: 1 << 20}
+	if _, err := client(t, a.addr).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	value := bytes.Repeat([]byte("v"), 1000)
+	for i := range 30 {
+		recs := make([]*catenapb.AppendRecord, 100)
+		for j := range recs {
+			recs[j] = &catenapb.AppendRecord{Value: value, ProducerId: 1, Sequence: uint64(i*100 + j + 1)}
+		}
+		if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopNode(a)
+	dir := filepath.Join(a.srv.dataDir, "streams", "s", "00000")
+	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
+	sums, _ := filepath.Glob(filepath.Join(dir, "*.seg.sum"))
+	if len(segs) < 3 || len(sums) != len(segs)-1 {
+		t.Fatalf("setup: segments %v, summaries %v", segs, sums)
+	}
+	b, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x40 // in a record's value: its frame's CRC fails
+	if err := os.WriteFile(segs[0], b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	a = reopen(t, a)
+	eventually(t, 10*time.Second, func() error {
+		// Found by the reads after the start, not by the start's scan
+		// ("sealed segment: ..."), which the summaries spared.
+		if e := status0(t, a).GetError(); !strings.Contains(e, "corrupt") || !strings.Contains(e, filepath.Base(segs[0])) || strings.Contains(e, "sealed segment:") {
+			return fmt.Errorf("partition error %q", e)
+		}
+		return nil
+	})
+	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}); status.Code(err) == codes.OK {
+		t.Fatal("the damaged partition took a write")
+	}
+}
