@@ -273,7 +273,7 @@ func (l *Log) roll() (*segment, error) {
 	advance(&l.flushed, old.end)
 	// Sealed: its summary spares the next Open a scan of its frames. The
 	// new segment's creation fsyncs the directory after it.
-	l.writeSummary(old, l.summarize(old))
+	l.writeSummary(old, l.summarize(old, l.rolling, false))
 	s, err := createSegment(l.fs, l.dir, old.end, l.rolling)
 	if err != nil {
 		return nil, l.fail(ErrFailed, "roll: %w", err)

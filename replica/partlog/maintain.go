@@ -174,6 +174,27 @@ func (l *Log) Truncate(to uint64) error {
 		rolling = rollChecksum(rolling, h.CRC)
 		p += int64(h.FrameLen)
 	}
+	if s.unverified {
+		// Opened from its summary and not read since: the frames past the
+		// cut are read too, so that the rolling checksum over all of them
+		// is held against the summary's, as VerifySealed would (a frame
+		// replaced by another valid one shows nowhere else).
+		all := rolling
+		for p := pos; p < s.size; {
+			h, bad, err := scanFrame(&r, p, s.size)
+			if err != nil {
+				return l.readErr(s.path, p, err)
+			}
+			if bad != nil {
+				return l.corrupt(s.path, p, bad)
+			}
+			all = rollChecksum(all, h.CRC)
+			p += int64(h.FrameLen)
+		}
+		if all != s.rollEnd {
+			return l.fail(ErrCorrupt, "%s, opened from its summary: its frames give the rolling checksum %08x at offset %d, the summary %08x", s.path, all, s.end, s.rollEnd)
+		}
+	}
 	later := append([]*segment(nil), l.segs[k+1:]...)
 	n := 0
 	for n < len(l.epochs) && l.epochs[n].StartOffset < to {

@@ -204,7 +204,11 @@ func (l *Log) recover(flushed *uint64, empty *Start, verify []FrameCheck) error 
 				return fmt.Errorf("partlog: %s: %w", path, err)
 			}
 		}
-		if err := l.loadSegment(s, i == 0, i == len(bases)-1); err != nil {
+		var next *segmentStart
+		if i < len(bases)-1 {
+			next = l.peekStart(bases[i+1])
+		}
+		if err := l.loadSegment(s, i == 0, i == len(bases)-1, next); err != nil {
 			return err
 		}
 	}
@@ -408,9 +412,30 @@ func readFromDisk(f File) error {
 	return nil
 }
 
+// peekStart reads the header of the segment of base: nil when it does not
+// read or decode (loadSegment then finds what is wrong with it).
+func (l *Log) peekStart(base uint64) *segmentStart {
+	f, err := l.fs.OpenFile(filepath.Join(l.dir, segmentName(base)), os.O_RDONLY, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	hdr := make([]byte, SegmentHeaderSize)
+	if _, err := f.ReadAt(hdr, 0); err != nil {
+		return nil
+	}
+	b, rolling, err := decodeSegmentHeader(hdr)
+	if err != nil || b != base {
+		return nil
+	}
+	return &segmentStart{base: b, rolling: rolling}
+}
+
 // loadSegment verifies s's header and continuity (steps 3–4) and scans its
 // frames (step 5), repairing a torn tail if s is the last segment (6–7).
-func (l *Log) loadSegment(s *segment, first, last bool) (err error) {
+// next is the start of the segment after s (nil: s is the last one, or
+// that segment's header does not read), for s's summary.
+func (l *Log) loadSegment(s *segment, first, last bool, next *segmentStart) (err error) {
 	size, err := fileSize(s.f)
 	if err != nil {
 		return fmt.Errorf("partlog: stat %s: %w", s.path, err)
@@ -441,13 +466,17 @@ func (l *Log) loadSegment(s *segment, first, last bool) (err error) {
 		}
 	}
 
-	if !last {
-		if sum, ok := l.readSummary(s, size); ok {
-			return l.adopt(s, sum)
+	if !last && next != nil {
+		if sum, ok := l.readSummary(s, size, *next); ok {
+			l.adopt(s, sum)
+			return nil
 		}
+	}
+	if !last {
 		defer func() {
 			if err == nil {
-				l.writeSummary(s, l.summarize(s)) // for the next Open
+				// For the next Open; the scan verified the frames.
+				l.writeSummary(s, l.summarize(s, l.rolling, true))
 			}
 		}()
 	}

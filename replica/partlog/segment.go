@@ -128,7 +128,7 @@ type segment struct {
 	lastCRC uint32
 	// rollEnd is the rolling checksum at end as a summary gave it, and
 	// unverified says the segment's frames were not read since (Open took
-	// them from its summary): VerifySealed reads them. Under mu.
+	// them from its summary): VerifySealed reads them.
 	rollEnd    uint32
 	unverified bool
 

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // A sealed segment's summary (storage-format.md §13): what a scan of its
@@ -41,6 +43,9 @@ const (
 
 var summaryMagic = [4]byte{'C', 'T', 'N', 'M'}
 
+// summaryVerified is the flag bit saying VerifySealed read the segment.
+const summaryVerified = 1
+
 // summary is a sealed segment's state as recovery needs it.
 type summary struct {
 	base, end uint64
@@ -52,6 +57,9 @@ type summary struct {
 	maxTs     int64
 	epochs    []EpochStart // the epoch at base, then each change within
 	index     []indexEntry
+	// verified: VerifySealed read the segment's frames and they gave
+	// this summary (flag bit 0).
+	verified bool
 }
 
 func summaryPath(segPath string) string { return segPath + summarySuffix }
@@ -59,7 +67,11 @@ func summaryPath(segPath string) string { return segPath + summarySuffix }
 func encodeSummary(s summary) []byte {
 	b := make([]byte, 0, summaryFixed+len(s.epochs)*summaryEpochBytes+len(s.index)*summaryIndexBytes)
 	b = append(b, summaryMagic[:]...)
-	b = append(b, summaryVersion, 0, 0, 0)
+	var flags byte
+	if s.verified {
+		flags |= summaryVerified
+	}
+	b = append(b, summaryVersion, flags, 0, 0)
 	b = binary.LittleEndian.AppendUint64(b, s.base)
 	b = binary.LittleEndian.AppendUint64(b, s.end)
 	b = binary.LittleEndian.AppendUint64(b, uint64(s.size))
@@ -93,9 +105,10 @@ func decodeSummary(b []byte) (summary, error) {
 	if c := crc32.Checksum(body, castagnoli); c != sum {
 		return s, fmt.Errorf("%w: crc32c %08x, the summary says %08x", errSummary, c, sum)
 	}
-	if [4]byte(b[:4]) != summaryMagic || b[4] != summaryVersion {
-		return s, fmt.Errorf("%w: bad magic or version", errSummary)
+	if [4]byte(b[:4]) != summaryMagic || b[4] != summaryVersion || b[5]&^summaryVerified != 0 || b[6] != 0 || b[7] != 0 {
+		return s, fmt.Errorf("%w: bad magic, version or reserved bits", errSummary)
 	}
+	s.verified = b[5]&summaryVerified != 0
 	r := body[8:]
 	u64 := func() uint64 { v := binary.LittleEndian.Uint64(r); r = r[8:]; return v }
 	u32 := func() uint32 { v := binary.LittleEndian.Uint32(r); r = r[4:]; return v }
@@ -118,9 +131,10 @@ func decodeSummary(b []byte) (summary, error) {
 	return s, nil
 }
 
-// summarize is the summary of the sealed segment s, the log's epochs
-// giving its epoch transitions. Called with wmu held.
-func (l *Log) summarize(s *segment) summary {
+// summarize is the summary of the sealed segment s, whose frames end at
+// the rolling checksum rollEnd, the log's epochs giving its epoch
+// transitions. Called with wmu or mu held.
+func (l *Log) summarize(s *segment, rollEnd uint32, verified bool) summary {
 	var epochs []EpochStart
 	for _, e := range l.epochs {
 		switch {
@@ -130,8 +144,8 @@ func (l *Log) summarize(s *segment) summary {
 			epochs = append(epochs, e)
 		}
 	}
-	return summary{base: s.base, end: s.end, size: s.size, rollBase: s.rollBase, rollEnd: l.rolling,
-		lastPos: s.lastPos, lastCRC: s.lastCRC, maxTs: s.maxTs, epochs: epochs, index: s.index}
+	return summary{base: s.base, end: s.end, size: s.size, rollBase: s.rollBase, rollEnd: rollEnd,
+		lastPos: s.lastPos, lastCRC: s.lastCRC, maxTs: s.maxTs, epochs: epochs, index: s.index, verified: verified}
 }
 
 // writeSummary writes s's summary next to it, replacing any, without an
@@ -163,10 +177,20 @@ func (l *Log) writeSummary(s *segment, sum summary) {
 	}
 }
 
+// segmentStart is a segment's first offset and rolling checksum there,
+// from its header.
+type segmentStart struct {
+	base    uint64
+	rolling uint32
+}
+
 // readSummary returns the summary of the sealed segment s of size bytes,
-// whose header (base and rolling checksum) is read already, if one is
-// there and describes this file; ok false otherwise.
-func (l *Log) readSummary(s *segment, size int64) (summary, bool) {
+// whose header (base and rolling checksum) is read already and which the
+// segment starting at next follows, if one is there and describes this
+// file and leads to next; ok false otherwise. The epochs must not go below
+// the log's so far. What it returns, adopted, is what a scan would give;
+// anything else is left to the scan, which says what is wrong.
+func (l *Log) readSummary(s *segment, size int64, next segmentStart) (summary, bool) {
 	f, err := l.fs.OpenFile(summaryPath(s.path), os.O_RDONLY, 0)
 	if err != nil {
 		return summary{}, false
@@ -182,8 +206,19 @@ func (l *Log) readSummary(s *segment, size int64) (summary, bool) {
 	}
 	sum, err := decodeSummary(b)
 	if err != nil || sum.base != s.base || sum.rollBase != s.rollBase || sum.size != size || sum.end <= sum.base ||
+		sum.end != next.base || sum.rollEnd != next.rolling ||
 		sum.lastPos < SegmentHeaderSize || sum.lastPos+FrameHeaderSize > size || len(sum.epochs) == 0 || len(sum.index) == 0 {
 		return summary{}, false
+	}
+	prev := uint64(0)
+	if n := len(l.epochs); n > 0 {
+		prev = l.epochs[n-1].Epoch
+	}
+	for i, e := range sum.epochs {
+		if e.Epoch < prev || e.StartOffset < sum.base || e.StartOffset >= sum.end || (i == 0) != (e.StartOffset == sum.base) {
+			return summary{}, false
+		}
+		prev = e.Epoch
 	}
 	// The frame it names last is in the file, where it says, and ends the
 	// segment where it says: a summary of other contents under this name
@@ -200,12 +235,9 @@ func (l *Log) readSummary(s *segment, size int64) (summary, bool) {
 }
 
 // adopt sets the sealed segment s and the log from s's summary, as a scan
-// of its frames would have (loadSegment).
-func (l *Log) adopt(s *segment, sum summary) error {
+// of its frames would have (loadSegment); readSummary checked it.
+func (l *Log) adopt(s *segment, sum summary) {
 	for _, e := range sum.epochs {
-		if n := len(l.epochs); n > 0 && e.Epoch < l.epochs[n-1].Epoch {
-			return corruptAt(s.path, SegmentHeaderSize, "its summary says epoch %d at offset %d, after epoch %d", e.Epoch, e.StartOffset, l.epochs[n-1].Epoch)
-		}
 		if n := len(l.epochs); n == 0 || l.epochs[n-1].Epoch != e.Epoch {
 			l.epochs = append(l.epochs, e)
 		}
@@ -214,9 +246,8 @@ func (l *Log) adopt(s *segment, sum summary) error {
 	s.size, s.end, s.maxTs = sum.size, sum.end, sum.maxTs
 	s.lastPos, s.lastCRC = sum.lastPos, sum.lastCRC
 	s.rollEnd = sum.rollEnd
-	s.unverified = true // VerifySealed reads its frames later
+	s.unverified = !sum.verified // VerifySealed reads its frames later
 	l.next, l.rolling = sum.end, sum.rollEnd
-	return nil
 }
 
 // removeSummary deletes the summary of the segment at segPath, before the
@@ -234,13 +265,16 @@ func (l *Log) removeSummaries(names []string, bases []uint64) error {
 		have[b] = true
 	}
 	for _, name := range names {
-		seg, isSum := strings.CutSuffix(name, summarySuffix)
-		tmp := strings.HasSuffix(name, summarySuffix+tmpSuffix)
-		if !isSum && !tmp {
-			continue
+		seg, tmp := strings.CutSuffix(name, summarySuffix+tmpSuffix)
+		if !tmp {
+			var isSum bool
+			if seg, isSum = strings.CutSuffix(name, summarySuffix); !isSum {
+				continue
+			}
 		}
-		if base, ok := parseSegmentName(seg); ok && have[base] && !tmp {
-			continue
+		base, ok := parseSegmentName(seg)
+		if !ok || (have[base] && !tmp) {
+			continue // not a summary's name; or a segment's summary
 		}
 		if err := l.fs.Remove(filepath.Join(l.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("partlog: remove %s: %w", name, err)
@@ -271,9 +305,6 @@ func (l *Log) VerifySealed(ctx context.Context, pace func(ctx context.Context, b
 		if err := l.verifySegment(ctx, s, pace); err != nil {
 			return err
 		}
-		l.mu.Lock()
-		s.unverified = false
-		l.mu.Unlock()
 	}
 	return nil
 }
@@ -326,6 +357,22 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 	}
 	if rolling != want && !l.cutBelow(cuts, end) {
 		return l.fail(ErrCorrupt, "%s, opened from its summary: its frames give the rolling checksum %08x at offset %d, the summary %08x", s.path, rolling, end, want)
+	}
+	// Verified: the summary says so from now on (the next Open does not
+	// read it again), and the pages read leave the cache, as the log's
+	// pages behind its tail do (§6.1). Under wmu and mu, so that no cut or
+	// removal of the segment runs meanwhile.
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !s.unverified || !slices.Contains(l.segs, s) || l.cuts != cuts {
+		return nil
+	}
+	s.unverified = false
+	l.writeSummary(s, l.summarize(s, s.rollEnd, true))
+	if fd, ok := fdOf(s.f); ok {
+		_ = unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED)
 	}
 	return nil
 }

@@ -357,3 +357,54 @@ func TestVerifySealedAfterATruncationIntoASegment(t *testing.T) {
 	must(t, l.VerifySealed(context.Background(), nil))
 	equalFrames(t, readAll(t, l), frames[:len(framePositions(t, fsys, segments(t, fsys)[0]))+3])
 }
+
+// A truncation into a segment opened from its summary, not verified yet,
+// reads the whole segment and holds its rolling checksum against the
+// summary's: a frame replaced by another valid one, below the cut or past
+// it, fails the log as corrupt instead of being kept.
+func TestATruncationIntoAnUnverifiedSegmentChecksIt(t *testing.T) {
+	for _, replaced := range []int{1, 6} {
+		fsys := faultfs.New()
+		l := openFS(t, fsys, nil)
+		frames := appendAll(t, l, uniform(40, 5, 50, 1))
+		mustClose(t, l)
+		segs := segments(t, fsys)
+		first := len(framePositions(t, fsys, segs[0]))
+		p := framePositions(t, fsys, segs[1])
+		h, err := partlog.DecodeHeader(frames[first+replaced])
+		must(t, err)
+		other := encode(t, batch{epoch: 1, n: 5, ts: 77777, vsize: 50}, h.BaseOffset)
+		must(t, fsys.Corrupt(segs[1], p[replaced], other))
+
+		l = openFS(t, fsys, nil)
+		cut, err := partlog.DecodeHeader(frames[first+3])
+		must(t, err)
+		if err := l.Truncate(cut.BaseOffset); !errors.Is(err, partlog.ErrCorrupt) {
+			t.Fatalf("frame %d of the segment replaced, truncation at its frame 3: %v, want ErrCorrupt", replaced, err)
+		}
+		_ = l.Close() // failed: Close says so
+	}
+}
+
+// A verified segment's summary says so: the next Open leaves it verified,
+// and a file that only ends like a summary is none of the log's.
+func TestAVerifiedSegmentStaysVerified(t *testing.T) {
+	fsys := faultfs.New()
+	l := openFS(t, fsys, nil)
+	appendAll(t, l, uniform(40, 5, 50, 1))
+	mustClose(t, l)
+	writeFile(t, fsys, filepath.Join(testDir, "notes.sum"), []byte("a stranger"))
+	l = openFS(t, fsys, nil)
+	must(t, l.VerifySealed(context.Background(), nil))
+	mustClose(t, l)
+	l = openFS(t, fsys, nil)
+	defer l.Close()
+	paced := 0
+	must(t, l.VerifySealed(context.Background(), func(context.Context, int) error { paced++; return nil }))
+	if paced != 0 {
+		t.Fatalf("verified again after a restart: %d reads", paced)
+	}
+	if _, err := fsys.ReadFile(filepath.Join(testDir, "notes.sum")); err != nil {
+		t.Fatalf("a stranger's file: %v", err)
+	}
+}

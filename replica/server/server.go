@@ -944,7 +944,10 @@ const verifyBytesPerSecond = 64 << 20
 // verifySealed reads the sealed segments the log's Open took from their
 // summaries, paced, until it has read them or the partition stops: damage
 // found stops the partition being served, as damage found by Open did,
-// and the chain repairs it.
+// and the chain repairs it. A read that fails (EIO) is tried again,
+// verifyAttempts times in all, from where verification got to; then the
+// partition is not served either: what this replica cannot read back, it
+// must not serve, and a copy from the chain replaces it.
 func (p *partition) verifySealed() {
 	defer p.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -957,14 +960,34 @@ func (p *partition) verifySealed() {
 		}
 	}()
 	start := time.Now()
-	err := p.log.VerifySealed(ctx, func(ctx context.Context, n int) error { return pace(ctx, p.srv.verifyLimit, int64(n)) })
-	switch {
-	case err == nil:
-		p.logger.V(1).Info("Verified the sealed segments opened from their summaries", "took", time.Since(start).String())
-	case errors.Is(err, partlog.ErrCorrupt):
-		p.markCorrupt(err)
-	case ctx.Err() != nil || errors.Is(err, partlog.ErrClosed):
-	default:
-		p.logger.Error(err, "Failed to verify the sealed segments opened from their summaries")
+	backoff := verifyRetryMin
+	for attempt := 1; ; attempt++ {
+		err := p.log.VerifySealed(ctx, func(ctx context.Context, n int) error { return pace(ctx, p.srv.verifyLimit, int64(n)) })
+		switch {
+		case err == nil:
+			p.logger.V(1).Info("Verified the sealed segments opened from their summaries", "took", time.Since(start).String())
+			return
+		case errors.Is(err, partlog.ErrCorrupt):
+			p.markCorrupt(err)
+			return
+		case ctx.Err() != nil || errors.Is(err, partlog.ErrClosed):
+			return
+		case attempt == verifyAttempts:
+			p.markCorrupt(fmt.Errorf("%w: the sealed segments do not read back (%d attempts): %v", partlog.ErrCorrupt, attempt, err))
+			return
+		}
+		p.logger.Error(err, "Failed to read back a sealed segment; trying again", "attempt", attempt, "backoff", backoff.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff *= 2
 	}
 }
+
+// verifyAttempts and verifyRetryMin bound verifySealed's retries of a
+// read that fails: 1, 2, 4 and 8 s apart (tests shorten them).
+const verifyAttempts = 5
+
+var verifyRetryMin = time.Second

@@ -1904,3 +1904,68 @@ func TestARestartFindsDamageInASealedSegmentAfterOpening(t *testing.T) {
 		t.Fatal("the damaged partition took a write")
 	}
 }
+
+// A sealed segment that does not read back after a restart (a bad stretch
+// of the disk) is read again from where verification got to; once it
+// reads, the partition serves on, and if it never does, the partition is
+// not served: what the replica cannot read back it must not serve.
+func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
+	defer func(d time.Duration) { verifyRetryMin = d }(verifyRetryMin)
+	verifyRetryMin = 10 * time.Millisecond
+	for _, tc := range []struct {
+		name     string
+		failures int // reads of the bad stretch that fail (-1: all)
+		serves   bool
+	}{{"a passing fault", 2, true}, {"a lasting fault", -1, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := faultfs.New()
+			dir := t.TempDir()
+			a := startNodeAt(t, "a", dir, fs)
+			ctx := context.Background()
+			cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, SegmentBytes: 1 << 20}
+			if _, err := client(t, a.addr).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}); err != nil {
+				t.Fatal(err)
+			}
+			value := bytes.Repeat([]byte("v"), 1000)
+			for i := range 25 {
+				recs := make([]*catenapb.AppendRecord, 100)
+				for j := range recs {
+					recs[j] = &catenapb.AppendRecord{Value: value, ProducerId: 1, Sequence: uint64(i*100 + j + 1)}
+				}
+				if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			stopNode(a)
+			seg := filepath.Join(dir, "streams", "s", "00000", "00000000000000000000.seg")
+			fs.FailReadsIn(seg, 400<<10, 500<<10, tc.failures, syscall.EIO)
+
+			a = startNodeAt(t, "a", dir, fs)
+			if tc.serves {
+				eventually(t, 10*time.Second, func() error {
+					b, err := fs.ReadFile(seg + ".sum")
+					if err != nil || len(b) < 6 || b[5]&1 == 0 {
+						return fmt.Errorf("segment not verified yet (%v)", err)
+					}
+					return nil
+				})
+				if e := status0(t, a).GetError(); e != "" {
+					t.Fatalf("partition error %q after a passing read fault", e)
+				}
+				if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}); err != nil {
+					t.Fatalf("append after a passing read fault: %v", err)
+				}
+				return
+			}
+			eventually(t, 10*time.Second, func() error {
+				if e := status0(t, a).GetError(); !strings.Contains(e, "do not read back") {
+					return fmt.Errorf("partition error %q", e)
+				}
+				return nil
+			})
+			if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}); status.Code(err) == codes.OK {
+				t.Fatal("the partition that does not read back took a write")
+			}
+		})
+	}
+}

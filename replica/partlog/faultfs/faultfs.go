@@ -50,6 +50,16 @@ type FS struct {
 	writes, syncs int
 	writeFault    fault
 	syncFault     fault
+	readFaults    []readFault
+}
+
+// readFault fails reads of bytes [from, to) of the file name, times times
+// (< 0: forever): a bad stretch of the disk.
+type readFault struct {
+	name     string
+	from, to int64
+	times    int
+	err      error
 }
 
 // fault fails operations after `after` more successes, `times` times (< 0:
@@ -117,11 +127,20 @@ func (f *FS) FailSyncs(after, times int, err error) {
 	f.syncFault = fault{armed: true, after: after, times: times, err: err}
 }
 
+// FailReadsIn makes reads of file name that touch bytes [from, to) fail
+// with err (e.g. syscall.EIO), times times (times < 0: forever); other
+// reads of the file, and of other files, go on.
+func (f *FS) FailReadsIn(name string, from, to int64, times int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.readFaults = append(f.readFaults, readFault{name: filepath.Clean(name), from: from, to: to, times: times, err: err})
+}
+
 // ClearFaults disarms all injected faults.
 func (f *FS) ClearFaults() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.writeFault, f.syncFault = fault{}, fault{}
+	f.writeFault, f.syncFault, f.readFaults = fault{}, fault{}, nil
 }
 
 // Writes and Syncs count successful WriteAt and Sync/SyncDir calls.
@@ -328,6 +347,15 @@ func (h *file) ReadAt(p []byte, off int64) (int, error) {
 	}
 	if off < 0 {
 		return 0, &fs.PathError{Op: "read", Path: h.name, Err: fs.ErrInvalid}
+	}
+	for i := range h.fs.readFaults {
+		rf := &h.fs.readFaults[i]
+		if rf.name == h.name && rf.times != 0 && off < rf.to && off+int64(len(p)) > rf.from {
+			if rf.times > 0 {
+				rf.times--
+			}
+			return 0, &fs.PathError{Op: "read", Path: h.name, Err: rf.err}
+		}
 	}
 	if off >= int64(len(h.in.data)) {
 		return 0, io.EOF
