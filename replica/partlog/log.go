@@ -619,6 +619,11 @@ func (l *Log) readFramesOnce(from, maxEnd uint64, maxBytes int) (out [][]byte, c
 func (l *Log) cutBelow(cuts, end uint64) bool {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
+	return l.cutBelowLocked(cuts, end)
+}
+
+// cutBelowLocked is cutBelow, called with mu (or wmu) held.
+func (l *Log) cutBelowLocked(cuts, end uint64) bool {
 	if l.cuts-cuts > uint64(len(l.recentCuts)) {
 		return true
 	}

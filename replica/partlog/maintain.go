@@ -179,11 +179,15 @@ func (l *Log) Truncate(to uint64) error {
 		// cut are read too, so that the rolling checksum over all of them
 		// is held against the summary's, as VerifySealed would (a frame
 		// replaced by another valid one shows nowhere else).
+		// Frames past the cut that do not read or check are damage to
+		// this copy too: corrupt, so that it is replaced, rather than a
+		// cut that fails every time it is asked for. (Unpaced, under
+		// syncMu: a segment of at most MaxSegmentBytes, once.)
 		all := rolling
 		for p := pos; p < s.size; {
 			h, bad, err := scanFrame(&r, p, s.size)
 			if err != nil {
-				return l.readErr(s.path, p, err)
+				return l.corrupt(s.path, p, fmt.Errorf("opened from its summary, past the cut: %w", err))
 			}
 			if bad != nil {
 				return l.corrupt(s.path, p, bad)

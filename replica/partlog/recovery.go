@@ -473,6 +473,12 @@ func (l *Log) loadSegment(s *segment, first, last bool, next *segmentStart) (err
 		}
 	}
 	if !last {
+		// Scanned, it is marked verified: read what the disk holds, not
+		// pages a previous process left cached (clean: sealed segments
+		// were fsynced whole).
+		if err := readFromDisk(s.f); err != nil {
+			return fmt.Errorf("partlog: %s: %w", s.path, err)
+		}
 		defer func() {
 			if err == nil {
 				// For the next Open; the scan verified the frames.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -284,14 +285,19 @@ func (l *Log) removeSummaries(names []string, bases []uint64) error {
 }
 
 // VerifySealed reads and checks what Open took on trust from summaries:
-// every frame of those sealed segments (CRC and record structure), their
-// offsets, one after the other from the segment's base to its end, and the
-// rolling checksum they give, which must be the one the summary gave.
+// every frame of the sealed segments opened from a summary not marked
+// verified, read from the disk (their cached pages dropped first): each
+// frame's CRC and record structure, their offsets one after the other
+// from the segment's base to its end, and that they give the summary's
+// rolling checksum at end, epochs, newest timestamp and index (a frame
+// replaced by another valid one shows only in the rolling checksum).
 // Before each read pace is given its size (to bound the rate; nil:
 // unpaced). Damage fails the log as corrupt (ErrCorrupt, for good), as a
-// read of the damaged frame would; a segment retention or a truncation
+// read of the damaged frame would. A verified segment's summary is written
+// again marked verified, so that the next Open does not ask for it again,
+// and its pages leave the cache. A segment retention or a truncation
 // removes or cuts meanwhile is let be. It returns ctx's error if ctx ends
-// first, and verifies nothing twice.
+// first; Unverified says how much is left.
 func (l *Log) VerifySealed(ctx context.Context, pace func(ctx context.Context, bytes int) error) error {
 	l.mu.RLock()
 	var todo []*segment
@@ -309,19 +315,52 @@ func (l *Log) VerifySealed(ctx context.Context, pace func(ctx context.Context, b
 	return nil
 }
 
+// Unverified is the number of segments VerifySealed has yet to read.
+func (l *Log) Unverified() int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := 0
+	for _, s := range l.segs {
+		if s.unverified {
+			n++
+		}
+	}
+	return n
+}
+
 // verifyReadBytes is what one read of VerifySealed asks for.
 const verifyReadBytes = 1 << 20
 
 func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx context.Context, bytes int) error) error {
-	l.mu.RLock()
-	// A truncation since rebuilt its state from a scan of what it kept,
-	// or removed it; retention may have removed it.
-	current := s.unverified && slices.Contains(l.segs, s)
+	// Under wmu: retention, truncation and Close, which remove, cut or
+	// close the segment, hold it.
+	l.wmu.Lock()
+	current := l.usable() == nil && s.unverified && slices.Contains(l.segs, s)
 	base, end, rolling, want, cuts := s.base, s.end, s.rollBase, s.rollEnd, l.cuts
-	l.mu.RUnlock()
+	index, maxTs := s.index, s.maxTs
+	var epochs []EpochStart // the transitions the summary gave, within the segment
+	for _, e := range l.epochs {
+		switch {
+		case e.StartOffset <= base:
+			epochs = append(epochs[:0], EpochStart{Epoch: e.Epoch, StartOffset: base})
+		case e.StartOffset < end:
+			epochs = append(epochs, e)
+		}
+	}
+	if current {
+		_ = dropCache(s.f) // read what the disk holds
+	}
+	l.wmu.Unlock()
 	if !current {
 		return nil
 	}
+	var (
+		pos      = int64(SegmentHeaderSize)
+		seenMax  = int64(math.MinInt64)
+		seen     []EpochStart
+		nextIdx  int
+		indexErr error
+	)
 	for at := base; at < end; {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -351,28 +390,63 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 				}
 				return l.fail(ErrCorrupt, "%s, opened from its summary, does not verify: %w", s.path, bad)
 			}
+			if n := len(seen); n == 0 || seen[n-1].Epoch != h.Epoch {
+				seen = append(seen, EpochStart{Epoch: h.Epoch, StartOffset: h.BaseOffset})
+			}
+			if nextIdx < len(index) && index[nextIdx].offset == h.BaseOffset {
+				if int64(index[nextIdx].pos) != pos || (nextIdx > 0 && index[nextIdx-1].prefixMax != seenMax) {
+					indexErr = fmt.Errorf("index entry %d (offset %d) at byte %d, its frame at byte %d", nextIdx, h.BaseOffset, index[nextIdx].pos, pos)
+				}
+				nextIdx++
+			}
+			seenMax = max(seenMax, h.MaxTimestamp)
 			rolling = rollChecksum(rolling, h.CRC)
+			pos += int64(len(fr))
 			at = h.End()
 		}
 	}
-	if rolling != want && !l.cutBelow(cuts, end) {
-		return l.fail(ErrCorrupt, "%s, opened from its summary: its frames give the rolling checksum %08x at offset %d, the summary %08x", s.path, rolling, end, want)
+	if nextIdx != len(index) || (len(index) > 0 && index[len(index)-1].prefixMax != seenMax) {
+		indexErr = fmt.Errorf("%d of %d index entries found at frames, the last one's newest timestamp %d, the frames' %d", nextIdx, len(index), index[len(index)-1].prefixMax, seenMax)
 	}
-	// Verified: the summary says so from now on (the next Open does not
-	// read it again), and the pages read leave the cache, as the log's
-	// pages behind its tail do (§6.1). Under wmu and mu, so that no cut or
-	// removal of the segment runs meanwhile.
+	var wrong error
+	switch {
+	case rolling != want:
+		wrong = fmt.Errorf("its frames give the rolling checksum %08x at offset %d, the summary %08x", rolling, end, want)
+	case !slices.Equal(seen, epochs):
+		wrong = fmt.Errorf("its frames give the epochs %v, the summary %v", seen, epochs)
+	case seenMax != maxTs:
+		wrong = fmt.Errorf("its frames' newest timestamp is %d, the summary's %d", seenMax, maxTs)
+	case pos != s.size:
+		wrong = fmt.Errorf("its frames end at byte %d, the summary says %d", pos, s.size)
+	case indexErr != nil:
+		wrong = indexErr
+	}
+	if wrong != nil && !l.cutBelow(cuts, end) {
+		return l.fail(ErrCorrupt, "%s, opened from its summary: %w", s.path, wrong)
+	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !s.unverified || !slices.Contains(l.segs, s) || l.cuts != cuts {
+	if wrong != nil || l.usable() != nil || !s.unverified || !slices.Contains(l.segs, s) || l.cutBelowLocked(cuts, end) {
 		return nil
 	}
+	l.mu.Lock()
 	s.unverified = false
+	l.mu.Unlock()
+	// Under wmu only: no cut, removal or close of the segment meanwhile,
+	// and readers go on.
 	l.writeSummary(s, l.summarize(s, s.rollEnd, true))
-	if fd, ok := fdOf(s.f); ok {
-		_ = unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED)
+	_ = dropCache(s.f)
+	return nil
+}
+
+// dropCache drops f's clean cached pages (advice: files without a page
+// cache of their own are left alone).
+func dropCache(f File) error {
+	if d, ok := f.(interface{ DropCache() error }); ok {
+		return d.DropCache()
+	}
+	if fd, ok := fdOf(f); ok {
+		return unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED)
 	}
 	return nil
 }

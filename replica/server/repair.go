@@ -99,9 +99,15 @@ func (s *Server) Truncate(ctx context.Context, req *catenapb.TruncateRequest) (*
 		return nil, status.Errorf(codes.FailedPrecondition, "partition %s/%d on %s: truncating to %d (batch boundary at or below %d) would cut committed offsets below %d", p.stream, p.index, s.id, cut, to, committed)
 	}
 	if err := p.log.Truncate(cut); err != nil {
-		if errors.Is(err, partlog.ErrFailed) {
+		switch {
+		case errors.Is(err, partlog.ErrFailed):
 			// The log is in an unknown state on disk: stop, as a failed fsync does.
 			go p.crashStop(fmt.Errorf("failed to truncate partition %s/%d: %w", p.stream, p.index, err))
+		case errors.Is(err, partlog.ErrCorrupt):
+			// Damage the cut read (a segment opened from its summary is
+			// read whole first): not served, and replaced.
+			p.failed = err
+			p.broadcast()
 		}
 		return nil, status.Errorf(codes.Internal, "partition %s/%d on %s: truncate to %d: %v", p.stream, p.index, s.id, cut, err)
 	}

@@ -944,10 +944,11 @@ const verifyBytesPerSecond = 64 << 20
 // verifySealed reads the sealed segments the log's Open took from their
 // summaries, paced, until it has read them or the partition stops: damage
 // found stops the partition being served, as damage found by Open did,
-// and the chain repairs it. A read that fails (EIO) is tried again,
-// verifyAttempts times in all, from where verification got to; then the
-// partition is not served either: what this replica cannot read back, it
-// must not serve, and a copy from the chain replaces it.
+// and the chain repairs it. A read that fails (EIO) is tried again from
+// the segment it failed in, verifyAttempts times in all without a segment
+// verified in between; then the partition is not served either: what this
+// replica cannot read back, it must not serve, and a copy from the chain
+// replaces it.
 func (p *partition) verifySealed() {
 	defer p.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -962,7 +963,11 @@ func (p *partition) verifySealed() {
 	start := time.Now()
 	backoff := verifyRetryMin
 	for attempt := 1; ; attempt++ {
+		left := p.log.Unverified()
 		err := p.log.VerifySealed(ctx, func(ctx context.Context, n int) error { return pace(ctx, p.srv.verifyLimit, int64(n)) })
+		if err != nil && p.log.Unverified() < left {
+			attempt, backoff = 1, verifyRetryMin // it got further: a new stretch
+		}
 		switch {
 		case err == nil:
 			p.logger.V(1).Info("Verified the sealed segments opened from their summaries", "took", time.Since(start).String())
@@ -970,8 +975,8 @@ func (p *partition) verifySealed() {
 		case errors.Is(err, partlog.ErrCorrupt):
 			p.markCorrupt(err)
 			return
-		case ctx.Err() != nil || errors.Is(err, partlog.ErrClosed):
-			return
+		case ctx.Err() != nil || errors.Is(err, partlog.ErrClosed) || errors.Is(err, partlog.ErrFailed):
+			return // stopping, or failed otherwise (a failed fsync stops the replica)
 		case attempt == verifyAttempts:
 			p.markCorrupt(fmt.Errorf("%w: the sealed segments do not read back (%d attempts): %v", partlog.ErrCorrupt, attempt, err))
 			return

@@ -1914,9 +1914,10 @@ func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
 	verifyRetryMin = 10 * time.Millisecond
 	for _, tc := range []struct {
 		name     string
-		failures int // reads of the bad stretch that fail (-1: all)
+		failures int // reads of each bad stretch that fail (-1: all)
+		segments int // segments with a bad stretch, from the first
 		serves   bool
-	}{{"a passing fault", 2, true}, {"a lasting fault", -1, false}} {
+	}{{"a passing fault", 2, 1, true}, {"a lasting fault", -1, 1, false}, {"a passing fault in each of six segments", 1, 6, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := faultfs.New()
 			dir := t.TempDir()
@@ -1927,7 +1928,7 @@ func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
 				t.Fatal(err)
 			}
 			value := bytes.Repeat([]byte("v"), 1000)
-			for i := range 25 {
+			for i := range 80 {
 				recs := make([]*catenapb.AppendRecord, 100)
 				for j := range recs {
 					recs[j] = &catenapb.AppendRecord{Value: value, ProducerId: 1, Sequence: uint64(i*100 + j + 1)}
@@ -1937,15 +1938,32 @@ func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
 				}
 			}
 			stopNode(a)
-			seg := filepath.Join(dir, "streams", "s", "00000", "00000000000000000000.seg")
-			fs.FailReadsIn(seg, 400<<10, 500<<10, tc.failures, syscall.EIO)
+			pdir := filepath.Join(dir, "streams", "s", "00000")
+			names, err := fs.ReadDir(pdir) // the logs are in fs
+			if err != nil {
+				t.Fatal(err)
+			}
+			var segs []string
+			for _, n := range names {
+				if strings.HasSuffix(n, ".seg") {
+					segs = append(segs, filepath.Join(pdir, n))
+				}
+			}
+			if len(segs) < 7 {
+				t.Fatalf("setup: %d segments", len(segs))
+			}
+			for _, s := range segs[:tc.segments] {
+				fs.FailReadsIn(s, 400<<10, 500<<10, tc.failures, syscall.EIO)
+			}
 
 			a = startNodeAt(t, "a", dir, fs)
 			if tc.serves {
 				eventually(t, 10*time.Second, func() error {
-					b, err := fs.ReadFile(seg + ".sum")
-					if err != nil || len(b) < 6 || b[5]&1 == 0 {
-						return fmt.Errorf("segment not verified yet (%v)", err)
+					for _, s := range segs[:len(segs)-1] {
+						b, err := fs.ReadFile(s + ".sum")
+						if err != nil || len(b) < 6 || b[5]&1 == 0 {
+							return fmt.Errorf("segment %s not verified yet (%v)", filepath.Base(s), err)
+						}
 					}
 					return nil
 				})
