@@ -8,6 +8,56 @@ import (
 	"testing"
 )
 
+// spoiledLog writes a log of 40 one-record batches in segments of
+// segmentBytes (the epoch going up every epochEvery batches: 0, never),
+// closes it, changes the first segment's summary with change and opens it
+// again. It returns the log as opened and its end and rolling checksum as
+// written.
+func spoiledLog(t *testing.T, segmentBytes int64, epochEvery int, change func(*summary)) (l *Log, next uint64, rolling uint32) {
+	t.Helper()
+	dir := t.TempDir()
+	opts := Options{Dir: dir, SegmentBytes: segmentBytes, IndexIntervalBytes: 256}
+	l, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		epoch := uint64(1)
+		if epochEvery > 0 {
+			epoch += uint64(i / epochEvery)
+		}
+		f, err := AppendBatch(nil, epoch, l.NextOffset(), []Record{{TimestampMs: int64(1000 + i), Key: []byte("k"), Value: make([]byte, 300)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Append(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next, rolling = l.NextOffset(), l.RollingChecksum()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := summaryPath(filepath.Join(dir, segmentName(0)))
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := decodeSummary(b)
+	if err != nil || len(sum.index) < 2 || (epochEvery > 0 && len(sum.epochs) < 2) {
+		t.Fatalf("setup: %+v, %v", sum, err)
+	}
+	change(&sum)
+	if err := os.WriteFile(path, encodeSummary(sum), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = Open(opts); err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l, next, rolling
+}
+
 // A summary that checks whole and names its segment's file, but whose end
 // state does not lead to the next segment (its rolling checksum at end) or
 // whose epochs go back, is not adopted: the segment is scanned, which
@@ -21,45 +71,7 @@ func TestASummaryThatDoesNotLeadOnIsScannedInstead(t *testing.T) {
 	}
 	for name, change := range spoil {
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			opts := Options{Dir: dir, SegmentBytes: 4096, IndexIntervalBytes: 256}
-			l, err := Open(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			recs := []Record{{Key: []byte("k"), Value: make([]byte, 300)}}
-			for range 40 {
-				f, err := AppendBatch(nil, 1, l.NextOffset(), recs)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := l.Append(f); err != nil {
-					t.Fatal(err)
-				}
-			}
-			next, rolling := l.NextOffset(), l.RollingChecksum()
-			if err := l.Close(); err != nil {
-				t.Fatal(err)
-			}
-			path := summaryPath(filepath.Join(dir, segmentName(0)))
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sum, err := decodeSummary(b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			change(&sum)
-			if err := os.WriteFile(path, encodeSummary(sum), 0o644); err != nil {
-				t.Fatal(err)
-			}
-
-			l, err = Open(opts)
-			if err != nil {
-				t.Fatalf("Open: %v", err)
-			}
-			defer l.Close()
+			l, next, rolling := spoiledLog(t, 4096, 0, change)
 			if l.NextOffset() != next || l.RollingChecksum() != rolling || l.segs[0].unverified {
 				t.Fatalf("opened at %d, rolling %08x, first segment unverified %v; want %d, %08x, scanned", l.NextOffset(), l.RollingChecksum(), l.segs[0].unverified, next, rolling)
 			}
@@ -81,43 +93,7 @@ func TestVerifySealedHoldsTheWholeSummaryAgainstTheFrames(t *testing.T) {
 	}
 	for name, change := range spoil {
 		t.Run(name, func(t *testing.T) {
-			dir := t.TempDir()
-			opts := Options{Dir: dir, SegmentBytes: 8192, IndexIntervalBytes: 256}
-			l, err := Open(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range 40 {
-				recs := []Record{{TimestampMs: int64(1000 + i), Key: []byte("k"), Value: make([]byte, 300)}}
-				f, err := AppendBatch(nil, uint64(1+i/6), l.NextOffset(), recs) // epochs change within segments
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := l.Append(f); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := l.Close(); err != nil {
-				t.Fatal(err)
-			}
-			path := summaryPath(filepath.Join(dir, segmentName(0)))
-			b, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sum, err := decodeSummary(b)
-			if err != nil || len(sum.epochs) < 2 || len(sum.index) < 2 {
-				t.Fatalf("setup: %+v, %v", sum, err)
-			}
-			change(&sum)
-			if err := os.WriteFile(path, encodeSummary(sum), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			l, err = Open(opts)
-			if err != nil {
-				t.Fatalf("Open: %v", err)
-			}
-			defer l.Close()
+			l, _, _ := spoiledLog(t, 8192, 6, change) // epochs change within segments
 			if !l.segs[0].unverified {
 				t.Fatal("setup: Open did not take the summary, so VerifySealed has nothing to find")
 			}
@@ -134,38 +110,14 @@ func TestVerifySealedHoldsTheWholeSummaryAgainstTheFrames(t *testing.T) {
 func TestVerifySealedAcrossATruncation(t *testing.T) {
 	for _, into := range []string{"last segment", "segment being read"} {
 		t.Run(into, func(t *testing.T) {
-			dir := t.TempDir()
-			opts := Options{Dir: dir, SegmentBytes: 4096, IndexIntervalBytes: 256}
-			l, err := Open(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ends []uint64
-			for range 40 {
-				f, err := AppendBatch(nil, 1, l.NextOffset(), []Record{{Key: []byte("k"), Value: make([]byte, 300)}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := l.Append(f); err != nil {
-					t.Fatal(err)
-				}
-				ends = append(ends, l.NextOffset())
-			}
-			if err := l.Close(); err != nil {
-				t.Fatal(err)
-			}
-			l, err = Open(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l.Close()
+			l, next, _ := spoiledLog(t, 4096, 0, func(*summary) {})
 			sealed := l.Unverified()
-			cut := ends[len(ends)-3] // inside the last segment
+			cut := next - 2 // inside the last segment: one record a batch
 			if into != "last segment" {
-				cut = l.segs[1].base + 1 // a batch boundary: one record a batch
+				cut = l.segs[1].base + 1
 			}
 			once := false
-			err = l.VerifySealed(context.Background(), func(context.Context, int) error {
+			err := l.VerifySealed(context.Background(), func(context.Context, int) error {
 				if !once {
 					once = true
 					return l.Truncate(cut)

@@ -1861,20 +1861,7 @@ func TestIntervalDurabilityWakesOnlyForAppends(t *testing.T) {
 func TestARestartFindsDamageInASealedSegmentAfterOpening(t *testing.T) {
 	a := startNode(t, "a", nil)
 	ctx := context.Background()
-	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, SegmentBytes: 1 << 20}
-	if _, err := client(t, a.addr).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}); err != nil {
-		t.Fatal(err)
-	}
-	value := bytes.Repeat([]byte("v"), 1000)
-	for i := range 30 {
-		recs := make([]*catenapb.AppendRecord, 100)
-		for j := range recs {
-			recs[j] = &catenapb.AppendRecord{Value: value, ProducerId: 1, Sequence: uint64(i*100 + j + 1)}
-		}
-		if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fillSegments(t, a, 3)
 	stopNode(a)
 	dir := filepath.Join(a.srv.dataDir, "streams", "s", "00000")
 	segs, _ := filepath.Glob(filepath.Join(dir, "*.seg"))
@@ -1923,20 +1910,7 @@ func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
 			dir := t.TempDir()
 			a := startNodeAt(t, "a", dir, fs)
 			ctx := context.Background()
-			cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, SegmentBytes: 1 << 20}
-			if _, err := client(t, a.addr).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}); err != nil {
-				t.Fatal(err)
-			}
-			value := bytes.Repeat([]byte("v"), 1000)
-			for i := range 80 {
-				recs := make([]*catenapb.AppendRecord, 100)
-				for j := range recs {
-					recs[j] = &catenapb.AppendRecord{Value: value, ProducerId: 1, Sequence: uint64(i*100 + j + 1)}
-				}
-				if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			fillSegments(t, a, 8)
 			stopNode(a)
 			pdir := filepath.Join(dir, "streams", "s", "00000")
 			names, err := fs.ReadDir(pdir) // the logs are in fs
@@ -1985,5 +1959,26 @@ func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
 				t.Fatal("the partition that does not read back took a write")
 			}
 		})
+	}
+}
+
+// fillSegments makes node a the sole member of stream s's partition 0, in
+// segments of 1 MiB, and appends about mib MiB of 1 KiB records to it.
+func fillSegments(t *testing.T, a *node, mib int) {
+	t.Helper()
+	ctx := context.Background()
+	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, SegmentBytes: 1 << 20}
+	if _, err := client(t, a.addr).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	value := bytes.Repeat([]byte("v"), 1000)
+	for i := range 10 * mib {
+		recs := make([]*catenapb.AppendRecord, 100)
+		for j := range recs {
+			recs[j] = &catenapb.AppendRecord{Value: value, ProducerId: 1, Sequence: uint64(i*100 + j + 1)}
+		}
+		if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
