@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Open recovers (or creates) the log in opts.Dir, following the numbered
@@ -401,13 +399,8 @@ func readFromDisk(f File) error {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync before recovery: %w", err)
 	}
-	if d, ok := f.(interface{ DropCache() error }); ok {
-		return d.DropCache()
-	}
-	if fd, ok := fdOf(f); ok {
-		if err := unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED); err != nil {
-			return fmt.Errorf("drop cached pages before recovery: %w", err)
-		}
+	if err := dropCache(f); err != nil {
+		return fmt.Errorf("drop cached pages before recovery: %w", err)
 	}
 	return nil
 }

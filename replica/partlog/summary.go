@@ -136,17 +136,23 @@ func decodeSummary(b []byte) (summary, error) {
 // the rolling checksum rollEnd, the log's epochs giving its epoch
 // transitions. Called with wmu or mu held.
 func (l *Log) summarize(s *segment, rollEnd uint32, verified bool) summary {
+	return summary{base: s.base, end: s.end, size: s.size, rollBase: s.rollBase, rollEnd: rollEnd,
+		lastPos: s.lastPos, lastCRC: s.lastCRC, maxTs: s.maxTs, epochs: l.epochsWithin(s.base, s.end), index: s.index, verified: verified}
+}
+
+// epochsWithin is the epoch in effect at base (as starting there), then
+// each change of epoch below end. Called with wmu or mu held.
+func (l *Log) epochsWithin(base, end uint64) []EpochStart {
 	var epochs []EpochStart
 	for _, e := range l.epochs {
 		switch {
-		case e.StartOffset <= s.base:
-			epochs = append(epochs[:0], EpochStart{Epoch: e.Epoch, StartOffset: s.base})
-		case e.StartOffset < s.end:
+		case e.StartOffset <= base:
+			epochs = append(epochs[:0], EpochStart{Epoch: e.Epoch, StartOffset: base})
+		case e.StartOffset < end:
 			epochs = append(epochs, e)
 		}
 	}
-	return summary{base: s.base, end: s.end, size: s.size, rollBase: s.rollBase, rollEnd: rollEnd,
-		lastPos: s.lastPos, lastCRC: s.lastCRC, maxTs: s.maxTs, epochs: epochs, index: s.index, verified: verified}
+	return epochs
 }
 
 // writeSummary writes s's summary next to it, replacing any, without an
@@ -338,15 +344,7 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 	current := l.usable() == nil && s.unverified && slices.Contains(l.segs, s)
 	base, end, rolling, want, cuts := s.base, s.end, s.rollBase, s.rollEnd, l.cuts
 	index, maxTs := s.index, s.maxTs
-	var epochs []EpochStart // the transitions the summary gave, within the segment
-	for _, e := range l.epochs {
-		switch {
-		case e.StartOffset <= base:
-			epochs = append(epochs[:0], EpochStart{Epoch: e.Epoch, StartOffset: base})
-		case e.StartOffset < end:
-			epochs = append(epochs, e)
-		}
-	}
+	epochs := l.epochsWithin(base, end) // as the summary gave them
 	if current {
 		_ = dropCache(s.f) // read what the disk holds
 	}
