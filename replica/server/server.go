@@ -171,6 +171,12 @@ func New(opts Options) (*Server, error) {
 			// of large ones too.
 			opts.JournalDirectFrameBytes = testDirectFrameBytes
 		}
+		if opts.JournalSegmentBytes == 0 {
+			// Tests write megabytes: they roll the journal often, and
+			// each segment the tests' file systems hold costs that
+			// much memory twice (its contents and its durable copy).
+			opts.JournalSegmentBytes = testJournalSegmentBytes
+		}
 	}
 	s := &Server{
 		id:          opts.ID,
@@ -292,6 +298,9 @@ var journalByDefault bool
 
 // testDirectFrameBytes is JournalDirectFrameBytes under journalByDefault.
 const testDirectFrameBytes = 2 << 10
+
+// testJournalSegmentBytes is JournalSegmentBytes under journalByDefault.
+const testJournalSegmentBytes = 4 << 20
 
 // journalDir is the journal's directory under the data directory.
 const journalDir = "journal"

@@ -144,7 +144,11 @@ func records(producer, firstSeq uint64, n int) []*catenapb.AppendRecord {
 func status0(t testing.TB, n *node) *catenapb.PartitionStatus {
 	t.Helper()
 	p := uint32(0)
-	resp, err := n.rc.Status(context.Background(), &catenapb.StatusRequest{Stream: "s", Partition: &p})
+	// Waited for, with a deadline: a connection attempt on a loaded
+	// machine can exceed transport.MinConnectTimeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := n.rc.Status(ctx, &catenapb.StatusRequest{Stream: "s", Partition: &p}, grpc.WaitForReady(true))
 	if err != nil {
 		t.Fatalf("status of %s: %v", n.id, err)
 	}
@@ -1887,7 +1891,7 @@ func TestARestartFindsDamageInASealedSegmentAfterOpening(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}); status.Code(err) == codes.OK {
+	if _, err := a.rc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}, grpc.WaitForReady(true)); status.Code(err) == codes.OK {
 		t.Fatal("the damaged partition took a write")
 	}
 }
@@ -1944,7 +1948,7 @@ func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
 				if e := status0(t, a).GetError(); e != "" {
 					t.Fatalf("partition error %q after a passing read fault", e)
 				}
-				if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}); err != nil {
+				if _, err := a.rc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}, grpc.WaitForReady(true)); err != nil {
 					t.Fatalf("append after a passing read fault: %v", err)
 				}
 				return
@@ -1955,7 +1959,7 @@ func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
 				}
 				return nil
 			})
-			if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}); status.Code(err) == codes.OK {
+			if _, err := a.rc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(2, 1, 1)}, grpc.WaitForReady(true)); status.Code(err) == codes.OK {
 				t.Fatal("the partition that does not read back took a write")
 			}
 		})
@@ -1967,8 +1971,13 @@ func TestASealedSegmentThatDoesNotReadBackIsTriedAgain(t *testing.T) {
 func fillSegments(t *testing.T, a *node, mib int) {
 	t.Helper()
 	ctx := context.Background()
+	// One connection for all the calls, waited for: a connection attempt
+	// is bounded by transport.MinConnectTimeout (1 s), which a loaded CI
+	// machine running this package under the race detector has exceeded
+	// when each call dialled its own.
+	c := a.rc
 	cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, SegmentBytes: 1 << 20}
-	if _, err := client(t, a.addr).Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}); err != nil {
+	if _, err := c.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
 	value := bytes.Repeat([]byte("v"), 1000)
@@ -1977,7 +1986,7 @@ func fillSegments(t *testing.T, a *node, mib int) {
 		for j := range recs {
 			recs[j] = &catenapb.AppendRecord{Value: value, ProducerId: 1, Sequence: uint64(i*100 + j + 1)}
 		}
-		if _, err := client(t, a.addr).Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}); err != nil {
+		if _, err := c.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}, grpc.WaitForReady(true)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -97,6 +98,12 @@ type inode struct {
 	// rewritten is set when bytes below len(durable) changed since the last
 	// Sync (overwrite or truncate): then there is no "appended tail" to tear.
 	rewritten bool
+	// [dirtyLo, dirtyHi) covers every byte below len(durable) changed
+	// since the last Sync (empty when dirtyLo >= dirtyHi), so that a Sync
+	// copies what changed rather than the whole file: a file written in
+	// place (a preallocated journal segment) is synced after each small
+	// write, and copying all of it each time made the tests quadratic.
+	dirtyLo, dirtyHi int
 	// lost is set by a failed Sync: what data holds beyond durable is
 	// clean in the cache and never reaches the disk (see the package doc).
 	lost bool
@@ -186,6 +193,7 @@ func (f *FS) Crash(opts CrashOptions) {
 			}
 		}
 		in.data, in.durable, in.rewritten, in.lost = d, slices.Clone(d), false, false
+		in.clean()
 	}
 }
 
@@ -236,6 +244,7 @@ func (f *FS) OpenFile(name string, flag int, perm os.FileMode) (partlog.File, er
 	case flag&os.O_TRUNC != 0:
 		in.data = nil
 		in.rewritten = in.rewritten || len(in.durable) > 0
+		in.dirty(0, math.MaxInt)
 	}
 	return &file{fs: f, in: in, name: name, gen: f.gen, readOnly: flag&(os.O_WRONLY|os.O_RDWR) == 0}, nil
 }
@@ -385,10 +394,11 @@ func (h *file) WriteAt(p []byte, off int64) (int, error) {
 	}
 	in := h.in
 	if end := off + int64(len(p)); end > int64(len(in.data)) {
-		in.data = append(in.data, make([]byte, end-int64(len(in.data)))...)
+		in.grow(int(end))
 	}
 	if off < int64(len(in.durable)) && len(p) > 0 {
 		in.rewritten = true
+		in.dirty(int(off), int(off)+len(p))
 	}
 	copy(in.data[off:], p)
 	return len(p), ferr
@@ -409,14 +419,48 @@ func (h *file) Sync() error {
 	if in.lost {
 		return nil // the pages are clean: nothing to write, nothing to report
 	}
-	if in.rewritten || len(in.data) < len(in.durable) {
-		in.durable = slices.Clone(in.data)
+	if n := len(in.data); n < len(in.durable) {
+		in.durable = in.durable[:n] // durable never aliases data: its bytes past n are unreachable
 	} else {
 		in.durable = append(in.durable, in.data[len(in.durable):]...)
 	}
+	if lo, hi := in.dirtyLo, min(in.dirtyHi, len(in.durable)); lo < hi {
+		copy(in.durable[lo:hi], in.data[lo:hi])
+	}
 	in.rewritten = false
+	in.clean()
 	return nil
 }
+
+// dirty records that bytes [lo, hi) below len(in.durable) may differ from
+// what the disk holds.
+func (in *inode) dirty(lo, hi int) {
+	if in.dirtyLo >= in.dirtyHi {
+		in.dirtyLo, in.dirtyHi = lo, hi
+		return
+	}
+	in.dirtyLo, in.dirtyHi = min(in.dirtyLo, lo), max(in.dirtyHi, hi)
+}
+
+// grow extends in.data to n bytes of zeros past its end. The capacity
+// doubles: a file zero-filled (a journal segment) or appended to in
+// small steps is not copied at each step. data's backing array is
+// never shared, so bytes past its length (cut by Truncate) are cleared
+// rather than reused.
+func (in *inode) grow(n int) {
+	old := len(in.data)
+	if n > cap(in.data) {
+		d := make([]byte, n, max(n, 2*cap(in.data)))
+		copy(d, in.data)
+		in.data = d
+		return
+	}
+	in.data = in.data[:n]
+	clear(in.data[old:])
+}
+
+// clean records that data and durable agree.
+func (in *inode) clean() { in.dirtyLo, in.dirtyHi = 0, 0 }
 
 // DropCache drops the file's clean cached pages, as posix_fadvise
 // DONTNEED does: after a failed sync, reads then return what the disk
@@ -429,6 +473,7 @@ func (h *file) DropCache() error {
 	}
 	if in := h.in; in.lost {
 		in.data, in.rewritten, in.lost = slices.Clone(in.durable), false, false
+		in.clean()
 	}
 	return nil
 }
@@ -445,11 +490,12 @@ func (h *file) Truncate(size int64) error {
 	in := h.in
 	if size < int64(len(in.durable)) {
 		in.rewritten = true
+		in.dirty(int(size), math.MaxInt)
 	}
 	if size <= int64(len(in.data)) {
-		in.data = in.data[:size:size] // later appends must not reuse the cut bytes
+		in.data = in.data[:size]
 	} else {
-		in.data = append(in.data, make([]byte, size-int64(len(in.data)))...)
+		in.grow(int(size))
 	}
 	return nil
 }
