@@ -109,6 +109,7 @@ With --pprof-listen, each replica serves Go profiles too, on an address of its o
 	f.Int64Var(&spec.RetentionBytes, "retention-bytes", 0, "keep at most this many bytes per partition once no consumer holds the rest (0: no limit)")
 	f.DurationVar(&spec.HardRetentionTime, "hard-retention", 0, "delete records older than this whatever the consumer holds (0: keep)")
 	f.Int64Var(&spec.HardRetentionBytes, "hard-retention-bytes", 0, "keep at most this many bytes per partition whatever the consumer holds (0: no limit)")
+	f.Int64Var(&spec.SegmentBytes, "segment-bytes", 0, "size at which each partition's segment files roll, 1 MiB to 1 GiB (0: 256 MiB, or an eighth of the smallest byte limit of retention)")
 	f.DurationVar(&spec.FailureTimeout, "failure-timeout", devcluster.DefaultFailureTimeout, "how long a replica may not answer before the master removes it from its chains")
 	f.IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	return cmd

@@ -73,6 +73,9 @@ type Spec struct {
 	// whatever the holds.
 	RetentionTime, HardRetentionTime   time.Duration
 	RetentionBytes, HardRetentionBytes int64
+	// SegmentBytes is the size at which every partition's segment files
+	// roll (0: the replica's default, from the retention's byte limits).
+	SegmentBytes int64
 	// FailureTimeout is how long a replica may not answer Status before the
 	// master removes it from its chains (0: DefaultFailureTimeout).
 	FailureTimeout time.Duration
@@ -154,6 +157,8 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("--min-chain-length %d must be between 1 and --replication (%d), or 0 for a majority", s.MinChainLength, s.Replication)
 	case s.RetentionTime < 0 || s.HardRetentionTime < 0 || s.RetentionBytes < 0 || s.HardRetentionBytes < 0:
 		return errors.New("--retention, --retention-bytes, --hard-retention and --hard-retention-bytes must not be negative (0: no limit)")
+	case s.SegmentBytes != 0 && (s.SegmentBytes < minSegmentBytes || s.SegmentBytes > maxSegmentBytes):
+		return fmt.Errorf("--segment-bytes %d must be between %d (1 MiB) and %d (1 GiB), or 0 for the default", s.SegmentBytes, minSegmentBytes, maxSegmentBytes)
 	case s.FailureTimeout != 0 && (s.FailureTimeout < minFailureTimeout || s.FailureTimeout > maxFailureTimeout):
 		return fmt.Errorf("--failure-timeout %s must be between %s and %s", s.FailureTimeout, minFailureTimeout, maxFailureTimeout)
 	}
@@ -625,6 +630,7 @@ func (s Spec) streamConfig(name string, partitions int) *catenapb.StreamConfig {
 		Interval: s.Durability == catenapb.Durability_DURABILITY_INTERVAL, FsyncInterval: time.Duration(s.FsyncMs) * time.Millisecond,
 		RetentionTime: s.RetentionTime, RetentionBytes: s.RetentionBytes,
 		HardRetentionTime: s.HardRetentionTime, HardRetentionBytes: s.HardRetentionBytes,
+		SegmentBytes: s.SegmentBytes,
 	}
 	if name == groups.DefaultOffsetsStream {
 		settings.RetentionTime, settings.RetentionBytes, settings.HardRetentionTime, settings.HardRetentionBytes = 0, 0, 0, 0

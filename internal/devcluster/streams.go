@@ -15,6 +15,10 @@ const (
 	maxStreams = 32
 	// maxPartitions bounds each stream's partitions.
 	maxPartitions = 1024
+	// minSegmentBytes and maxSegmentBytes are the replica's bounds on a
+	// stream's segment size (replica/server: validateConfig).
+	minSegmentBytes = 1 << 20
+	maxSegmentBytes = 1 << 30
 	// maxStreamNameLen and streamNameRE are the replica's rule for stream
 	// names (replica/server: nameRE, maxNameLen, checked by Configure), so
 	// that dev refuses a name at start-up rather than failing to create

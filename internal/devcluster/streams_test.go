@@ -114,3 +114,29 @@ func TestStreamNamesAgreeWithTheReplica(t *testing.T) {
 		}
 	}
 }
+
+// TestSegmentSizesAgreeWithTheReplica: dev refuses exactly the segment
+// sizes a replica refuses, so a --segment-bytes dev accepts never fails
+// at ensureStream.
+func TestSegmentSizesAgreeWithTheReplica(t *testing.T) {
+	srv, err := server.New(server.Options{ID: "r0", DataDir: t.TempDir(), Logger: logr.Discard(), Fatal: func(err error) { t.Errorf("replica stopped: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for i, size := range []int64{0, 1, 1<<20 - 1, 1 << 20, 64 << 20, 1 << 30, 1<<30 + 1, -1} {
+		spec := Spec{DataDir: "d", Listen: "127.0.0.1:0", Replicas: 3, Replication: 3, Partitions: 4, Streams: []StreamSpec{{Name: "demo"}}, SegmentBytes: size}
+		devErr := spec.Validate()
+		cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MinChainLength: 1, SegmentBytes: size}
+		_, err := srv.Configure(context.Background(), &catenapb.ConfigureRequest{
+			Stream: fmt.Sprintf("s%d", i), Epoch: 1, Config: cfg, Members: []*catenapb.Member{{Id: "r0", Addr: "127.0.0.1:1"}},
+		})
+		replicaRefuses := status.Code(err) == codes.InvalidArgument
+		if err != nil && !replicaRefuses {
+			t.Fatalf("Configure with segment size %d: %v", size, err)
+		}
+		if (devErr != nil) != replicaRefuses {
+			t.Errorf("segment size %d: dev says %v, the replica says %v", size, devErr, err)
+		}
+	}
+}

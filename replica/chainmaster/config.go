@@ -26,6 +26,9 @@ type StreamSettings struct {
 	// apply whatever the holds (0: none).
 	RetentionTime, HardRetentionTime   time.Duration
 	RetentionBytes, HardRetentionBytes int64
+	// SegmentBytes is where a partition's segment files roll (0: the
+	// replica's default, sized from the byte limits of retention).
+	SegmentBytes int64
 }
 
 // StreamConfig is the config members of the stream's chains run.
@@ -38,6 +41,7 @@ func StreamConfig(s StreamSettings) *catenapb.StreamConfig {
 		RetentionBytes:     s.RetentionBytes,
 		HardRetentionMs:    s.HardRetentionTime.Milliseconds(),
 		HardRetentionBytes: s.HardRetentionBytes,
+		SegmentBytes:       s.SegmentBytes,
 	}
 	if s.Interval {
 		cfg.Durability = catenapb.Durability_DURABILITY_INTERVAL

@@ -75,6 +75,17 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 	if h.HardTime > 0 {
 		hardCutoff = l.now().Add(-h.HardTime).UnixMilli()
 	}
+	if age := rollAge(lim.RetentionTime, h.HardTime); age > 0 {
+		// A segment rolls when it is full, and only sealed segments are
+		// deleted: without this, a partition written more slowly than a
+		// segment a retention period would keep its records until the
+		// segment filled (a day and a half at 1 KiB/s).
+		if a := l.active(); !a.empty() && a.index[0].prefixMax <= l.now().Add(-age).UnixMilli() {
+			if _, err := l.roll(); err != nil {
+				return res, err
+			}
+		}
+	}
 	for len(l.segs) > 1 {
 		s := l.segs[0]
 		overBytes := lim.RetentionBytes > 0 && total > lim.RetentionBytes
@@ -107,6 +118,21 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 		res.Forced = res.Forced || held
 	}
 	return res, nil
+}
+
+// rollAge is how old the first records of the active segment may be
+// before a retention round seals it: an eighth of the shorter retention
+// time (0: neither is set). A record is then deleted at most an eighth
+// of the time (and a round) after it expires, and a partition keeps
+// about nine segments' worth of its retention time.
+func rollAge(times ...time.Duration) time.Duration {
+	var age time.Duration
+	for _, t := range times {
+		if t > 0 && (age == 0 || t/8 < age) {
+			age = t / 8
+		}
+	}
+	return age
 }
 
 // trimEpochs drops epoch transitions wholly before StartOffset, keeping the

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -366,4 +368,79 @@ func TestCatchUpBelowTheSourcesLogStartResetsTheCopy(t *testing.T) {
 	if st := status0(t, b); st.GetLogStart() != src.GetLogStart() || st.GetChecksum() != src.GetChecksum() || st.GetError() != "" {
 		t.Fatalf("after restart: b holds [%d,%d) checksum %08x error %q", st.GetLogStart(), st.GetLogEnd(), st.GetChecksum(), st.GetError())
 	}
+}
+
+// A stream's retention holds for partitions written without a segment
+// size: segments are sized from the byte limits, and the active segment
+// rolls once its first records are an eighth of the retention time old.
+// Before, a partition kept up to a whole default segment (256 MiB) past
+// retention.bytes, and, written slowly, its records past retention.time.
+func TestRetentionBoundsAPartitionWithTheDefaultSegmentSize(t *testing.T) {
+	ctx := context.Background()
+	segBytes := func(t *testing.T, n *node) (total int64) {
+		t.Helper()
+		names, err := filepath.Glob(filepath.Join(n.srv.dataDir, "streams", "s", "00000", "*.seg"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names {
+			fi, err := os.Stat(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += fi.Size()
+		}
+		return total
+	}
+	t.Run("bytes", func(t *testing.T) {
+		a := startNode(t, "a", nil)
+		cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, RetentionBytes: 2 << 20}
+		if _, err := a.rc.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+		value := bytes.Repeat([]byte("x"), 64<<10)
+		for i := range 128 { // 8 MiB
+			if _, err := a.rc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1,
+				Records: []*catenapb.AppendRecord{{Value: value, ProducerId: 1, Sequence: uint64(i + 1)}}}, grpc.WaitForReady(true)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		a.srv.enforceRetention()
+		// 2 MiB kept, and at most a segment of 1 MiB (an eighth of the
+		// limit, at least 1 MiB) that holds the oldest of them.
+		if got := segBytes(t, a); got > 3<<20+64<<10 {
+			t.Fatalf("%d bytes of segments kept for a retention of %d", got, 2<<20)
+		}
+		if st := status0(t, a); st.GetLogStart() == 0 || st.GetLogEnd() != 128 {
+			t.Fatalf("log [%d,%d) after retention, want it to start past 0 and end at 128", st.GetLogStart(), st.GetLogEnd())
+		}
+	})
+	t.Run("time", func(t *testing.T) {
+		a := startNode(t, "a", nil)
+		cfg := &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, RetentionMs: time.Minute.Milliseconds()}
+		if _, err := a.rc.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: 0, Epoch: 1, Members: members(a), Config: cfg}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-10 * time.Minute).UnixMilli()
+		recs := records(1, 1, 10)
+		for i, r := range recs {
+			r.TimestampMs = old + int64(i)
+		}
+		if _, err := a.rc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: recs}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+		a.srv.enforceRetention()
+		if st := status0(t, a); st.GetLogStart() != 10 || st.GetLogEnd() != 10 {
+			t.Fatalf("log [%d,%d) after its records expired, want [10,10)", st.GetLogStart(), st.GetLogEnd())
+		}
+		// The partition goes on from there, also after a restart.
+		stopNode(a)
+		a = startNodeAt(t, "a", a.srv.dataDir, nil)
+		if _, err := a.rc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 1, Records: records(1, 11, 2)}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+		if st := status0(t, a); st.GetLogStart() != 10 || st.GetLogEnd() != 12 {
+			t.Fatalf("log [%d,%d) after a restart and an append, want [10,12)", st.GetLogStart(), st.GetLogEnd())
+		}
+	})
 }

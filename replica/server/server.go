@@ -45,6 +45,7 @@ const (
 	retentionPeriod = 30 * time.Second
 	// defaultSegmentBytes rolls segments at 256 MiB.
 	defaultSegmentBytes = 256 << 20
+	minSegmentBytes     = 1 << 20
 	indexIntervalBytes  = 64 << 10
 )
 
@@ -485,6 +486,22 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 	return p, nil
 }
 
+// segmentBytesFor is the segment size of a stream that sets none:
+// defaultSegmentBytes, or an eighth of the smaller byte limit of its
+// retention (at least minSegmentBytes) when that is less. Retention
+// deletes whole sealed segments, so a partition keeps its limit and at
+// most a segment more besides its active one; with the default size a
+// limit of 10 MiB kept up to 256 MiB.
+func segmentBytesFor(limits ...int64) int64 {
+	seg := int64(defaultSegmentBytes)
+	for _, b := range limits {
+		if b > 0 {
+			seg = min(seg, max(b/8, minSegmentBytes))
+		}
+	}
+	return seg
+}
+
 func syncInterval(cfg *catenapb.StreamConfig) time.Duration {
 	if cfg.GetDurability() != catenapb.Durability_DURABILITY_INTERVAL {
 		return 0
@@ -495,7 +512,7 @@ func syncInterval(cfg *catenapb.StreamConfig) time.Duration {
 func logOptions(dir string, cfg *catenapb.StreamConfig) partlog.Options {
 	seg := cfg.GetSegmentBytes()
 	if seg <= 0 {
-		seg = defaultSegmentBytes
+		seg = segmentBytesFor(cfg.GetRetentionBytes(), cfg.GetHardRetentionBytes())
 	}
 	return partlog.Options{
 		Dir:                dir,
@@ -589,8 +606,11 @@ func validateConfigure(req *catenapb.ConfigureRequest) error {
 	if h, soft := cfg.GetHardRetentionMs(), cfg.GetRetentionMs(); h != 0 && soft != 0 && h < soft {
 		return fmt.Errorf("hard retention of %dms is below the retention of %dms", h, soft)
 	}
-	if cfg.GetSegmentBytes() != 0 && cfg.GetSegmentBytes() < 1<<20 {
+	if cfg.GetSegmentBytes() != 0 && cfg.GetSegmentBytes() < minSegmentBytes {
 		return fmt.Errorf("segment size %d is below the 1 MiB minimum", cfg.GetSegmentBytes())
+	}
+	if cfg.GetSegmentBytes() > partlog.MaxSegmentBytes {
+		return fmt.Errorf("segment size %d is above the %d-byte (1 GiB) maximum", cfg.GetSegmentBytes(), partlog.MaxSegmentBytes)
 	}
 	if cfg.GetMaxRecordBytes() > partlog.MaxRecordBytes {
 		return fmt.Errorf("max record size %d exceeds the %d-byte limit", cfg.GetMaxRecordBytes(), partlog.MaxRecordBytes)

@@ -333,6 +333,12 @@ func TestRefusals(t *testing.T) {
 			_, err := head.Configure(ctx, &catenapb.ConfigureRequest{Stream: "Bad_Name", Epoch: 3, Members: members(a), Config: testConfig})
 			return err
 		}, codes.InvalidArgument},
+		{"segment size over 1 GiB", func() error {
+			cfg := proto.Clone(testConfig).(*catenapb.StreamConfig)
+			cfg.SegmentBytes = partlog.MaxSegmentBytes + 1
+			_, err := head.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Epoch: 3, Members: members(a, b), Config: cfg})
+			return err
+		}, codes.InvalidArgument},
 		{"append at the tail", func() error {
 			_, err := tail.Append(ctx, &catenapb.AppendRequest{Stream: "s", Epoch: 2, Records: records(1, 50, 1)})
 			return err

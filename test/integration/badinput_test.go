@@ -160,6 +160,7 @@ func TestBadInput(t *testing.T) {
 			"no config":               {Stream: bad, Partition: 0, Epoch: epoch + 1, Members: members},
 			"partition beyond config": {Stream: bad, Partition: 1, Epoch: epoch + 1, Members: members, Config: cfg},
 			"segment below 1 MiB":     {Stream: bad, Partition: 0, Epoch: epoch + 1, Members: members, Config: &catenapb.StreamConfig{Partitions: 1, SegmentBytes: 4096}},
+			"segment above 1 GiB":     {Stream: bad, Partition: 0, Epoch: epoch + 1, Members: members, Config: &catenapb.StreamConfig{Partitions: 1, SegmentBytes: 1<<30 + 1}},
 		}
 		unchanged(t, bad, 0, func() {
 			for name, req := range cases {
