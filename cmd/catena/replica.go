@@ -24,6 +24,7 @@ func newReplicaCommand() *cobra.Command {
 		id, listen, dataDir, metricsAddr, pprofAddr string
 		verbosity, catchUpRate                      int
 		metricsOverTLS, useJournal                  bool
+		scrubEvery                                  time.Duration
 		tlsFiles                                    transport.TLSFiles
 		allow                                       *allowFlags
 	)
@@ -47,8 +48,14 @@ func newReplicaCommand() *cobra.Command {
 			if catchUpRate < 0 {
 				return fmt.Errorf("--catch-up-rate must be 0 (no cap) or a positive number of MiB/s, got %d", catchUpRate)
 			}
+			if scrubEvery < 0 || (scrubEvery > 0 && scrubEvery < time.Minute) {
+				return fmt.Errorf("--scrub-interval must be 0 (no scrubs) or at least 1m, got %s", scrubEvery)
+			}
+			if scrubEvery == 0 {
+				scrubEvery = -1 // Options: negative, never
+			}
 			opts := server.Options{ID: id, DataDir: dataDir, TLS: tlsConfig, Logger: logger, Registerer: reg,
-				CatchUpBytesPerSecond: int64(catchUpRate) << 20, Journal: useJournal}
+				CatchUpBytesPerSecond: int64(catchUpRate) << 20, Journal: useJournal, ScrubInterval: scrubEvery}
 			if replicaFS != nil {
 				opts.FS = replicaFS()
 				logger.Info("Keeping unsynced writes in memory only: killing this process loses them as a power cut would (a powerloss test build)")
@@ -80,6 +87,7 @@ func newReplicaCommand() *cobra.Command {
 	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "address to serve Prometheus /metrics on (empty: off)")
 	pprofFlag(cmd, &pprofAddr)
 	cmd.Flags().IntVar(&catchUpRate, "catch-up-rate", server.DefaultCatchUpMiBPerSecond, "MiB/s at most that this replica copies, all the partitions it catches up on outside their chains together, and, separately, at most that it serves to all the replicas copying history from it (0: no cap)")
+	cmd.Flags().DurationVar(&scrubEvery, "scrub-interval", server.DefaultScrubInterval, "how often every partition's sealed segments are read back from the disk and checked, to find damage no read met while the chain has good copies (0: never)")
 	cmd.Flags().BoolVar(&useJournal, "journal", false, "make appends durable through one journal for the process (<data-dir>/journal) instead of an fsync of each partition's files (docs/journal.md); a data directory that holds a journal needs it")
 	cmd.Flags().IntVarP(&verbosity, "verbosity", "v", 0, "log verbosity")
 	tlsFlags(cmd, &tlsFiles)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 
@@ -143,6 +144,22 @@ func TestGroupPeersFlags(t *testing.T) {
 	for ip, want := range map[string]string{"10.244.1.5": "10-244-1-5", "fd00::1": "fd00--1"} {
 		if got := podDNSLabel(ip); got != want {
 			t.Errorf("podDNSLabel(%s) = %s, want %s", ip, got, want)
+		}
+	}
+}
+
+// A replica refuses a scrub interval it would spend its disk on, or that
+// is negative, before it opens anything.
+func TestReplicaScrubIntervalFlag(t *testing.T) {
+	for _, v := range []string{"5s", "-1h"} {
+		dir := t.TempDir()
+		root := newRootCommand()
+		root.SetArgs([]string{"replica", "--id", "x", "--data-dir", dir, "--scrub-interval", v})
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--scrub-interval must be 0 (no scrubs) or at least 1m") {
+			t.Errorf("--scrub-interval %s: %v", v, err)
+		}
+		if names, _ := os.ReadDir(dir); len(names) != 0 {
+			t.Errorf("--scrub-interval %s: the data directory holds %d entries, want none", v, len(names))
 		}
 	}
 }

@@ -314,11 +314,39 @@ func (l *Log) VerifySealed(ctx context.Context, pace func(ctx context.Context, b
 	}
 	l.mu.RUnlock()
 	for _, s := range todo {
-		if err := l.verifySegment(ctx, s, pace); err != nil {
+		if err := l.verifySegment(ctx, s, pace, false); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// Scrub reads every sealed segment ending above from back from the disk,
+// oldest first, and checks it as VerifySealed checks one opened from its
+// summary (the next segment's header gives the rolling checksum its
+// frames must lead to): damage that reads have not met yet, a latent
+// sector error or bits flipped on the medium, found while the chain
+// still has good copies to replace this one from. Damage fails the log
+// as corrupt. It returns the end offset of the last segment checked
+// (from, when none was), for a caller to resume from after a read that
+// failed, and ctx's error if ctx ends first. The active segment is not
+// read: Open reads it, and readers at the tail read it all the time.
+func (l *Log) Scrub(ctx context.Context, from uint64, pace func(ctx context.Context, bytes int) error) (uint64, error) {
+	l.mu.RLock()
+	var todo []*segment
+	for _, s := range l.segs[:len(l.segs)-1] {
+		if s.end > from {
+			todo = append(todo, s)
+		}
+	}
+	l.mu.RUnlock()
+	for _, s := range todo {
+		if err := l.verifySegment(ctx, s, pace, true); err != nil {
+			return from, err
+		}
+		from = s.end
+	}
+	return from, nil
 }
 
 // Unverified is the number of segments VerifySealed has yet to read.
@@ -337,12 +365,22 @@ func (l *Log) Unverified() int {
 // verifyReadBytes is what one read of VerifySealed asks for.
 const verifyReadBytes = 1 << 20
 
-func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx context.Context, bytes int) error) error {
+// verifySegment reads sealed segment s back and checks it: one opened
+// from its summary (unverified), or, scrubbing, any sealed one.
+func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx context.Context, bytes int) error, scrub bool) error {
+	what := "opened from its summary"
+	if scrub {
+		what = "read back by a scrub"
+	}
 	// Under wmu: retention, truncation and Close, which remove, cut or
 	// close the segment, hold it.
 	l.wmu.Lock()
-	current := l.usable() == nil && s.unverified && slices.Contains(l.segs, s)
+	i := slices.Index(l.segs, s)
+	current := l.usable() == nil && (s.unverified || scrub) && i >= 0 && i < len(l.segs)-1
 	base, end, rolling, want, cuts := s.base, s.end, s.rollBase, s.rollEnd, l.cuts
+	if current && !s.unverified {
+		want = l.segs[i+1].rollBase // the summary's rollEnd was checked against it at Open
+	}
 	index, maxTs := s.index, s.maxTs
 	epochs := l.epochsWithin(base, end) // as the summary gave them
 	if current {
@@ -386,7 +424,7 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 				if l.cutBelow(cuts, end) {
 					return nil
 				}
-				return l.fail(ErrCorrupt, "%s, opened from its summary, does not verify: %w", s.path, bad)
+				return l.fail(ErrCorrupt, "%s, %s, does not verify: %w", s.path, what, bad)
 			}
 			if n := len(seen); n == 0 || seen[n-1].Epoch != h.Epoch {
 				seen = append(seen, EpochStart{Epoch: h.Epoch, StartOffset: h.BaseOffset})
@@ -420,11 +458,15 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 		wrong = indexErr
 	}
 	if wrong != nil && !l.cutBelow(cuts, end) {
-		return l.fail(ErrCorrupt, "%s, opened from its summary: %w", s.path, wrong)
+		return l.fail(ErrCorrupt, "%s, %s: %w", s.path, what, wrong)
 	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
-	if wrong != nil || l.usable() != nil || !s.unverified || !slices.Contains(l.segs, s) || l.cutBelowLocked(cuts, end) {
+	if wrong != nil || l.usable() != nil || !slices.Contains(l.segs, s) || l.cutBelowLocked(cuts, end) {
+		return nil
+	}
+	if !s.unverified {
+		_ = dropCache(s.f) // scrubbed: its pages were read for this only
 		return nil
 	}
 	l.mu.Lock()

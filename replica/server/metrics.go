@@ -23,6 +23,10 @@ type metrics struct {
 	// this replica, paced and refused by its serve cap.
 	serveWaitSeconds prometheus.Counter
 	serveRefused     prometheus.Counter
+	// readBackBytes and scrubs: the verification of sealed segments
+	// opened from summaries, and scrubs (partition.verifySealed).
+	readBackBytes prometheus.Counter
+	scrubs        prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -75,10 +79,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "catena", Subsystem: "replica", Name: "copy_serve_refused_total",
 			Help: "History reads refused as busy: the reads queued ahead would have held them past their deadline.",
 		}),
+		readBackBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "replica", Name: "read_back_bytes_total",
+			Help: "Bytes of sealed segments read back from the disk and checked: those opened from summaries, and scrubs.",
+		}),
+		scrubs: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "catena", Subsystem: "replica", Name: "scrubs_total",
+			Help: "Scrubs of a partition's sealed segments that completed (each read them all back as written).",
+		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.syncSeconds, m.commitSeconds, m.bytesIn, m.recordsIn, m.bytesOut, m.recordsOut, m.committed, m.epoch, m.logEnd,
-			m.serveWaitSeconds, m.serveRefused)
+			m.serveWaitSeconds, m.serveRefused, m.readBackBytes, m.scrubs)
 	}
 	return m
 }

@@ -10,6 +10,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -88,6 +90,13 @@ type Options struct {
 	// JournalSegmentBytes is the size of each journal segment file (0:
 	// journal.DefaultSegmentBytes).
 	JournalSegmentBytes int64
+	// ScrubInterval is how often each partition's sealed segments are
+	// read back from the disk and checked whole (partlog's Log.Scrub),
+	// paced with the verification of segments opened from summaries, so
+	// that damage on the medium that no read met yet is found while the
+	// chain has good copies to replace this one from (0:
+	// DefaultScrubInterval; negative: never).
+	ScrubInterval time.Duration
 	// JournalDirectFrameBytes: appends of at least this many bytes are
 	// fsynced in their partition's file and not copied into the journal
 	// (journal.StoreOptions.DirectFrameBytes; 0: its default).
@@ -115,6 +124,8 @@ type Server struct {
 	// Open took from summaries (partition.verifySealed), all partitions'
 	// together.
 	verifyLimit *rate.Limiter
+	// scrubInterval is Options.ScrubInterval, defaulted (0: no scrubs).
+	scrubInterval time.Duration
 	// copyWait: copyWait (tests lengthen it).
 	copyWait time.Duration
 	metrics  *metrics
@@ -180,21 +191,22 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	s := &Server{
-		id:          opts.ID,
-		dataDir:     opts.DataDir,
-		logger:      opts.Logger,
-		pool:        transport.NewPool(opts.TLS, opts.DialOptions...),
-		copyLimit:   newCopyLimit(opts.CatchUpBytesPerSecond),
-		serveLimit:  newCopyLimit(opts.CatchUpBytesPerSecond),
-		verifyLimit: rate.NewLimiter(rate.Limit(verifyBytesPerSecond), 1<<20),
-		copyWait:    copyWait,
-		metrics:     newMetrics(opts.Registerer),
-		fatalFn:     opts.Fatal,
-		fs:          opts.FS,
-		partitions:  map[partKey]*partition{},
-		dropping:    map[partKey]bool{},
-		stop:        make(chan struct{}),
-		successors:  heard.New(),
+		id:            opts.ID,
+		dataDir:       opts.DataDir,
+		logger:        opts.Logger,
+		pool:          transport.NewPool(opts.TLS, opts.DialOptions...),
+		copyLimit:     newCopyLimit(opts.CatchUpBytesPerSecond),
+		serveLimit:    newCopyLimit(opts.CatchUpBytesPerSecond),
+		verifyLimit:   rate.NewLimiter(rate.Limit(verifyBytesPerSecond), 1<<20),
+		scrubInterval: scrubIntervalOf(opts.ScrubInterval),
+		copyWait:      copyWait,
+		metrics:       newMetrics(opts.Registerer),
+		fatalFn:       opts.Fatal,
+		fs:            opts.FS,
+		partitions:    map[partKey]*partition{},
+		dropping:      map[partKey]bool{},
+		stop:          make(chan struct{}),
+		successors:    heard.New(),
 	}
 	if opts.Registerer != nil {
 		if err := opts.Registerer.Register(partitionCollector{s}); err != nil {
@@ -255,12 +267,7 @@ func (s *Server) openExisting(opts Options) error {
 			// journal only: opened without it, the logs would lose them.
 			return fmt.Errorf("the data directory %s holds a journal (%s): run the replica with --journal", s.dataDir, jdir)
 		}
-		for _, id := range ids {
-			if _, err := s.openPartition(id.Stream, id.Partition, nil, nil); err != nil {
-				return err
-			}
-		}
-		return nil
+		return s.loadPartitions(ids, nil)
 	}
 	store, opened, err := journal.OpenStore(journal.StoreOptions{
 		Journal:          journal.Options{Dir: jdir, FS: s.fs, SegmentBytes: opts.JournalSegmentBytes},
@@ -274,6 +281,7 @@ func (s *Server) openExisting(opts Options) error {
 	s.store = store
 	st := store.Journal().Stats()
 	s.logger.Info("Opened the journal", "dir", jdir, "partitions", len(opened), "end", store.Journal().End(), "groups", st.Groups)
+	ids = ids[:0]
 	for id, o := range opened {
 		if o.Removed {
 			// Dropped (its drop record durable, its directory not yet
@@ -285,11 +293,48 @@ func (s *Server) openExisting(opts Options) error {
 			s.logger.Info("Removed a partition directory the journal says was dropped or never created", "stream", id.Stream, "partition", id.Partition)
 			continue
 		}
-		if _, err := s.openPartition(id.Stream, id.Partition, nil, &o); err != nil {
-			return err
+		ids = append(ids, id)
+	}
+	return s.loadPartitions(ids, opened)
+}
+
+// startConcurrency bounds the partitions a replica opens at once at
+// start-up. Opening one reads its last segment (checking every frame's
+// CRC) and the records its de-duplication table is rebuilt from: disk
+// and CPU work that several partitions overlap. Kafka's equivalent,
+// num.recovery.threads.per.data.dir, defaults to 1; a replica here holds
+// hundreds of partitions and its chains run a member short until it
+// serves them.
+var startConcurrency = 4 // a variable for BenchmarkReplicaStart
+
+// loadPartitions opens the partitions ids at start-up, startConcurrency
+// at a time, and adds those that opened to the table (a corrupt one
+// too: it is kept, refusing to serve). With a journal, opened is what
+// its recovery made of each. The first error is returned after every
+// partition was tried, so that Close finds every log that opened.
+func (s *Server) loadPartitions(ids []journal.PartitionID, opened map[journal.PartitionID]journal.Opened) error {
+	parts := make([]*partition, len(ids))
+	errs := make([]error, len(ids))
+	var g errgroup.Group
+	g.SetLimit(startConcurrency)
+	for i, id := range ids {
+		var o *journal.Opened
+		if opened != nil {
+			oo := opened[id]
+			o = &oo
+		}
+		g.Go(func() error {
+			parts[i], errs[i] = s.loadPartition(id.Stream, id.Partition, nil, o)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	for i, p := range parts {
+		if p != nil {
+			s.partitions[partKey{ids[i].Stream, ids[i].Partition}] = p
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // journalByDefault turns Options.Journal on for every server: the
@@ -370,13 +415,24 @@ func (s *Server) partitionsOnDisk() ([]journal.PartitionID, error) {
 	return ids, nil
 }
 
-// openPartition opens (creating when absent) a partition's directory and
-// log. A corrupt log does not fail the server: the partition is kept in the
-// table, refusing to serve and reporting why in Status. Callers hold s.mu or
-// run before the server is shared. With a journal, opened is what its
-// recovery made of a partition found on disk, and nil creates the
-// partition in the journal.
-func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.StreamConfig, opened *journal.Opened) (*partition, error) {
+// openPartition creates a partition (its directory and log) at run time
+// and adds it to the table. Callers hold s.mu.
+func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.StreamConfig) (*partition, error) {
+	p, err := s.loadPartition(stream, index, cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.partitions[partKey{stream, index}] = p
+	return p, nil
+}
+
+// loadPartition opens (creating when absent) a partition's directory and
+// log, for the caller to add to the table. A corrupt log does not fail
+// the server: the partition is returned refusing to serve and reporting
+// why in Status. It touches no other partition's state: start-up loads
+// several at once. With a journal, opened is what its recovery made of a
+// partition found on disk, and nil creates the partition in the journal.
+func (s *Server) loadPartition(stream string, index uint32, cfg *catenapb.StreamConfig, opened *journal.Opened) (*partition, error) {
 	dir := s.partitionDir(stream, index)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("failed to create partition directory %s: %w", dir, err)
@@ -407,7 +463,6 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		}
 		p.failed = fmt.Errorf("%w: %v", partlog.ErrCorrupt, metaErr)
 		p.logger.Error(metaErr, "Chain metadata is unreadable; refusing to serve the partition")
-		s.partitions[partKey{stream, index}] = p
 		return p, nil
 	}
 	var (
@@ -430,7 +485,6 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		}
 		p.failed = err
 		p.logger.Error(err, "Partition log is corrupt; refusing to serve it")
-		s.partitions[partKey{stream, index}] = p
 		return p, nil
 	}
 	p.log = l
@@ -480,7 +534,6 @@ func (s *Server) openPartition(stream string, index uint32, cfg *catenapb.Stream
 		p.wg.Add(1)
 		go p.verifySealed()
 	}
-	s.partitions[partKey{stream, index}] = p
 	p.logger.Info("Opened partition", "logStart", l.StartOffset(), "logEnd", l.NextOffset(), "epoch", p.core.Status().Epoch,
 		"dedupReadFrom", dedupFrom)
 	return p, nil
@@ -644,7 +697,7 @@ func (s *Server) createPartition(key partKey, cfg *catenapb.StreamConfig) (*part
 	if p := s.partitions[key]; p != nil || s.closed || s.dropping[key] {
 		return existingPartition(p, key, s.dropping[key])
 	}
-	p, err := s.openPartition(key.stream, key.index, cfg, nil)
+	p, err := s.openPartition(key.stream, key.index, cfg)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "%v", err)
 	}
@@ -970,14 +1023,29 @@ func (p *partition) successorStalled(addr string) time.Duration {
 // hours and a half.
 const verifyBytesPerSecond = 64 << 20
 
+// DefaultScrubInterval is Options.ScrubInterval's default: a week, as
+// Ceph's deep scrubs. A replica holding 2 TB of sealed segments reads
+// them in 9 hours of the week at verifyBytesPerSecond.
+const DefaultScrubInterval = 7 * 24 * time.Hour
+
+func scrubIntervalOf(d time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return DefaultScrubInterval
+	case d < 0:
+		return 0
+	}
+	return d
+}
+
 // verifySealed reads the sealed segments the log's Open took from their
-// summaries, paced, until it has read them or the partition stops: damage
-// found stops the partition being served, as damage found by Open did,
-// and the chain repairs it. A read that fails (EIO) is tried again from
-// the segment it failed in, verifyAttempts times in all without a segment
-// verified in between; then the partition is not served either: what this
-// replica cannot read back, it must not serve, and a copy from the chain
-// replaces it.
+// summaries, paced, until it has read them or the partition stops, and
+// then scrubs the log every scrub interval (Options.ScrubInterval): reads
+// every sealed segment back. Damage found stops the partition being
+// served, as damage found by Open did, and the chain repairs it. A read
+// that fails (EIO) is tried again (readBack); one that keeps failing stops
+// the partition being served too: what this replica cannot read back, it
+// must not serve, and a copy from the chain replaces it.
 func (p *partition) verifySealed() {
 	defer p.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -990,38 +1058,103 @@ func (p *partition) verifySealed() {
 		}
 	}()
 	start := time.Now()
-	backoff := verifyRetryMin
-	for attempt := 1; ; attempt++ {
+	verified := p.readBack(ctx, "verification", func(ctx context.Context) (bool, error) {
 		left := p.log.Unverified()
-		err := p.log.VerifySealed(ctx, func(ctx context.Context, n int) error { return pace(ctx, p.srv.verifyLimit, int64(n)) })
-		if err != nil && p.log.Unverified() < left {
-			attempt, backoff = 1, verifyRetryMin // it got further: a new stretch
-		}
-		switch {
-		case err == nil:
-			p.logger.V(1).Info("Verified the sealed segments opened from their summaries", "took", time.Since(start).String())
-			return
-		case errors.Is(err, partlog.ErrCorrupt):
-			p.markCorrupt(err)
-			return
-		case ctx.Err() != nil || errors.Is(err, partlog.ErrClosed) || errors.Is(err, partlog.ErrFailed):
-			return // stopping, or failed otherwise (a failed fsync stops the replica)
-		case attempt == verifyAttempts:
-			p.markCorrupt(fmt.Errorf("%w: the sealed segments do not read back (%d attempts): %v", partlog.ErrCorrupt, attempt, err))
-			return
-		}
-		p.logger.Error(err, "Failed to read back a sealed segment; trying again", "attempt", attempt, "backoff", backoff.String())
+		err := p.log.VerifySealed(ctx, p.paceReadBack)
+		return p.log.Unverified() < left, err
+	})
+	if !verified {
+		return
+	}
+	p.logger.V(1).Info("Verified the sealed segments opened from their summaries", "took", time.Since(start).String())
+	every := p.srv.scrubInterval
+	if every <= 0 {
+		return
+	}
+	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-time.After(time.Until(nextScrub(time.Now(), every, p.srv.id, p.stream, p.index))):
+		}
+		start, from := time.Now(), uint64(0)
+		scrubbed := p.readBack(ctx, "scrub", func(ctx context.Context) (bool, error) {
+			next, err := p.log.Scrub(ctx, from, p.paceReadBack)
+			advanced := next > from
+			from = next
+			return advanced, err
+		})
+		if !scrubbed {
+			return
+		}
+		p.srv.metrics.scrubs.Inc()
+		p.logger.Info("Scrubbed the sealed segments: they read back as written", "upTo", from, "took", time.Since(start).String())
+	}
+}
+
+// paceReadBack is the pace of verification and scrub reads: all of a
+// replica's partitions together at verifyBytesPerSecond.
+func (p *partition) paceReadBack(ctx context.Context, n int) error {
+	p.srv.metrics.readBackBytes.Add(float64(n))
+	return pace(ctx, p.srv.verifyLimit, int64(n))
+}
+
+// readBack runs read (a verification or a scrub, which says whether it
+// got further than the last time) until it completes. A read that fails
+// is tried again after a back-off, verifyAttempts times in all without
+// getting further; then, or on damage (ErrCorrupt), the partition is
+// marked corrupt. It says whether read completed: false when the
+// partition is marked, stopping or failed otherwise (a failed fsync
+// stops the replica).
+func (p *partition) readBack(ctx context.Context, what string, read func(context.Context) (advanced bool, err error)) bool {
+	backoff := verifyRetryMin
+	for attempt := 1; ; attempt++ {
+		advanced, err := read(ctx)
+		if err != nil && advanced {
+			attempt, backoff = 1, verifyRetryMin // a new stretch
+		}
+		switch {
+		case err == nil:
+			return true
+		case errors.Is(err, partlog.ErrCorrupt):
+			p.markCorrupt(fmt.Errorf("found by the %s: %w", what, err))
+			return false
+		case ctx.Err() != nil || errors.Is(err, partlog.ErrClosed) || errors.Is(err, partlog.ErrFailed):
+			return false
+		case attempt == verifyAttempts:
+			p.markCorrupt(fmt.Errorf("%w: the sealed segments do not read back (%s, %d attempts): %v", partlog.ErrCorrupt, what, attempt, err))
+			return false
+		}
+		p.logger.Error(err, "Failed to read back a sealed segment; trying again", "during", what, "attempt", attempt, "backoff", backoff.String())
+		select {
+		case <-ctx.Done():
+			return false
 		case <-time.After(backoff):
 		}
 		backoff *= 2
 	}
 }
 
-// verifyAttempts and verifyRetryMin bound verifySealed's retries of a
-// read that fails: 1, 2, 4 and 8 s apart (tests shorten them).
+// nextScrub is when the next scrub of a partition's copy on replica id
+// starts after now: slots every apart, at a phase within every set by a
+// hash of the replica, stream and partition. So a replica's partitions,
+// and the copies of a partition, spread their scrubs over the interval,
+// and a restart neither delays a partition's scrub nor brings it
+// forward.
+func nextScrub(now time.Time, every time.Duration, id, stream string, index uint32) time.Time {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00%s\x00%d", id, stream, index)
+	phase := time.Duration(h.Sum64() % uint64(every))
+	since := time.Duration(now.UnixNano()) % every // into the current period
+	at := now.Add(phase - since)
+	if !at.After(now) {
+		at = at.Add(every)
+	}
+	return at
+}
+
+// verifyAttempts and verifyRetryMin bound readBack's retries of a read
+// that fails: 1, 2, 4 and 8 s apart (tests shorten them).
 const verifyAttempts = 5
 
 var verifyRetryMin = time.Second

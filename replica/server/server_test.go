@@ -1997,3 +1997,57 @@ func fillSegments(t *testing.T, a *node, mib int) {
 		}
 	}
 }
+
+// A restart opens every partition on disk, several at once: each with
+// its log as it was, and each that cannot be served (its chain
+// metadata or its holds unreadable) kept, refusing to serve, without
+// stopping the others.
+func TestARestartOpensEveryPartition(t *testing.T) {
+	const parts = 12
+	dir := t.TempDir()
+	a := startNodeAt(t, "a", dir, nil)
+	ctx := context.Background()
+	cfg := &catenapb.StreamConfig{Partitions: parts, Durability: catenapb.Durability_DURABILITY_FSYNC}
+	for p := range uint32(parts) {
+		if _, err := a.rc.Configure(ctx, &catenapb.ConfigureRequest{Stream: "s", Partition: p, Epoch: 1, Members: members(a), Config: cfg}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.rc.Append(ctx, &catenapb.AppendRequest{Stream: "s", Partition: p, Epoch: 1, Records: records(1, 1, int(p)+1)}, grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopNode(a)
+	pdir := func(p int) string { return filepath.Join(dir, "streams", "s", fmt.Sprintf("%05d", p)) }
+	if err := os.WriteFile(filepath.Join(pdir(5), metaFile), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pdir(9), holdsFile), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	a = startNodeAt(t, "a", dir, nil)
+	resp, err := a.rc.Status(ctx, &catenapb.StatusRequest{Stream: "s"}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint32]*catenapb.PartitionStatus{}
+	for _, st := range resp.GetPartitions() {
+		got[st.GetPartition()] = st
+	}
+	if len(got) != parts {
+		t.Fatalf("%d partitions after the restart, want %d", len(got), parts)
+	}
+	for p := range uint32(parts) {
+		st := got[p]
+		switch failed := st.GetError() != ""; {
+		case p == 5 || p == 9:
+			if !failed {
+				t.Errorf("partition %d with damaged files serves", p)
+			}
+		case failed:
+			t.Errorf("partition %d: %s", p, st.GetError())
+		case st.GetLogEnd() != uint64(p)+1:
+			t.Errorf("partition %d: log end %d, want %d", p, st.GetLogEnd(), p+1)
+		}
+	}
+}

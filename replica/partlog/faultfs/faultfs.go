@@ -55,9 +55,13 @@ type FS struct {
 }
 
 // readFault fails reads of bytes [from, to) of the file name, times times
-// (< 0: forever): a bad stretch of the disk.
+// (< 0: forever): a bad stretch of the disk. in is the file name named
+// when the fault was made: the fault stays with it through renames, as
+// it is reached by handles opened under another name (a file created
+// under a temporary name and renamed into place).
 type readFault struct {
 	name     string
+	in       *inode
 	from, to int64
 	times    int
 	err      error
@@ -136,11 +140,14 @@ func (f *FS) FailSyncs(after, times int, err error) {
 
 // FailReadsIn makes reads of file name that touch bytes [from, to) fail
 // with err (e.g. syscall.EIO), times times (times < 0: forever); other
-// reads of the file, and of other files, go on.
+// reads of the file, and of other files, go on. The file is the one name
+// names now, whatever names its handles were opened under; when there is
+// none yet, the one a later open of name finds.
 func (f *FS) FailReadsIn(name string, from, to int64, times int, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.readFaults = append(f.readFaults, readFault{name: filepath.Clean(name), from: from, to: to, times: times, err: err})
+	name = filepath.Clean(name)
+	f.readFaults = append(f.readFaults, readFault{name: name, in: f.files[name], from: from, to: to, times: times, err: err})
 }
 
 // ClearFaults disarms all injected faults.
@@ -359,7 +366,7 @@ func (h *file) ReadAt(p []byte, off int64) (int, error) {
 	}
 	for i := range h.fs.readFaults {
 		rf := &h.fs.readFaults[i]
-		if rf.name == h.name && rf.times != 0 && off < rf.to && off+int64(len(p)) > rf.from {
+		if (rf.in == h.in || (rf.in == nil && rf.name == h.name)) && rf.times != 0 && off < rf.to && off+int64(len(p)) > rf.from {
 			if rf.times > 0 {
 				rf.times--
 			}

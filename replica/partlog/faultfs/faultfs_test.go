@@ -186,3 +186,31 @@ func TestSyncKeepsWhatChangedSinceTheLastSync(t *testing.T) {
 		}
 	}
 }
+
+// A bad stretch is the file's, not its name's: a handle opened under the
+// name the file had before a rename meets it.
+func TestFailReadsInFollowsTheFile(t *testing.T) {
+	fsys := faultfs.New()
+	fsys.MkdirAll("/d", 0o755)
+	f, err := fsys.OpenFile("/d/f.tmp", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("0123456789"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.Rename("/d/f.tmp", "/d/f"); err != nil {
+		t.Fatal(err)
+	}
+	fsys.FailReadsIn("/d/f", 4, 6, 1, syscall.EIO)
+	b := make([]byte, 2)
+	if _, err := f.ReadAt(b, 0); err != nil {
+		t.Fatalf("read outside the stretch: %v", err)
+	}
+	if _, err := f.ReadAt(b, 4); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("read of the stretch through the old name's handle: %v, want EIO", err)
+	}
+	if _, err := f.ReadAt(b, 4); err != nil {
+		t.Fatalf("read after the one failure: %v", err)
+	}
+}
