@@ -58,6 +58,12 @@ const (
 	// campaignShort is the fault phase of the default run; it always
 	// injects at least one fault of every kind.
 	campaignShort = 20 * time.Second
+	// campaignSegmentBytes is the replicas' segment size: the smallest,
+	// so that partitions seal segments every few seconds and the faults
+	// meet what a replica does with sealed segments (their summaries,
+	// written without an fsync, adopted at the next start and verified
+	// in the background; damage in them), not only an active segment.
+	campaignSegmentBytes = 1 << 20
 )
 
 // TestFaultCampaign runs producers with retries against a real catena dev
@@ -103,7 +109,8 @@ func TestFaultCampaign(t *testing.T) {
 		}
 	}
 	devArgs := []string{"--failure-timeout", campaignFailTimeout.String(),
-		"--partitions", strconv.Itoa(campaignPartitions), "--replication", strconv.Itoa(campaignReplication)}
+		"--partitions", strconv.Itoa(campaignPartitions), "--replication", strconv.Itoa(campaignReplication),
+		"--segment-bytes", strconv.Itoa(campaignSegmentBytes)}
 	if os.Getenv("CATENA_FAULT_JOURNAL") == "1" {
 		devArgs = append(devArgs, "--journal")
 	}
