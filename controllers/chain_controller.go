@@ -237,6 +237,21 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 	busy, changed := false, false
 	if repair != nil {
 		seen.WritesAllowed = repair.Plan.WritesAllowed
+		exec := chainmaster.Executor{Conns: r.Conns, Log: logger, CallTimeout: chainCallTimeout}
+		if repair.Plan.Changed && len(repair.Joins) > 0 {
+			// A replica joins only once the member it joins behind
+			// reaches it: a returned pod's name can resolve to nothing
+			// for a while, and a link that does not come up within the
+			// failure timeout is cut, with a member of the chain.
+			if err := exec.CheckJoins(ctx, repair); err != nil {
+				logger.Info("Waiting for a joining replica to be reachable from the chain", "members", repair.Plan.Members, "reason", err.Error())
+				seen.WritesAllowed = repair.ChainWritesAllowed
+				if err := r.writeStatus(ctx, stored, chain, seen, true); err != nil {
+					return reconcile.Result{}, err
+				}
+				return reconcile.Result{RequeueAfter: chainBusyInterval}, nil
+			}
+		}
 		if repair.Plan.Changed {
 			// The new membership is written before it is installed: a
 			// master that dies half-way leaves a record the next one
@@ -254,7 +269,7 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 			changed = true
 		}
 		busy = true
-		found, err := chainmaster.Executor{Conns: r.Conns, Log: logger, CallTimeout: chainCallTimeout}.Execute(ctx, stream.Name, repair)
+		found, err := exec.Execute(ctx, stream.Name, repair)
 		// What the replicas run changed: the next look waits for probes
 		// asked from now on.
 		r.acted.set(key, r.now())

@@ -30,7 +30,16 @@ type replicaNode struct {
 
 func startNode(t *testing.T, id, addr, dir string) *replicaNode {
 	t.Helper()
-	srv, err := server.New(server.Options{ID: id, DataDir: dir, Logger: logr.Discard(), Fatal: func(err error) { t.Errorf("replica %s stopped: %v", id, err) }})
+	return startNodeWith(t, id, addr, dir, server.Options{})
+}
+
+// startNodeWith is startNode with opts (ID, data directory, logger and
+// fatal hook filled in).
+func startNodeWith(t *testing.T, id, addr, dir string, opts server.Options) *replicaNode {
+	t.Helper()
+	opts.ID, opts.DataDir, opts.Logger = id, dir, logr.Discard()
+	opts.Fatal = func(err error) { t.Errorf("replica %s stopped: %v", id, err) }
+	srv, err := server.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,6 +419,71 @@ func TestMasterRejoinsACopyUnderSteadyWrites(t *testing.T) {
 			if st.GetLogEnd() != end || st.GetCommitted() != end || st.GetChecksum() != sa.GetChecksum() {
 				return fmt.Errorf("%s: end %d committed %d sum %08x; want %d, head sum %08x", n.id, st.GetLogEnd(), st.GetCommitted(), st.GetChecksum(), end, sa.GetChecksum())
 			}
+		}
+		return nil
+	})
+}
+
+// TestMasterWaitsUntilTheTailReachesAJoiner: a replica returns, answering
+// the master, but the chain's tail cannot connect to it yet (a returned
+// pod's name may resolve to nothing for as long as DNS caches the
+// answer). The master does not add it behind the tail, where the tail's
+// link could not come up and the failure timeout would cut the link and
+// a member with it; once the tail reaches it, it joins.
+func TestMasterWaitsUntilTheTailReachesAJoiner(t *testing.T) {
+	ctx := context.Background()
+	var cAddr atomic.Value
+	var blocked atomic.Bool
+	dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		if blocked.Load() && addr == cAddr.Load() {
+			return nil, fmt.Errorf("dial %s: no such host (a DNS answer cached from before the pod returned)", addr)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	})
+	a := startNode(t, "a", "127.0.0.1:0", t.TempDir())
+	b := startNodeWith(t, "b", "127.0.0.1:0", t.TempDir(), server.Options{DialOptions: []grpc.DialOption{dialer}})
+	c := startNode(t, "c", "127.0.0.1:0", t.TempDir())
+	cAddr.Store(c.addr)
+	pool := transport.NewPool(nil)
+	t.Cleanup(pool.Close)
+	rc := func(n *replicaNode) catenapb.ReplicaClient {
+		conn, err := pool.Get(n.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return catenapb.NewReplicaClient(conn)
+	}
+	m := newMaster(pool, logr.Discard(), map[string]string{"a": a.addr, "b": b.addr, "c": c.addr}, 3, time.Hour, newMasterStream("s", 1, nil))
+	defer m.stop()
+	chains := m.streams[0].chains
+	installChain(t, rc, a, b, c)
+
+	c.stop()
+	m.failed["c"] = true
+	m.repair(ctx)
+	if ch := chains[0]; fmt.Sprint(ch.Members) != "[a b]" {
+		t.Fatalf("after c failed: %+v", ch)
+	}
+	epoch := chains[0].Epoch
+
+	blocked.Store(true)
+	c = startNode(t, "c", c.addr, c.dir)
+	delete(m.failed, "c")
+	waitAnswers(t, m, "c")
+	m.repair(ctx)
+	if ch := chains[0]; ch.Epoch != epoch || fmt.Sprint(ch.Members) != "[a b]" {
+		t.Fatalf("c joined behind a tail that cannot reach it: %+v", ch)
+	}
+
+	blocked.Store(false)
+	m.repair(ctx)
+	if ch := chains[0]; ch.Epoch <= epoch || fmt.Sprint(ch.Members) != "[a b c]" {
+		t.Fatalf("c did not join once the tail reached it: %+v", ch)
+	}
+	waitFor(t, func() error {
+		if st := partStatus(t, rc(b)); st.GetSuccessorDownMs() != 0 || st.GetEpoch() != chains[0].Epoch {
+			return fmt.Errorf("b's link to c: epoch %d, down %d ms", st.GetEpoch(), st.GetSuccessorDownMs())
 		}
 		return nil
 	})

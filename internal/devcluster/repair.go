@@ -229,7 +229,18 @@ func (m *master) repairStream(ctx context.Context, s *masterStream, answered, fa
 		m.log.Error(err, "Cannot plan chain repair", "stream", s.name)
 		return false
 	}
+	var waiting []*chainmaster.Repair
 	for _, pr := range repairs {
+		if pr.Plan.Changed && len(pr.Joins) > 0 {
+			// As the operator: a replica joins only once the member it
+			// joins behind reaches it.
+			if err := m.executor().CheckJoins(ctx, pr); err != nil {
+				m.log.Info("Waiting for a joining replica to be reachable from the chain", "stream", s.name, "partition", pr.Partition,
+					"members", pr.Plan.Members, "reason", err.Error())
+				waiting = append(waiting, pr)
+				continue
+			}
+		}
 		m.log.Info("Reordering chain", "stream", s.name, "partition", pr.Partition, "epoch", pr.Plan.Epoch,
 			"reason", pr.Plan.Reason, "from", pr.Chain.Members, "fromEpoch", pr.Chain.Epoch, "members", pr.Plan.Members,
 			"writesAllowed", pr.Plan.WritesAllowed, "actions", chainmaster.ActionStrings(pr.Plan.Actions))
@@ -247,7 +258,7 @@ func (m *master) repairStream(ctx context.Context, s *masterStream, answered, fa
 		}
 	}
 	for _, pr := range repairs {
-		if !keepsCopying(pr, chainmaster.PartitionReports(m.reports, s.name, pr.Partition)) {
+		if !slices.Contains(waiting, pr) && !keepsCopying(pr, chainmaster.PartitionReports(m.reports, s.name, pr.Partition)) {
 			return true
 		}
 	}
@@ -272,8 +283,12 @@ func keepsCopying(pr *chainmaster.Repair, reports map[string]*catenapb.Partition
 	return true
 }
 
+func (m *master) executor() chainmaster.Executor {
+	return chainmaster.Executor{Conns: m.pool, Log: m.log, CallTimeout: repairCallTimeout}
+}
+
 func (m *master) execute(ctx context.Context, s *masterStream, pr *chainmaster.Repair) error {
-	found, err := chainmaster.Executor{Conns: m.pool, Log: m.log, CallTimeout: repairCallTimeout}.Execute(ctx, s.name, pr)
+	found, err := m.executor().Execute(ctx, s.name, pr)
 	for id, a := range found {
 		s.agreements[agreeKey{pr.Partition, id}] = a
 	}

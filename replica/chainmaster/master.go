@@ -115,6 +115,19 @@ type Repair struct {
 	Chain     chainplan.Chain // the chain the plan starts from
 	Plan      chainplan.Plan
 	Calls     []Call
+	// Joins are the replicas the plan adds to the chain, each with the
+	// member it joins behind: the master asks that member to reach the
+	// joiner (Executor.CheckJoins) before it records the plan.
+	Joins []Join
+	// ChainWritesAllowed is whether Chain, as it stands, takes writes
+	// (what to report while a plan waits).
+	ChainWritesAllowed bool
+}
+
+// Join is a replica a plan adds to a chain behind member Pred.
+type Join struct {
+	Pred, PredAddr     string
+	Member, MemberAddr string
 }
 
 // Plan returns the next step for the partition's chain and the calls that
@@ -139,8 +152,9 @@ func Plan(in Input) (*Repair, error) {
 	for _, id := range ids {
 		reps = append(reps, replicaOf(in, id, cur))
 	}
-	plan, err := chainplan.Next(chainplan.Input{Chain: cur, Replicas: reps, ReplicationFactor: in.Replication, MinLength: in.MinLength,
-		CopyOutside: !in.CatchUpInChain, JoinLag: cmp.Or(in.JoinLag, DefaultJoinLag), LinkTimeoutMs: in.LinkTimeoutMs})
+	pin := chainplan.Input{Chain: cur, Replicas: reps, ReplicationFactor: in.Replication, MinLength: in.MinLength,
+		CopyOutside: !in.CatchUpInChain, JoinLag: cmp.Or(in.JoinLag, DefaultJoinLag), LinkTimeoutMs: in.LinkTimeoutMs}
+	plan, err := chainplan.Next(pin)
 	if err != nil {
 		return nil, fmt.Errorf("partition %s/%d: %w", in.Stream, in.Partition, err)
 	}
@@ -161,7 +175,7 @@ func Plan(in Input) (*Repair, error) {
 	call := func(kind CallKind, to string) Call {
 		return Call{Kind: kind, Replica: to, Addr: in.Addrs[to]}
 	}
-	r := &Repair{Partition: in.Partition, Chain: cur, Plan: plan}
+	r := &Repair{Partition: in.Partition, Chain: cur, Plan: plan, ChainWritesAllowed: chainplan.WritesAllowed(pin, cur.Members)}
 	for _, a := range plan.Actions {
 		switch a.Kind {
 		case chainplan.ActionConfigure:
@@ -198,6 +212,10 @@ func Plan(in Input) (*Repair, error) {
 			c.CatchUp = &catenapb.CatchUpRequest{Chain: configure(cur.Epoch, cur.Members), SourceId: a.From, SourceAddr: in.Addrs[a.From]}
 			r.Calls = append(r.Calls, c)
 		case chainplan.ActionJoinAtTail:
+			if i := slices.Index(plan.Members, a.Member); plan.Changed && i > 0 {
+				pred := plan.Members[i-1]
+				r.Joins = append(r.Joins, Join{Pred: pred, PredAddr: in.Addrs[pred], Member: a.Member, MemberAddr: in.Addrs[a.Member]})
+			}
 		}
 	}
 	if plan.Changed {

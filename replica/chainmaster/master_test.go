@@ -39,6 +39,9 @@ func calls(r *Repair) string {
 		return "nothing"
 	}
 	var out []string
+	for _, j := range r.Joins {
+		out = append(out, fmt.Sprintf("reach(%s=%s -> %s=%s)", j.Pred, j.PredAddr, j.Member, j.MemberAddr))
+	}
 	for _, c := range r.Calls {
 		switch c.Kind {
 		case CallConfigure:
@@ -146,7 +149,7 @@ func TestPlan(t *testing.T) {
 				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
 				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
 				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
-			want: "configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
+			want: "reach(c=c:1 -> a=a:1) configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
 		},
 		{
 			name: "a joiner far behind copies outside the chain from the tail",
@@ -167,7 +170,7 @@ func TestPlan(t *testing.T) {
 				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
 				Reports: map[string]*catenapb.PartitionStatus{"a": copying(rep(2, []string{"b", "c"}, 8, cfg), "c", 5),
 					"b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
-			want: "configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
+			want: "reach(c=c:1 -> a=a:1) configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
 		},
 		{
 			name: "a copy found agreeing as it ran keeps copying while far behind",
@@ -222,7 +225,7 @@ func TestPlan(t *testing.T) {
 				Chain:      &chainplan.Chain{Epoch: 2, Members: []string{"b", "c"}},
 				Agreements: map[string]Agreement{"a": {ChainEpoch: 2, LogEnd: 5, LastLogEpoch: 1, Offset: 5}},
 				Reports:    map[string]*catenapb.PartitionStatus{"a": rep(1, abc, 5, cfg), "b": rep(2, []string{"b", "c"}, 9, cfg), "c": rep(2, []string{"b", "c"}, 9, cfg)}},
-			want: "configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
+			want: "reach(c=c:1 -> a=a:1) configure(a@3 [b=b:1 c=c:1 a=a:1]) configure(c@3 [b=b:1 c=c:1 a=a:1]) configure(b@3 [b=b:1 c=c:1 a=a:1])",
 		},
 		{
 			name: "a complete chain drops the copy of a replica replaced while away",

@@ -299,6 +299,27 @@ type Plan struct {
 	Actions []Action
 }
 
+// WritesAllowed says whether a chain of members would take writes: at
+// least in.MinLength of them full copies (not corrupt, holding the most
+// any replica reports committed).
+func WritesAllowed(in Input, members []string) bool {
+	var committed uint64
+	for _, r := range in.Replicas {
+		committed = max(committed, r.Committed)
+	}
+	n := 0
+	for _, m := range members {
+		r := Replica{ID: m, Health: Unknown} // no report: holds nothing
+		if i := slices.IndexFunc(in.Replicas, func(r Replica) bool { return r.ID == m }); i >= 0 {
+			r = in.Replicas[i]
+		}
+		if r.Log != LogCorrupt && r.DurableEnd >= committed {
+			n++
+		}
+	}
+	return n >= max(in.MinLength, 1)
+}
+
 // Errors for inputs the planner cannot reason about.
 var ErrInvalid = errors.New("invalid planner input")
 
@@ -317,7 +338,6 @@ func Next(in Input) (Plan, error) {
 		}
 		return Replica{ID: id, Health: Unknown}
 	}
-	minLen := max(in.MinLength, 1)
 	cur := in.Chain
 
 	// The chain's committed offset: the most any replica reports (committed
@@ -332,15 +352,7 @@ func Next(in Input) (Plan, error) {
 		r := report(id)
 		return r.Log != LogCorrupt && r.DurableEnd >= committed
 	}
-	writes := func(members []string) bool {
-		n := 0
-		for _, m := range members {
-			if full(m) {
-				n++
-			}
-		}
-		return n >= minLen
-	}
+	writes := func(members []string) bool { return WritesAllowed(in, members) }
 	keep := func(reason string) Plan {
 		return Plan{Members: slices.Clone(cur.Members), Epoch: cur.Epoch, Reason: reason, WritesAllowed: writes(cur.Members)}
 	}

@@ -28,6 +28,7 @@ func MethodClasses() map[string]string {
 		catenapb.Replica_Truncate_FullMethodName:  ClassAdmin,
 		catenapb.Replica_Drop_FullMethodName:      ClassAdmin,
 		catenapb.Replica_CatchUp_FullMethodName:   ClassAdmin,
+		catenapb.Replica_Reach_FullMethodName:     ClassAdmin,
 
 		catenapb.Replica_Replicate_FullMethodName:  ClassReplication,
 		catenapb.Replica_ReadFrames_FullMethodName: ClassReplication,

@@ -30,21 +30,33 @@ const (
 func (p *partition) runLink(ctx context.Context, epoch uint64, succID, succAddr string) {
 	defer p.wg.Done()
 	backoff := linkRetryMin
+	logged := time.Time{} // when a failure was last logged at Info
 	for ctx.Err() == nil {
 		err := p.linkOnce(ctx, epoch, succID, succAddr)
 		p.mu.Lock()
+		var downFor time.Duration
 		if p.meta != nil && p.meta.Epoch == epoch {
 			p.core.SuccessorLost(epoch)
 			if p.linkDownSince.IsZero() {
 				p.linkDownSince = time.Now()
 			}
 			p.linkErr, p.stalledSince = err, time.Time{}
+			downFor = time.Since(p.linkDownSince)
 		}
 		p.mu.Unlock()
 		if ctx.Err() != nil {
 			return
 		}
-		p.logger.V(1).Info("Replication link down, retrying", "successor", succID, "epoch", epoch, "error", err.Error(), "backoff", backoff)
+		// The first failure of an epoch's link, and then one a
+		// minute, at Info: why a link did not come up is what explains
+		// the chain's next reconfiguration (the master cuts a link down
+		// for its failure timeout).
+		if logged.IsZero() || time.Since(logged) >= time.Minute {
+			logged = time.Now()
+			p.logger.Info("Replication link down, retrying", "successor", succID, "addr", succAddr, "epoch", epoch, "downFor", downFor.Round(time.Millisecond).String(), "error", err.Error())
+		} else {
+			p.logger.V(1).Info("Replication link down, retrying", "successor", succID, "epoch", epoch, "error", err.Error(), "backoff", backoff)
+		}
 		select {
 		case <-ctx.Done():
 			return

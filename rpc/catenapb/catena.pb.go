@@ -3714,6 +3714,96 @@ func (x *ListStreamsResponse) GetStreams() []string {
 	return nil
 }
 
+type ReachRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replica to reach, for messages.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Its address, host:port, as chain memberships carry it.
+	Addr          string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReachRequest) Reset() {
+	*x = ReachRequest{}
+	mi := &file_catena_v1_catena_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReachRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReachRequest) ProtoMessage() {}
+
+func (x *ReachRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReachRequest.ProtoReflect.Descriptor instead.
+func (*ReachRequest) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *ReachRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReachRequest) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+type ReachResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReachResponse) Reset() {
+	*x = ReachResponse{}
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReachResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReachResponse) ProtoMessage() {}
+
+func (x *ReachResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReachResponse.ProtoReflect.Descriptor instead.
+func (*ReachResponse) Descriptor() ([]byte, []int) {
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
+}
+
 type ReportHeadUnreachableRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Stream    string                 `protobuf:"bytes,1,opt,name=stream,proto3" json:"stream,omitempty"`
@@ -3737,7 +3827,7 @@ type ReportHeadUnreachableRequest struct {
 
 func (x *ReportHeadUnreachableRequest) Reset() {
 	*x = ReportHeadUnreachableRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[56]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3749,7 +3839,7 @@ func (x *ReportHeadUnreachableRequest) String() string {
 func (*ReportHeadUnreachableRequest) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[56]
+	mi := &file_catena_v1_catena_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3762,7 +3852,7 @@ func (x *ReportHeadUnreachableRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableRequest.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{56}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ReportHeadUnreachableRequest) GetStream() string {
@@ -3827,7 +3917,7 @@ type HeadReportChain struct {
 
 func (x *HeadReportChain) Reset() {
 	*x = HeadReportChain{}
-	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3839,7 +3929,7 @@ func (x *HeadReportChain) String() string {
 func (*HeadReportChain) ProtoMessage() {}
 
 func (x *HeadReportChain) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[57]
+	mi := &file_catena_v1_catena_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3852,7 +3942,7 @@ func (x *HeadReportChain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeadReportChain.ProtoReflect.Descriptor instead.
 func (*HeadReportChain) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{57}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *HeadReportChain) GetStream() string {
@@ -3891,7 +3981,7 @@ type ReportHeadUnreachableResponse struct {
 
 func (x *ReportHeadUnreachableResponse) Reset() {
 	*x = ReportHeadUnreachableResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[58]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3903,7 +3993,7 @@ func (x *ReportHeadUnreachableResponse) String() string {
 func (*ReportHeadUnreachableResponse) ProtoMessage() {}
 
 func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[58]
+	mi := &file_catena_v1_catena_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3916,7 +4006,7 @@ func (x *ReportHeadUnreachableResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportHeadUnreachableResponse.ProtoReflect.Descriptor instead.
 func (*ReportHeadUnreachableResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{58}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
 }
 
 type HoldRetentionRequest struct {
@@ -3932,7 +4022,7 @@ type HoldRetentionRequest struct {
 
 func (x *HoldRetentionRequest) Reset() {
 	*x = HoldRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[59]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3944,7 +4034,7 @@ func (x *HoldRetentionRequest) String() string {
 func (*HoldRetentionRequest) ProtoMessage() {}
 
 func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[59]
+	mi := &file_catena_v1_catena_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3957,7 +4047,7 @@ func (x *HoldRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HoldRetentionRequest.ProtoReflect.Descriptor instead.
 func (*HoldRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{59}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *HoldRetentionRequest) GetStream() string {
@@ -4000,7 +4090,7 @@ type ReleaseRetentionRequest struct {
 
 func (x *ReleaseRetentionRequest) Reset() {
 	*x = ReleaseRetentionRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[60]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4012,7 +4102,7 @@ func (x *ReleaseRetentionRequest) String() string {
 func (*ReleaseRetentionRequest) ProtoMessage() {}
 
 func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[60]
+	mi := &file_catena_v1_catena_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4025,7 +4115,7 @@ func (x *ReleaseRetentionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{60}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReleaseRetentionRequest) GetStream() string {
@@ -4059,7 +4149,7 @@ type ReleaseRetentionResponse struct {
 
 func (x *ReleaseRetentionResponse) Reset() {
 	*x = ReleaseRetentionResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[61]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4071,7 +4161,7 @@ func (x *ReleaseRetentionResponse) String() string {
 func (*ReleaseRetentionResponse) ProtoMessage() {}
 
 func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[61]
+	mi := &file_catena_v1_catena_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4084,7 +4174,7 @@ func (x *ReleaseRetentionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRetentionResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRetentionResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{61}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReleaseRetentionResponse) GetReleased() []uint32 {
@@ -4107,7 +4197,7 @@ type CatchUpRequest struct {
 
 func (x *CatchUpRequest) Reset() {
 	*x = CatchUpRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[62]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4119,7 +4209,7 @@ func (x *CatchUpRequest) String() string {
 func (*CatchUpRequest) ProtoMessage() {}
 
 func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[62]
+	mi := &file_catena_v1_catena_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4132,7 +4222,7 @@ func (x *CatchUpRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpRequest.ProtoReflect.Descriptor instead.
 func (*CatchUpRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{62}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CatchUpRequest) GetChain() *ConfigureRequest {
@@ -4178,7 +4268,7 @@ type ReadFramesRequest struct {
 
 func (x *ReadFramesRequest) Reset() {
 	*x = ReadFramesRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[63]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4190,7 +4280,7 @@ func (x *ReadFramesRequest) String() string {
 func (*ReadFramesRequest) ProtoMessage() {}
 
 func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[63]
+	mi := &file_catena_v1_catena_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4203,7 +4293,7 @@ func (x *ReadFramesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesRequest.ProtoReflect.Descriptor instead.
 func (*ReadFramesRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{63}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ReadFramesRequest) GetStream() string {
@@ -4264,7 +4354,7 @@ type ReadFramesResponse struct {
 
 func (x *ReadFramesResponse) Reset() {
 	*x = ReadFramesResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[64]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4276,7 +4366,7 @@ func (x *ReadFramesResponse) String() string {
 func (*ReadFramesResponse) ProtoMessage() {}
 
 func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[64]
+	mi := &file_catena_v1_catena_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4289,7 +4379,7 @@ func (x *ReadFramesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFramesResponse.ProtoReflect.Descriptor instead.
 func (*ReadFramesResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{64}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ReadFramesResponse) GetFrames() [][]byte {
@@ -4334,7 +4424,7 @@ type DropRequest struct {
 
 func (x *DropRequest) Reset() {
 	*x = DropRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[65]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4346,7 +4436,7 @@ func (x *DropRequest) String() string {
 func (*DropRequest) ProtoMessage() {}
 
 func (x *DropRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[65]
+	mi := &file_catena_v1_catena_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4359,7 +4449,7 @@ func (x *DropRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropRequest.ProtoReflect.Descriptor instead.
 func (*DropRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{65}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *DropRequest) GetStream() string {
@@ -4400,7 +4490,7 @@ type DropResponse struct {
 
 func (x *DropResponse) Reset() {
 	*x = DropResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[66]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4412,7 +4502,7 @@ func (x *DropResponse) String() string {
 func (*DropResponse) ProtoMessage() {}
 
 func (x *DropResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[66]
+	mi := &file_catena_v1_catena_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4425,7 +4515,7 @@ func (x *DropResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropResponse.ProtoReflect.Descriptor instead.
 func (*DropResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{66}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *DropResponse) GetDropped() bool {
@@ -4446,7 +4536,7 @@ type EpochEndRequest struct {
 
 func (x *EpochEndRequest) Reset() {
 	*x = EpochEndRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[67]
+	mi := &file_catena_v1_catena_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4458,7 +4548,7 @@ func (x *EpochEndRequest) String() string {
 func (*EpochEndRequest) ProtoMessage() {}
 
 func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[67]
+	mi := &file_catena_v1_catena_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4471,7 +4561,7 @@ func (x *EpochEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndRequest.ProtoReflect.Descriptor instead.
 func (*EpochEndRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{67}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *EpochEndRequest) GetStream() string {
@@ -4513,7 +4603,7 @@ type EpochEndResponse struct {
 
 func (x *EpochEndResponse) Reset() {
 	*x = EpochEndResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[68]
+	mi := &file_catena_v1_catena_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4525,7 +4615,7 @@ func (x *EpochEndResponse) String() string {
 func (*EpochEndResponse) ProtoMessage() {}
 
 func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[68]
+	mi := &file_catena_v1_catena_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4538,7 +4628,7 @@ func (x *EpochEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochEndResponse.ProtoReflect.Descriptor instead.
 func (*EpochEndResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{68}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *EpochEndResponse) GetEndOffset() uint64 {
@@ -4581,7 +4671,7 @@ type TruncateRequest struct {
 
 func (x *TruncateRequest) Reset() {
 	*x = TruncateRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[69]
+	mi := &file_catena_v1_catena_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4593,7 +4683,7 @@ func (x *TruncateRequest) String() string {
 func (*TruncateRequest) ProtoMessage() {}
 
 func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[69]
+	mi := &file_catena_v1_catena_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4606,7 +4696,7 @@ func (x *TruncateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TruncateRequest.ProtoReflect.Descriptor instead.
 func (*TruncateRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{69}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *TruncateRequest) GetStream() string {
@@ -4640,7 +4730,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_catena_v1_catena_proto_msgTypes[70]
+	mi := &file_catena_v1_catena_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4652,7 +4742,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[70]
+	mi := &file_catena_v1_catena_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4665,7 +4755,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{70}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *Member) GetId() string {
@@ -4701,7 +4791,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[71]
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4713,7 +4803,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[71]
+	mi := &file_catena_v1_catena_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4726,7 +4816,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{71}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ConfigureRequest) GetStream() string {
@@ -4839,7 +4929,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_catena_v1_catena_proto_msgTypes[72]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4851,7 +4941,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[72]
+	mi := &file_catena_v1_catena_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4864,7 +4954,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{72}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *PartitionStatus) GetStream() string {
@@ -5061,7 +5151,7 @@ type CatchUpCopy struct {
 
 func (x *CatchUpCopy) Reset() {
 	*x = CatchUpCopy{}
-	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5073,7 +5163,7 @@ func (x *CatchUpCopy) String() string {
 func (*CatchUpCopy) ProtoMessage() {}
 
 func (x *CatchUpCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[73]
+	mi := &file_catena_v1_catena_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5086,7 +5176,7 @@ func (x *CatchUpCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CatchUpCopy.ProtoReflect.Descriptor instead.
 func (*CatchUpCopy) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{73}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CatchUpCopy) GetSourceId() string {
@@ -5114,7 +5204,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[74]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5126,7 +5216,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[74]
+	mi := &file_catena_v1_catena_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5139,7 +5229,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{74}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *StatusRequest) GetStream() string {
@@ -5171,7 +5261,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[75]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5183,7 +5273,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[75]
+	mi := &file_catena_v1_catena_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5196,7 +5286,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{75}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *StatusResponse) GetReplicaId() string {
@@ -5249,7 +5339,7 @@ type AppendRequest struct {
 
 func (x *AppendRequest) Reset() {
 	*x = AppendRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[76]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5261,7 +5351,7 @@ func (x *AppendRequest) String() string {
 func (*AppendRequest) ProtoMessage() {}
 
 func (x *AppendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[76]
+	mi := &file_catena_v1_catena_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5274,7 +5364,7 @@ func (x *AppendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRequest.ProtoReflect.Descriptor instead.
 func (*AppendRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{76}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *AppendRequest) GetStream() string {
@@ -5342,7 +5432,7 @@ type AppendRecord struct {
 
 func (x *AppendRecord) Reset() {
 	*x = AppendRecord{}
-	mi := &file_catena_v1_catena_proto_msgTypes[77]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5354,7 +5444,7 @@ func (x *AppendRecord) String() string {
 func (*AppendRecord) ProtoMessage() {}
 
 func (x *AppendRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[77]
+	mi := &file_catena_v1_catena_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5367,7 +5457,7 @@ func (x *AppendRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendRecord.ProtoReflect.Descriptor instead.
 func (*AppendRecord) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{77}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *AppendRecord) GetKey() []byte {
@@ -5438,7 +5528,7 @@ type AppendResponse struct {
 
 func (x *AppendResponse) Reset() {
 	*x = AppendResponse{}
-	mi := &file_catena_v1_catena_proto_msgTypes[78]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5450,7 +5540,7 @@ func (x *AppendResponse) String() string {
 func (*AppendResponse) ProtoMessage() {}
 
 func (x *AppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[78]
+	mi := &file_catena_v1_catena_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5463,7 +5553,7 @@ func (x *AppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResponse.ProtoReflect.Descriptor instead.
 func (*AppendResponse) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{78}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *AppendResponse) GetOffsets() []uint64 {
@@ -5542,7 +5632,7 @@ type CompletionsRequest struct {
 
 func (x *CompletionsRequest) Reset() {
 	*x = CompletionsRequest{}
-	mi := &file_catena_v1_catena_proto_msgTypes[79]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5554,7 +5644,7 @@ func (x *CompletionsRequest) String() string {
 func (*CompletionsRequest) ProtoMessage() {}
 
 func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[79]
+	mi := &file_catena_v1_catena_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5567,7 +5657,7 @@ func (x *CompletionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompletionsRequest.ProtoReflect.Descriptor instead.
 func (*CompletionsRequest) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{79}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *CompletionsRequest) GetStream() string {
@@ -5602,7 +5692,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_catena_v1_catena_proto_msgTypes[80]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5614,7 +5704,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[80]
+	mi := &file_catena_v1_catena_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5627,7 +5717,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{80}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *Completion) GetEpoch() uint64 {
@@ -5663,7 +5753,7 @@ type ReplicateFrame struct {
 
 func (x *ReplicateFrame) Reset() {
 	*x = ReplicateFrame{}
-	mi := &file_catena_v1_catena_proto_msgTypes[81]
+	mi := &file_catena_v1_catena_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5675,7 +5765,7 @@ func (x *ReplicateFrame) String() string {
 func (*ReplicateFrame) ProtoMessage() {}
 
 func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[81]
+	mi := &file_catena_v1_catena_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5688,7 +5778,7 @@ func (x *ReplicateFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateFrame.ProtoReflect.Descriptor instead.
 func (*ReplicateFrame) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{81}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ReplicateFrame) GetEpoch() uint64 {
@@ -5786,7 +5876,7 @@ type LinkHello struct {
 
 func (x *LinkHello) Reset() {
 	*x = LinkHello{}
-	mi := &file_catena_v1_catena_proto_msgTypes[82]
+	mi := &file_catena_v1_catena_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5798,7 +5888,7 @@ func (x *LinkHello) String() string {
 func (*LinkHello) ProtoMessage() {}
 
 func (x *LinkHello) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[82]
+	mi := &file_catena_v1_catena_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5811,7 +5901,7 @@ func (x *LinkHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LinkHello.ProtoReflect.Descriptor instead.
 func (*LinkHello) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{82}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{84}
 }
 
 type BatchData struct {
@@ -5830,7 +5920,7 @@ type BatchData struct {
 
 func (x *BatchData) Reset() {
 	*x = BatchData{}
-	mi := &file_catena_v1_catena_proto_msgTypes[83]
+	mi := &file_catena_v1_catena_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5842,7 +5932,7 @@ func (x *BatchData) String() string {
 func (*BatchData) ProtoMessage() {}
 
 func (x *BatchData) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[83]
+	mi := &file_catena_v1_catena_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5855,7 +5945,7 @@ func (x *BatchData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchData.ProtoReflect.Descriptor instead.
 func (*BatchData) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{83}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *BatchData) GetFrames() [][]byte {
@@ -5890,7 +5980,7 @@ type CommitNotice struct {
 
 func (x *CommitNotice) Reset() {
 	*x = CommitNotice{}
-	mi := &file_catena_v1_catena_proto_msgTypes[84]
+	mi := &file_catena_v1_catena_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5902,7 +5992,7 @@ func (x *CommitNotice) String() string {
 func (*CommitNotice) ProtoMessage() {}
 
 func (x *CommitNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[84]
+	mi := &file_catena_v1_catena_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5915,7 +6005,7 @@ func (x *CommitNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitNotice.ProtoReflect.Descriptor instead.
 func (*CommitNotice) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{84}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *CommitNotice) GetCommitted() uint64 {
@@ -5951,7 +6041,7 @@ type ReplicateAck struct {
 
 func (x *ReplicateAck) Reset() {
 	*x = ReplicateAck{}
-	mi := &file_catena_v1_catena_proto_msgTypes[85]
+	mi := &file_catena_v1_catena_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5963,7 +6053,7 @@ func (x *ReplicateAck) String() string {
 func (*ReplicateAck) ProtoMessage() {}
 
 func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
-	mi := &file_catena_v1_catena_proto_msgTypes[85]
+	mi := &file_catena_v1_catena_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5976,7 +6066,7 @@ func (x *ReplicateAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateAck.ProtoReflect.Descriptor instead.
 func (*ReplicateAck) Descriptor() ([]byte, []int) {
-	return file_catena_v1_catena_proto_rawDescGZIP(), []int{85}
+	return file_catena_v1_catena_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ReplicateAck) GetEpoch() uint64 {
@@ -6318,7 +6408,11 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\"\x16\n" +
 	"\x14DeleteStreamResponse\"/\n" +
 	"\x13ListStreamsResponse\x12\x18\n" +
-	"\astreams\x18\x01 \x03(\tR\astreams\"\xe8\x01\n" +
+	"\astreams\x18\x01 \x03(\tR\astreams\"2\n" +
+	"\fReachRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\"\x0f\n" +
+	"\rReachResponse\"\xe8\x01\n" +
 	"\x1cReportHeadUnreachableRequest\x12\x16\n" +
 	"\x06stream\x18\x01 \x01(\tR\x06stream\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\rR\tpartition\x12\x14\n" +
@@ -6539,7 +6633,7 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1b.catena.v1.HeartbeatRequest\x1a\x1c.catena.v1.HeartbeatResponse\x12I\n" +
 	"\n" +
 	"LeaveGroup\x12\x1c.catena.v1.LeaveGroupRequest\x1a\x1d.catena.v1.LeaveGroupResponse\x12a\n" +
-	"\x12CommitGroupOffsets\x12$.catena.v1.CommitGroupOffsetsRequest\x1a%.catena.v1.CommitGroupOffsetsResponse2\x91\t\n" +
+	"\x12CommitGroupOffsets\x12$.catena.v1.CommitGroupOffsetsRequest\x1a%.catena.v1.CommitGroupOffsetsResponse2\xcd\t\n" +
 	"\aReplica\x12D\n" +
 	"\tConfigure\x12\x1b.catena.v1.ConfigureRequest\x1a\x1a.catena.v1.PartitionStatus\x12=\n" +
 	"\x06Status\x12\x18.catena.v1.StatusRequest\x1a\x19.catena.v1.StatusResponse\x12=\n" +
@@ -6557,7 +6651,8 @@ const file_catena_v1_catena_proto_rawDesc = "" +
 	"ReadFrames\x12\x1c.catena.v1.ReadFramesRequest\x1a\x1d.catena.v1.ReadFramesResponse\x12L\n" +
 	"\rHoldRetention\x12\x1f.catena.v1.HoldRetentionRequest\x1a\x1a.catena.v1.PartitionStatus\x12[\n" +
 	"\x10ReleaseRetention\x12\".catena.v1.ReleaseRetentionRequest\x1a#.catena.v1.ReleaseRetentionResponse\x12j\n" +
-	"\x15ReportHeadUnreachable\x12'.catena.v1.ReportHeadUnreachableRequest\x1a(.catena.v1.ReportHeadUnreachableResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
+	"\x15ReportHeadUnreachable\x12'.catena.v1.ReportHeadUnreachableRequest\x1a(.catena.v1.ReportHeadUnreachableResponse\x12:\n" +
+	"\x05Reach\x12\x17.catena.v1.ReachRequest\x1a\x18.catena.v1.ReachResponseB/Z-github.com/catena-streams/catena/rpc/catenapbb\x06proto3"
 
 var (
 	file_catena_v1_catena_proto_rawDescOnce sync.Once
@@ -6572,7 +6667,7 @@ func file_catena_v1_catena_proto_rawDescGZIP() []byte {
 }
 
 var file_catena_v1_catena_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
+var file_catena_v1_catena_proto_msgTypes = make([]protoimpl.MessageInfo, 88)
 var file_catena_v1_catena_proto_goTypes = []any{
 	(Durability)(0),                       // 0: catena.v1.Durability
 	(OffsetSpec)(0),                       // 1: catena.v1.OffsetSpec
@@ -6633,36 +6728,38 @@ var file_catena_v1_catena_proto_goTypes = []any{
 	(*DeleteStreamRequest)(nil),           // 56: catena.v1.DeleteStreamRequest
 	(*DeleteStreamResponse)(nil),          // 57: catena.v1.DeleteStreamResponse
 	(*ListStreamsResponse)(nil),           // 58: catena.v1.ListStreamsResponse
-	(*ReportHeadUnreachableRequest)(nil),  // 59: catena.v1.ReportHeadUnreachableRequest
-	(*HeadReportChain)(nil),               // 60: catena.v1.HeadReportChain
-	(*ReportHeadUnreachableResponse)(nil), // 61: catena.v1.ReportHeadUnreachableResponse
-	(*HoldRetentionRequest)(nil),          // 62: catena.v1.HoldRetentionRequest
-	(*ReleaseRetentionRequest)(nil),       // 63: catena.v1.ReleaseRetentionRequest
-	(*ReleaseRetentionResponse)(nil),      // 64: catena.v1.ReleaseRetentionResponse
-	(*CatchUpRequest)(nil),                // 65: catena.v1.CatchUpRequest
-	(*ReadFramesRequest)(nil),             // 66: catena.v1.ReadFramesRequest
-	(*ReadFramesResponse)(nil),            // 67: catena.v1.ReadFramesResponse
-	(*DropRequest)(nil),                   // 68: catena.v1.DropRequest
-	(*DropResponse)(nil),                  // 69: catena.v1.DropResponse
-	(*EpochEndRequest)(nil),               // 70: catena.v1.EpochEndRequest
-	(*EpochEndResponse)(nil),              // 71: catena.v1.EpochEndResponse
-	(*TruncateRequest)(nil),               // 72: catena.v1.TruncateRequest
-	(*Member)(nil),                        // 73: catena.v1.Member
-	(*ConfigureRequest)(nil),              // 74: catena.v1.ConfigureRequest
-	(*PartitionStatus)(nil),               // 75: catena.v1.PartitionStatus
-	(*CatchUpCopy)(nil),                   // 76: catena.v1.CatchUpCopy
-	(*StatusRequest)(nil),                 // 77: catena.v1.StatusRequest
-	(*StatusResponse)(nil),                // 78: catena.v1.StatusResponse
-	(*AppendRequest)(nil),                 // 79: catena.v1.AppendRequest
-	(*AppendRecord)(nil),                  // 80: catena.v1.AppendRecord
-	(*AppendResponse)(nil),                // 81: catena.v1.AppendResponse
-	(*CompletionsRequest)(nil),            // 82: catena.v1.CompletionsRequest
-	(*Completion)(nil),                    // 83: catena.v1.Completion
-	(*ReplicateFrame)(nil),                // 84: catena.v1.ReplicateFrame
-	(*LinkHello)(nil),                     // 85: catena.v1.LinkHello
-	(*BatchData)(nil),                     // 86: catena.v1.BatchData
-	(*CommitNotice)(nil),                  // 87: catena.v1.CommitNotice
-	(*ReplicateAck)(nil),                  // 88: catena.v1.ReplicateAck
+	(*ReachRequest)(nil),                  // 59: catena.v1.ReachRequest
+	(*ReachResponse)(nil),                 // 60: catena.v1.ReachResponse
+	(*ReportHeadUnreachableRequest)(nil),  // 61: catena.v1.ReportHeadUnreachableRequest
+	(*HeadReportChain)(nil),               // 62: catena.v1.HeadReportChain
+	(*ReportHeadUnreachableResponse)(nil), // 63: catena.v1.ReportHeadUnreachableResponse
+	(*HoldRetentionRequest)(nil),          // 64: catena.v1.HoldRetentionRequest
+	(*ReleaseRetentionRequest)(nil),       // 65: catena.v1.ReleaseRetentionRequest
+	(*ReleaseRetentionResponse)(nil),      // 66: catena.v1.ReleaseRetentionResponse
+	(*CatchUpRequest)(nil),                // 67: catena.v1.CatchUpRequest
+	(*ReadFramesRequest)(nil),             // 68: catena.v1.ReadFramesRequest
+	(*ReadFramesResponse)(nil),            // 69: catena.v1.ReadFramesResponse
+	(*DropRequest)(nil),                   // 70: catena.v1.DropRequest
+	(*DropResponse)(nil),                  // 71: catena.v1.DropResponse
+	(*EpochEndRequest)(nil),               // 72: catena.v1.EpochEndRequest
+	(*EpochEndResponse)(nil),              // 73: catena.v1.EpochEndResponse
+	(*TruncateRequest)(nil),               // 74: catena.v1.TruncateRequest
+	(*Member)(nil),                        // 75: catena.v1.Member
+	(*ConfigureRequest)(nil),              // 76: catena.v1.ConfigureRequest
+	(*PartitionStatus)(nil),               // 77: catena.v1.PartitionStatus
+	(*CatchUpCopy)(nil),                   // 78: catena.v1.CatchUpCopy
+	(*StatusRequest)(nil),                 // 79: catena.v1.StatusRequest
+	(*StatusResponse)(nil),                // 80: catena.v1.StatusResponse
+	(*AppendRequest)(nil),                 // 81: catena.v1.AppendRequest
+	(*AppendRecord)(nil),                  // 82: catena.v1.AppendRecord
+	(*AppendResponse)(nil),                // 83: catena.v1.AppendResponse
+	(*CompletionsRequest)(nil),            // 84: catena.v1.CompletionsRequest
+	(*Completion)(nil),                    // 85: catena.v1.Completion
+	(*ReplicateFrame)(nil),                // 86: catena.v1.ReplicateFrame
+	(*LinkHello)(nil),                     // 87: catena.v1.LinkHello
+	(*BatchData)(nil),                     // 88: catena.v1.BatchData
+	(*CommitNotice)(nil),                  // 89: catena.v1.CommitNotice
+	(*ReplicateAck)(nil),                  // 90: catena.v1.ReplicateAck
 }
 var file_catena_v1_catena_proto_depIdxs = []int32{
 	4,  // 0: catena.v1.Record.headers:type_name -> catena.v1.RecordHeader
@@ -6687,25 +6784,25 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	1,  // 19: catena.v1.ListOffsetsRequest.spec:type_name -> catena.v1.OffsetSpec
 	5,  // 20: catena.v1.StreamDescription.config:type_name -> catena.v1.StreamConfig
 	53, // 21: catena.v1.StreamDescription.partitions:type_name -> catena.v1.PartitionDescription
-	73, // 22: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
-	75, // 23: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
-	60, // 24: catena.v1.ReportHeadUnreachableRequest.more:type_name -> catena.v1.HeadReportChain
-	74, // 25: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
+	75, // 22: catena.v1.PartitionDescription.members:type_name -> catena.v1.Member
+	77, // 23: catena.v1.PartitionDescription.replicas:type_name -> catena.v1.PartitionStatus
+	62, // 24: catena.v1.ReportHeadUnreachableRequest.more:type_name -> catena.v1.HeadReportChain
+	76, // 25: catena.v1.CatchUpRequest.chain:type_name -> catena.v1.ConfigureRequest
 	6,  // 26: catena.v1.ReadFramesResponse.holds:type_name -> catena.v1.ConsumerHold
-	73, // 27: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
+	75, // 27: catena.v1.ConfigureRequest.members:type_name -> catena.v1.Member
 	5,  // 28: catena.v1.ConfigureRequest.config:type_name -> catena.v1.StreamConfig
-	73, // 29: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
+	75, // 29: catena.v1.PartitionStatus.members:type_name -> catena.v1.Member
 	2,  // 30: catena.v1.PartitionStatus.role:type_name -> catena.v1.Role
 	5,  // 31: catena.v1.PartitionStatus.config:type_name -> catena.v1.StreamConfig
 	6,  // 32: catena.v1.PartitionStatus.holds:type_name -> catena.v1.ConsumerHold
 	7,  // 33: catena.v1.PartitionStatus.forced_trims:type_name -> catena.v1.ForcedTrim
-	76, // 34: catena.v1.PartitionStatus.copy:type_name -> catena.v1.CatchUpCopy
-	75, // 35: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
-	80, // 36: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
+	78, // 34: catena.v1.PartitionStatus.copy:type_name -> catena.v1.CatchUpCopy
+	77, // 35: catena.v1.StatusResponse.partitions:type_name -> catena.v1.PartitionStatus
+	82, // 36: catena.v1.AppendRequest.records:type_name -> catena.v1.AppendRecord
 	4,  // 37: catena.v1.AppendRecord.headers:type_name -> catena.v1.RecordHeader
-	85, // 38: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
-	86, // 39: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
-	87, // 40: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
+	87, // 38: catena.v1.ReplicateFrame.hello:type_name -> catena.v1.LinkHello
+	88, // 39: catena.v1.ReplicateFrame.data:type_name -> catena.v1.BatchData
+	89, // 40: catena.v1.ReplicateFrame.commit:type_name -> catena.v1.CommitNotice
 	43, // 41: catena.v1.Ingest.Produce:input_type -> catena.v1.ProduceRequest
 	43, // 42: catena.v1.Ingest.ProduceStream:input_type -> catena.v1.ProduceRequest
 	46, // 43: catena.v1.Ingest.Fetch:input_type -> catena.v1.FetchRequest
@@ -6727,61 +6824,63 @@ var file_catena_v1_catena_proto_depIdxs = []int32{
 	15, // 59: catena.v1.Groups.Heartbeat:input_type -> catena.v1.HeartbeatRequest
 	17, // 60: catena.v1.Groups.LeaveGroup:input_type -> catena.v1.LeaveGroupRequest
 	19, // 61: catena.v1.Groups.CommitGroupOffsets:input_type -> catena.v1.CommitGroupOffsetsRequest
-	74, // 62: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
-	77, // 63: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
-	79, // 64: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
-	79, // 65: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
-	82, // 66: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
-	84, // 67: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
+	76, // 62: catena.v1.Replica.Configure:input_type -> catena.v1.ConfigureRequest
+	79, // 63: catena.v1.Replica.Status:input_type -> catena.v1.StatusRequest
+	81, // 64: catena.v1.Replica.Append:input_type -> catena.v1.AppendRequest
+	81, // 65: catena.v1.Replica.AppendStream:input_type -> catena.v1.AppendRequest
+	84, // 66: catena.v1.Replica.Completions:input_type -> catena.v1.CompletionsRequest
+	86, // 67: catena.v1.Replica.Replicate:input_type -> catena.v1.ReplicateFrame
 	46, // 68: catena.v1.Replica.Read:input_type -> catena.v1.FetchRequest
 	49, // 69: catena.v1.Replica.ListOffsets:input_type -> catena.v1.ListOffsetsRequest
-	70, // 70: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
-	72, // 71: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
-	68, // 72: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
-	65, // 73: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
-	66, // 74: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
-	62, // 75: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
-	63, // 76: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
-	59, // 77: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
-	45, // 78: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
-	45, // 79: catena.v1.Ingest.ProduceStream:output_type -> catena.v1.ProduceResponse
-	47, // 80: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
-	47, // 81: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
-	50, // 82: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	52, // 83: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
-	58, // 84: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
-	36, // 85: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
-	38, // 86: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
-	41, // 87: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
-	52, // 88: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
-	57, // 89: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
-	23, // 90: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
-	26, // 91: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
-	31, // 92: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
-	34, // 93: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
-	10, // 94: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
-	14, // 95: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
-	16, // 96: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
-	18, // 97: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
-	21, // 98: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
-	75, // 99: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
-	78, // 100: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
-	81, // 101: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
-	81, // 102: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
-	83, // 103: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
-	88, // 104: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
-	47, // 105: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
-	50, // 106: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
-	71, // 107: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
-	75, // 108: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
-	69, // 109: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
-	75, // 110: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
-	67, // 111: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
-	75, // 112: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
-	64, // 113: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
-	61, // 114: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
-	78, // [78:115] is the sub-list for method output_type
-	41, // [41:78] is the sub-list for method input_type
+	72, // 70: catena.v1.Replica.EpochEnd:input_type -> catena.v1.EpochEndRequest
+	74, // 71: catena.v1.Replica.Truncate:input_type -> catena.v1.TruncateRequest
+	70, // 72: catena.v1.Replica.Drop:input_type -> catena.v1.DropRequest
+	67, // 73: catena.v1.Replica.CatchUp:input_type -> catena.v1.CatchUpRequest
+	68, // 74: catena.v1.Replica.ReadFrames:input_type -> catena.v1.ReadFramesRequest
+	64, // 75: catena.v1.Replica.HoldRetention:input_type -> catena.v1.HoldRetentionRequest
+	65, // 76: catena.v1.Replica.ReleaseRetention:input_type -> catena.v1.ReleaseRetentionRequest
+	61, // 77: catena.v1.Replica.ReportHeadUnreachable:input_type -> catena.v1.ReportHeadUnreachableRequest
+	59, // 78: catena.v1.Replica.Reach:input_type -> catena.v1.ReachRequest
+	45, // 79: catena.v1.Ingest.Produce:output_type -> catena.v1.ProduceResponse
+	45, // 80: catena.v1.Ingest.ProduceStream:output_type -> catena.v1.ProduceResponse
+	47, // 81: catena.v1.Ingest.Fetch:output_type -> catena.v1.FetchResponse
+	47, // 82: catena.v1.Ingest.Subscribe:output_type -> catena.v1.FetchResponse
+	50, // 83: catena.v1.Ingest.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	52, // 84: catena.v1.Ingest.DescribeStream:output_type -> catena.v1.StreamDescription
+	58, // 85: catena.v1.Ingest.ListStreams:output_type -> catena.v1.ListStreamsResponse
+	36, // 86: catena.v1.Ingest.CommitConsumerOffset:output_type -> catena.v1.CommitConsumerOffsetResponse
+	38, // 87: catena.v1.Ingest.ListConsumers:output_type -> catena.v1.ListConsumersResponse
+	41, // 88: catena.v1.Ingest.DeleteConsumer:output_type -> catena.v1.DeleteConsumerResponse
+	52, // 89: catena.v1.Ingest.CreateStream:output_type -> catena.v1.StreamDescription
+	57, // 90: catena.v1.Ingest.DeleteStream:output_type -> catena.v1.DeleteStreamResponse
+	23, // 91: catena.v1.Groups.ListGroups:output_type -> catena.v1.ListGroupsResponse
+	26, // 92: catena.v1.Groups.DescribeGroup:output_type -> catena.v1.GroupDescription
+	31, // 93: catena.v1.Groups.ResetGroupOffsets:output_type -> catena.v1.ResetGroupOffsetsResponse
+	34, // 94: catena.v1.Groups.DeleteGroup:output_type -> catena.v1.DeleteGroupResponse
+	10, // 95: catena.v1.Groups.JoinGroup:output_type -> catena.v1.JoinGroupResponse
+	14, // 96: catena.v1.Groups.SyncGroup:output_type -> catena.v1.SyncGroupResponse
+	16, // 97: catena.v1.Groups.Heartbeat:output_type -> catena.v1.HeartbeatResponse
+	18, // 98: catena.v1.Groups.LeaveGroup:output_type -> catena.v1.LeaveGroupResponse
+	21, // 99: catena.v1.Groups.CommitGroupOffsets:output_type -> catena.v1.CommitGroupOffsetsResponse
+	77, // 100: catena.v1.Replica.Configure:output_type -> catena.v1.PartitionStatus
+	80, // 101: catena.v1.Replica.Status:output_type -> catena.v1.StatusResponse
+	83, // 102: catena.v1.Replica.Append:output_type -> catena.v1.AppendResponse
+	83, // 103: catena.v1.Replica.AppendStream:output_type -> catena.v1.AppendResponse
+	85, // 104: catena.v1.Replica.Completions:output_type -> catena.v1.Completion
+	90, // 105: catena.v1.Replica.Replicate:output_type -> catena.v1.ReplicateAck
+	47, // 106: catena.v1.Replica.Read:output_type -> catena.v1.FetchResponse
+	50, // 107: catena.v1.Replica.ListOffsets:output_type -> catena.v1.ListOffsetsResponse
+	73, // 108: catena.v1.Replica.EpochEnd:output_type -> catena.v1.EpochEndResponse
+	77, // 109: catena.v1.Replica.Truncate:output_type -> catena.v1.PartitionStatus
+	71, // 110: catena.v1.Replica.Drop:output_type -> catena.v1.DropResponse
+	77, // 111: catena.v1.Replica.CatchUp:output_type -> catena.v1.PartitionStatus
+	69, // 112: catena.v1.Replica.ReadFrames:output_type -> catena.v1.ReadFramesResponse
+	77, // 113: catena.v1.Replica.HoldRetention:output_type -> catena.v1.PartitionStatus
+	66, // 114: catena.v1.Replica.ReleaseRetention:output_type -> catena.v1.ReleaseRetentionResponse
+	63, // 115: catena.v1.Replica.ReportHeadUnreachable:output_type -> catena.v1.ReportHeadUnreachableResponse
+	60, // 116: catena.v1.Replica.Reach:output_type -> catena.v1.ReachResponse
+	79, // [79:117] is the sub-list for method output_type
+	41, // [41:79] is the sub-list for method input_type
 	41, // [41:41] is the sub-list for extension type_name
 	41, // [41:41] is the sub-list for extension extendee
 	0,  // [0:41] is the sub-list for field type_name
@@ -6793,14 +6892,14 @@ func file_catena_v1_catena_proto_init() {
 		return
 	}
 	file_catena_v1_catena_proto_msgTypes[39].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[60].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[74].OneofWrappers = []any{}
-	file_catena_v1_catena_proto_msgTypes[81].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[62].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[76].OneofWrappers = []any{}
+	file_catena_v1_catena_proto_msgTypes[83].OneofWrappers = []any{
 		(*ReplicateFrame_Hello)(nil),
 		(*ReplicateFrame_Data)(nil),
 		(*ReplicateFrame_Commit)(nil),
 	}
-	file_catena_v1_catena_proto_msgTypes[85].OneofWrappers = []any{
+	file_catena_v1_catena_proto_msgTypes[87].OneofWrappers = []any{
 		(*ReplicateAck_LogEnd)(nil),
 		(*ReplicateAck_Ack)(nil),
 	}
@@ -6810,7 +6909,7 @@ func file_catena_v1_catena_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_catena_v1_catena_proto_rawDesc), len(file_catena_v1_catena_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   86,
+			NumMessages:   88,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -1095,6 +1095,7 @@ const (
 	Replica_HoldRetention_FullMethodName         = "/catena.v1.Replica/HoldRetention"
 	Replica_ReleaseRetention_FullMethodName      = "/catena.v1.Replica/ReleaseRetention"
 	Replica_ReportHeadUnreachable_FullMethodName = "/catena.v1.Replica/ReportHeadUnreachable"
+	Replica_Reach_FullMethodName                 = "/catena.v1.Replica/Reach"
 )
 
 // ReplicaClient is the client API for Replica service.
@@ -1177,6 +1178,16 @@ type ReplicaClient interface {
 	// as fast as a middle. FAILED_PRECONDITION when the receiver is not the
 	// head's successor at that epoch (the reporter's view is stale).
 	ReportHeadUnreachable(ctx context.Context, in *ReportHeadUnreachableRequest, opts ...grpc.CallOption) (*ReportHeadUnreachableResponse, error)
+	// Reach (admin, chain repair) answers once this replica holds a
+	// connection to the replica id at addr, the one its links to that
+	// replica use: UNAVAILABLE, with the reason, when none comes up within
+	// the call's deadline. The chain's master asks a chain's tail before a
+	// replica joins behind it, so that the tail's link to the joiner comes
+	// up at once: a pod that returned keeps its DNS name, which for as long
+	// as DNS caches answers can still resolve to nothing, or to the address
+	// the pod had, and a link that cannot come up is cut by the failure
+	// timeout, with a member of the chain.
+	Reach(ctx context.Context, in *ReachRequest, opts ...grpc.CallOption) (*ReachResponse, error)
 }
 
 type replicaClient struct {
@@ -1362,6 +1373,16 @@ func (c *replicaClient) ReportHeadUnreachable(ctx context.Context, in *ReportHea
 	return out, nil
 }
 
+func (c *replicaClient) Reach(ctx context.Context, in *ReachRequest, opts ...grpc.CallOption) (*ReachResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReachResponse)
+	err := c.cc.Invoke(ctx, Replica_Reach_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ReplicaServer is the server API for Replica service.
 // All implementations must embed UnimplementedReplicaServer
 // for forward compatibility.
@@ -1442,6 +1463,16 @@ type ReplicaServer interface {
 	// as fast as a middle. FAILED_PRECONDITION when the receiver is not the
 	// head's successor at that epoch (the reporter's view is stale).
 	ReportHeadUnreachable(context.Context, *ReportHeadUnreachableRequest) (*ReportHeadUnreachableResponse, error)
+	// Reach (admin, chain repair) answers once this replica holds a
+	// connection to the replica id at addr, the one its links to that
+	// replica use: UNAVAILABLE, with the reason, when none comes up within
+	// the call's deadline. The chain's master asks a chain's tail before a
+	// replica joins behind it, so that the tail's link to the joiner comes
+	// up at once: a pod that returned keeps its DNS name, which for as long
+	// as DNS caches answers can still resolve to nothing, or to the address
+	// the pod had, and a link that cannot come up is cut by the failure
+	// timeout, with a member of the chain.
+	Reach(context.Context, *ReachRequest) (*ReachResponse, error)
 	mustEmbedUnimplementedReplicaServer()
 }
 
@@ -1499,6 +1530,9 @@ func (UnimplementedReplicaServer) ReleaseRetention(context.Context, *ReleaseRete
 }
 func (UnimplementedReplicaServer) ReportHeadUnreachable(context.Context, *ReportHeadUnreachableRequest) (*ReportHeadUnreachableResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportHeadUnreachable not implemented")
+}
+func (UnimplementedReplicaServer) Reach(context.Context, *ReachRequest) (*ReachResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reach not implemented")
 }
 func (UnimplementedReplicaServer) mustEmbedUnimplementedReplicaServer() {}
 func (UnimplementedReplicaServer) testEmbeddedByValue()                 {}
@@ -1780,6 +1814,24 @@ func _Replica_ReportHeadUnreachable_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Replica_Reach_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReachRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicaServer).Reach(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replica_Reach_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicaServer).Reach(ctx, req.(*ReachRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Replica_ServiceDesc is the grpc.ServiceDesc for Replica service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1838,6 +1890,10 @@ var Replica_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportHeadUnreachable",
 			Handler:    _Replica_ReportHeadUnreachable_Handler,
+		},
+		{
+			MethodName: "Reach",
+			Handler:    _Replica_Reach_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

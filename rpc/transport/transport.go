@@ -5,13 +5,17 @@
 package transport
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
@@ -102,6 +106,26 @@ const (
 	reconnectBaseDelay = 50 * time.Millisecond
 	reconnectMaxDelay  = 2 * time.Second
 )
+
+// WaitReady waits until conn's connection is up (TCP, TLS and HTTP/2
+// handshakes done), asking it to connect if it is idle. It returns ctx's
+// error, with the connection's state (connecting, or transient_failure
+// between attempts), when ctx ends first.
+func WaitReady(ctx context.Context, conn *grpc.ClientConn) error {
+	conn.Connect()
+	for {
+		st := conn.GetState()
+		switch st {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Shutdown:
+			return errors.New("the connection is closed")
+		}
+		if !conn.WaitForStateChange(ctx, st) {
+			return fmt.Errorf("%w (connection %s)", ctx.Err(), strings.ToLower(st.String()))
+		}
+	}
+}
 
 // Dial opens a client connection (lazily connecting) to addr, with
 // DialOptions and then extra.
