@@ -12,26 +12,12 @@ import (
 )
 
 // A scrub reads every sealed segment back and finds damage that nothing
-// read yet: in segments this process wrote and sealed, and in segments
-// a restart opened from summaries marked verified (which VerifySealed
-// does not read again). A frame replaced by another valid one shows only
-// against the next segment's rolling checksum.
+// read yet (sealedDamages): in segments this process wrote and sealed,
+// and in segments a restart opened from summaries marked verified (which
+// VerifySealed does not read again). A frame replaced by another valid
+// one shows only against the next segment's rolling checksum.
 func TestScrubFindsDamageNothingReadYet(t *testing.T) {
-	damages := map[string]func(t *testing.T, fsys *faultfs.FS, seg string, frames [][]byte){
-		"bit flip": func(t *testing.T, fsys *faultfs.FS, seg string, _ [][]byte) {
-			p := framePositions(t, fsys, seg)
-			must(t, fsys.Corrupt(seg, p[1]+60, []byte{0xFF}))
-		},
-		"another valid frame": func(t *testing.T, fsys *faultfs.FS, seg string, frames [][]byte) {
-			p := framePositions(t, fsys, seg)
-			first, err := partlog.DecodeHeader(frames[0])
-			must(t, err)
-			// The segment's third frame: frames are alike, 5 records each.
-			other := encode(t, batch{epoch: 1, n: 5, ts: 77777, vsize: 50}, first.BaseOffset+10)
-			must(t, fsys.Corrupt(seg, p[2], other))
-		},
-	}
-	for name, damage := range damages {
+	for name, damage := range sealedDamages {
 		for _, reopened := range []bool{false, true} {
 			t.Run(fmtBool(name, reopened, "reopened from verified summaries"), func(t *testing.T) {
 				ctx := context.Background()

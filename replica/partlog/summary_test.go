@@ -301,27 +301,29 @@ func TestVerifySealedReadsWhatOpenTookOnTrust(t *testing.T) {
 	must(t, l2.VerifySealed(ctx, nil))
 }
 
-// Damage a summary hid from Open is found by VerifySealed: a frame that
-// fails its CRC, and a frame replaced by another valid one of the same
-// size (only the rolling checksum tells).
+// sealedDamages damage segment file seg, whose frames are frames (from
+// its first on): a frame that fails its CRC, and a frame replaced by
+// another valid one of the same size (only the rolling checksum tells).
+var sealedDamages = map[string]func(t *testing.T, fsys *faultfs.FS, seg string, frames [][]byte){
+	"bit flip": func(t *testing.T, fsys *faultfs.FS, seg string, _ [][]byte) {
+		p := framePositions(t, fsys, seg)
+		must(t, fsys.Corrupt(seg, p[1]+60, []byte{0xFF}))
+	},
+	"another valid frame": func(t *testing.T, fsys *faultfs.FS, seg string, frames [][]byte) {
+		p := framePositions(t, fsys, seg)
+		h, err := partlog.DecodeHeader(frames[2])
+		must(t, err)
+		other := encode(t, batch{epoch: 1, n: 5, ts: 77777, vsize: 50}, h.BaseOffset)
+		if len(other) != len(frames[2]) {
+			t.Fatalf("setup: %d bytes replace %d", len(other), len(frames[2]))
+		}
+		must(t, fsys.Corrupt(seg, p[2], other))
+	},
+}
+
+// Damage a summary hid from Open is found by VerifySealed (sealedDamages).
 func TestVerifySealedFindsDamage(t *testing.T) {
-	tests := map[string]func(t *testing.T, fsys *faultfs.FS, seg string, frames [][]byte){
-		"bit flip": func(t *testing.T, fsys *faultfs.FS, seg string, _ [][]byte) {
-			p := framePositions(t, fsys, seg)
-			must(t, fsys.Corrupt(seg, p[1]+60, []byte{0xFF}))
-		},
-		"another valid frame": func(t *testing.T, fsys *faultfs.FS, seg string, frames [][]byte) {
-			p := framePositions(t, fsys, seg)
-			h, err := partlog.DecodeHeader(frames[2])
-			must(t, err)
-			other := encode(t, batch{epoch: 1, n: 5, ts: 77777, vsize: 50}, h.BaseOffset)
-			if len(other) != len(frames[2]) {
-				t.Fatalf("setup: %d bytes replace %d", len(other), len(frames[2]))
-			}
-			must(t, fsys.Corrupt(seg, p[2], other))
-		},
-	}
-	for name, damage := range tests {
+	for name, damage := range sealedDamages {
 		t.Run(name, func(t *testing.T) {
 			fsys := faultfs.New()
 			l := openFS(t, fsys, nil)
