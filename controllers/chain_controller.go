@@ -103,6 +103,8 @@ type ChainReconciler struct {
 
 	// ledgers hold each chain's record (chain_ledger.go).
 	ledgers *chainLedgers
+	// joins asks tails to reach the replicas that would join behind them.
+	joins chainmaster.JoinCheck
 
 	mu sync.Mutex
 	// agreements of returning replicas, by chain and replica.
@@ -243,13 +245,15 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 			// reaches it: a returned pod's name can resolve to nothing
 			// for a while, and a link that does not come up within the
 			// failure timeout is cut, with a member of the chain.
-			if err := exec.CheckJoins(ctx, repair); err != nil {
-				logger.Info("Waiting for a joining replica to be reachable from the chain", "members", repair.Plan.Members, "reason", err.Error())
+			if fresh, err := r.joins.Check(ctx, exec, repair); err != nil {
+				if fresh {
+					logger.Info("Waiting for a joining replica to be reachable from the chain", "members", repair.Plan.Members, "reason", err.Error())
+				}
 				seen.WritesAllowed = repair.ChainWritesAllowed
 				if err := r.writeStatus(ctx, stored, chain, seen, true); err != nil {
 					return reconcile.Result{}, err
 				}
-				return reconcile.Result{RequeueAfter: chainBusyInterval}, nil
+				return reconcile.Result{RequeueAfter: chainmaster.RecheckAfter}, nil
 			}
 		}
 		if repair.Plan.Changed {

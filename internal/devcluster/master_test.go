@@ -477,10 +477,13 @@ func TestMasterWaitsUntilTheTailReachesAJoiner(t *testing.T) {
 	}
 
 	blocked.Store(false)
-	m.repair(ctx)
-	if ch := chains[0]; ch.Epoch <= epoch || fmt.Sprint(ch.Members) != "[a b c]" {
-		t.Fatalf("c did not join once the tail reached it: %+v", ch)
-	}
+	waitFor(t, func() error { // the failed pair is asked again after chainmaster.RecheckAfter
+		m.repair(ctx)
+		if ch := chains[0]; ch.Epoch <= epoch || fmt.Sprint(ch.Members) != "[a b c]" {
+			return fmt.Errorf("c did not join once the tail reached it: %+v", ch)
+		}
+		return nil
+	})
 	waitFor(t, func() error {
 		if st := partStatus(t, rc(b)); st.GetSuccessorDownMs() != 0 || st.GetEpoch() != chains[0].Epoch {
 			return fmt.Errorf("b's link to c: epoch %d, down %d ms", st.GetEpoch(), st.GetSuccessorDownMs())

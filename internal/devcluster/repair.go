@@ -108,6 +108,8 @@ type master struct {
 	// master by hand give it a failure timeout no test reaches: then only
 	// exits count).
 	obs *chainmaster.Observer
+	// joins asks tails to reach the replicas that would join behind them.
+	joins chainmaster.JoinCheck
 
 	addrs   map[string]string
 	failed  map[string]bool                     // process exited, not restarted and ready yet
@@ -234,9 +236,11 @@ func (m *master) repairStream(ctx context.Context, s *masterStream, answered, fa
 		if pr.Plan.Changed && len(pr.Joins) > 0 {
 			// As the operator: a replica joins only once the member it
 			// joins behind reaches it.
-			if err := m.executor().CheckJoins(ctx, pr); err != nil {
-				m.log.Info("Waiting for a joining replica to be reachable from the chain", "stream", s.name, "partition", pr.Partition,
-					"members", pr.Plan.Members, "reason", err.Error())
+			if fresh, err := m.joins.Check(ctx, m.executor(), pr); err != nil {
+				if fresh {
+					m.log.Info("Waiting for a joining replica to be reachable from the chain", "stream", s.name, "partition", pr.Partition,
+						"members", pr.Plan.Members, "reason", err.Error())
+				}
 				waiting = append(waiting, pr)
 				continue
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -66,4 +67,52 @@ func TestCheckJoins(t *testing.T) {
 	if err := exec.CheckJoins(context.Background(), &Repair{}); err != nil {
 		t.Errorf("a plan without joins: %v", err)
 	}
+}
+
+// A pair that failed is not asked again for RecheckAfter: the joiner of
+// many chains behind one tail costs one call, not one per chain.
+func TestJoinCheckRemembersAFailedPair(t *testing.T) {
+	pool := transport.NewPool(nil)
+	t.Cleanup(pool.Close)
+	exec := Executor{Conns: pool, Log: logr.Discard()}
+	var calls atomic.Int32
+	srv := &countingReach{calls: &calls}
+	srv.err.Store(status.Error(codes.Unavailable, "cannot reach c"))
+	addr := serveReplica(t, srv)
+	var jc JoinCheck
+	r := &Repair{Joins: []Join{{Pred: "b", PredAddr: addr, Member: "c", MemberAddr: "c:1"}}}
+	for i := range 5 {
+		asked, err := jc.Check(context.Background(), exec, r)
+		if err == nil || asked != (i == 0) {
+			t.Fatalf("check %d: asked %v, %v; want an error, asked only the first time", i, asked, err)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d calls for five checks within RecheckAfter, want 1", n)
+	}
+	srv.reached.Store(true)
+	jc.mu.Lock()
+	for k, f := range jc.failed {
+		f.at = f.at.Add(-RecheckAfter)
+		jc.failed[k] = f
+	}
+	jc.mu.Unlock()
+	if asked, err := jc.Check(context.Background(), exec, r); err != nil || !asked || calls.Load() != 2 {
+		t.Fatalf("after RecheckAfter: asked %v, %v, %d calls; want it asked again and reached", asked, err, calls.Load())
+	}
+}
+
+type countingReach struct {
+	catenapb.UnimplementedReplicaServer
+	calls   *atomic.Int32
+	err     atomic.Value // error, unless reached
+	reached atomic.Bool
+}
+
+func (s *countingReach) Reach(context.Context, *catenapb.ReachRequest) (*catenapb.ReachResponse, error) {
+	s.calls.Add(1)
+	if err, _ := s.err.Load().(error); err != nil && !s.reached.Load() {
+		return nil, err
+	}
+	return &catenapb.ReachResponse{}, nil
 }
