@@ -253,7 +253,9 @@ func (r *ChainReconciler) Reconcile(ctx context.Context, req reconcile.Request) 
 				if err := r.writeStatus(ctx, stored, chain, seen, true); err != nil {
 					return reconcile.Result{}, err
 				}
-				return reconcile.Result{RequeueAfter: chainmaster.RecheckAfter}, nil
+				// At the ordinary priority: a chain woken as urgent must
+				// not keep that rank while it only waits.
+				return reconcile.Result{RequeueAfter: chainmaster.RecheckAfter, Priority: ptr.To(0)}, nil
 			}
 		}
 		if repair.Plan.Changed {

@@ -217,9 +217,10 @@ const (
 
 // RetentionSpec bounds each partition's log. Whichever bound is reached
 // first trims the oldest segments; a segment is removed whole, so a
-// partition may hold up to about an eighth more (segments are an eighth of
-// the smallest byte limit, at least 1Mi, and are sealed once their first
-// records are an eighth of the shortest time old). Records that a consumer holds
+// partition may hold up to about an eighth more, or 1Mi more below 8Mi
+// (segments are an eighth of the smallest byte limit, at least 1Mi, and
+// are sealed once their first records are an eighth of the shortest time
+// old). Records that a consumer holds
 // (it committed an offset below them) are kept past time and bytes, up to
 // hardTime and hardBytes; a trim forced past a hold is reported in the
 // Partition's status.

@@ -50,11 +50,14 @@ func TestCheckJoins(t *testing.T) {
 	reaches := serveReplica(t, reachServer{})
 	cannot := serveReplica(t, reachServer{err: status.Error(codes.Unavailable, "replica b cannot reach replica \"c\" at c:1: context deadline exceeded")})
 	old := serveReplica(t, &catenapb.UnimplementedReplicaServer{})
+	// With TLS, an older replica's authorization policy has no class for
+	// the call and denies it.
+	oldTLS := serveReplica(t, reachServer{err: status.Error(codes.PermissionDenied, "method /catena.v1.Replica/Reach is not open to any caller")})
 	for _, tc := range []struct {
 		name    string
 		pred    string
 		wantErr bool
-	}{{"reached", reaches, false}, {"not reached", cannot, true}, {"an older member", old, false}} {
+	}{{"reached", reaches, false}, {"not reached", cannot, true}, {"an older member", old, false}, {"an older member with TLS", oldTLS, false}} {
 		r := &Repair{Joins: []Join{{Pred: "b", PredAddr: tc.pred, Member: "c", MemberAddr: "c:1"}}}
 		err := exec.CheckJoins(context.Background(), r)
 		switch {

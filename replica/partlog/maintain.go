@@ -75,12 +75,22 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 	if h.HardTime > 0 {
 		hardCutoff = l.now().Add(-h.HardTime).UnixMilli()
 	}
-	if age := rollAge(lim.RetentionTime, h.HardTime); age > 0 {
+	if a := l.active(); !a.empty() && h.KeepFrom > a.base {
 		// A segment rolls when it is full, and only sealed segments are
 		// deleted: without this, a partition written more slowly than a
 		// segment a retention period would keep its records until the
-		// segment filled (a day and a half at 1 KiB/s).
-		if a := l.active(); !a.empty() && a.index[0].prefixMax <= l.now().Add(-age).UnixMilli() {
+		// segment filled (a day and a half at 1 KiB/s). Not while what
+		// must stay (KeepFrom: not on every member yet) starts below the
+		// active segment, and not by the soft time while a consumer's
+		// hold does: a stalled chain, or a consumer that stopped, would
+		// otherwise seal eight small segments a retention period, each
+		// an open file, for as long as it lasts. A hold inside the active
+		// segment (a consumer keeping up) does not stop it.
+		soft := lim.RetentionTime
+		if h.HoldOffset <= a.base {
+			soft = 0
+		}
+		if age := rollAge(soft, h.HardTime); age > 0 && a.firstMaxTs <= l.now().Add(-age).UnixMilli() {
 			if _, err := l.roll(); err != nil {
 				return res, err
 			}
@@ -120,7 +130,7 @@ func (l *Log) EnforceRetentionHeld(h RetentionHold) (res RetentionResult, err er
 	return res, nil
 }
 
-// rollAge is how old the first records of the active segment may be
+// rollAge is how old the first frame of the active segment may be
 // before a retention round seals it: an eighth of the shorter retention
 // time (0: neither is set). A record is then deleted at most an eighth
 // of the time (and a round) after it expires, and a partition keeps

@@ -1,6 +1,8 @@
 package partlog_test
 
 import (
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -47,28 +49,69 @@ func TestRetentionByTimeReachesTheActiveSegment(t *testing.T) {
 			t.Fatalf("offsets [%d,%d) after reopening, want [50,55)", l.StartOffset(), l.NextOffset())
 		}
 	})
-	t.Run("a partition written slowly", func(t *testing.T) {
-		clock := &fakeClock{t: time.UnixMilli(10_000_000)}
-		fsys := faultfs.New()
-		l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes, o.RetentionTime, o.Now = 0, time.Hour, clock.Now })
-		defer l.Close()
-		ts := map[uint64]int64{} // each batch's base offset: its time
-		for range 6 * 60 {
-			ts[l.NextOffset()] = clock.t.UnixMilli()
-			appendAll(t, l, []batch{{epoch: 1, n: 5, ts: clock.t.UnixMilli(), vsize: 50}})
-			// A retention round a minute (the server's is 30 s).
-			if _, err := l.EnforceRetention(); err != nil {
-				t.Fatal(err)
-			}
-			clock.t = clock.t.Add(time.Minute)
-		}
-		// Records are kept an hour, and at most an eighth more and a
-		// round, with the segments that hold them.
-		if age := clock.t.UnixMilli() - ts[l.StartOffset()]; age > (time.Hour + time.Hour/8 + 2*time.Minute).Milliseconds() {
-			t.Fatalf("the oldest record kept is %v old, retention 1h", time.Duration(age)*time.Millisecond)
-		}
-		if n := len(segments(t, fsys)); n > 10 {
-			t.Fatalf("%d segments for an hour of records rolled every 7.5 minutes", n)
-		}
+	for _, interval := range []int64{256, 64 << 10} {
+		t.Run(fmt.Sprintf("a partition written slowly, index entries every %d bytes", interval), func(t *testing.T) {
+			slowly(t, interval)
+		})
+	}
+}
+
+// slowly writes a small batch a minute for six hours, with a retention
+// round after each, and checks what retention kept. An index entry
+// covers many of the batches when interval is large.
+func slowly(t *testing.T, interval int64) {
+	clock := &fakeClock{t: time.UnixMilli(10_000_000)}
+	fsys := faultfs.New()
+	l := openFS(t, fsys, func(o *partlog.Options) {
+		o.SegmentBytes, o.IndexIntervalBytes, o.RetentionTime, o.Now = 0, interval, time.Hour, clock.Now
 	})
+	defer l.Close()
+	ts := map[uint64]int64{} // each batch's base offset: its time
+	for range 6 * 60 {
+		ts[l.NextOffset()] = clock.t.UnixMilli()
+		appendAll(t, l, []batch{{epoch: 1, n: 5, ts: clock.t.UnixMilli(), vsize: 50}})
+		// A retention round a minute (the server's is 30 s).
+		if _, err := l.EnforceRetention(); err != nil {
+			t.Fatal(err)
+		}
+		clock.t = clock.t.Add(time.Minute)
+	}
+	// Records are kept an hour, and at most an eighth more and a
+	// round, with the segments that hold them.
+	if age := clock.t.UnixMilli() - ts[l.StartOffset()]; age > (time.Hour + time.Hour/8 + 2*time.Minute).Milliseconds() {
+		t.Fatalf("the oldest record kept is %v old, retention 1h", time.Duration(age)*time.Millisecond)
+	}
+	if n := len(segments(t, fsys)); n > 10 {
+		t.Fatalf("%d segments for an hour of records rolled every 7.5 minutes", n)
+	}
+}
+
+// A consumer that stopped holds everything after its offset; rolling the
+// active segment by the soft time then only makes small segments nothing
+// may delete, each an open file, for as long as the hold stays. Held,
+// the active segment rolls by the hard time only.
+func TestRetentionRollsHeldRecordsOnlyByTheHardTime(t *testing.T) {
+	for _, hard := range []time.Duration{0, 4 * time.Hour} {
+		t.Run(fmt.Sprintf("hard time %v", hard), func(t *testing.T) {
+			clock := &fakeClock{t: time.UnixMilli(10_000_000)}
+			fsys := faultfs.New()
+			l := openFS(t, fsys, func(o *partlog.Options) { o.SegmentBytes, o.RetentionTime, o.Now = 0, time.Hour, clock.Now })
+			defer l.Close()
+			hold := partlog.RetentionHold{HoldOffset: 5, KeepFrom: math.MaxUint64, HardTime: hard}
+			for range 6 * 60 {
+				appendAll(t, l, []batch{{epoch: 1, n: 5, ts: clock.t.UnixMilli(), vsize: 50}})
+				if _, err := l.EnforceRetentionHeld(hold); err != nil {
+					t.Fatal(err)
+				}
+				clock.t = clock.t.Add(time.Minute)
+			}
+			n := len(segments(t, fsys))
+			switch {
+			case hard == 0 && n > 2:
+				t.Fatalf("%d segments under a hold that stopped, without a hard time: want at most 2", n)
+			case hard > 0 && (n < 3 || n > 12):
+				t.Fatalf("%d segments under a hold that stopped, with a hard time of %v: want them rolled every half hour and trimmed past 4 h", n, hard)
+			}
+		})
+	}
 }

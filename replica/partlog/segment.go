@@ -121,7 +121,11 @@ type segment struct {
 	size  int64  // bytes of header + whole published frames
 	end   uint64 // exclusive end offset
 	maxTs int64  // greatest batch MaxTimestamp; math.MinInt64 if empty
-	index []indexEntry
+	// firstMaxTs is the first frame's MaxTimestamp (retention's roll by
+	// age); set by addFrame, so not for a segment opened from its
+	// summary, which is never the active one.
+	firstMaxTs int64
+	index      []indexEntry
 	// lastPos and lastCRC are the last frame's byte position and CRC, for
 	// the segment's summary (summary.go).
 	lastPos int64
@@ -259,6 +263,9 @@ func (s *segment) empty() bool { return s.end == s.base }
 
 // addFrame records a published frame at pos in the in-memory state.
 func (s *segment) addFrame(h BatchHeader, pos int64, interval int64) {
+	if s.empty() {
+		s.firstMaxTs = h.MaxTimestamp
+	}
 	n := len(s.index)
 	if n == 0 || pos-int64(s.index[n-1].pos) >= interval {
 		prev := int64(math.MinInt64)

@@ -332,21 +332,29 @@ func (l *Log) VerifySealed(ctx context.Context, pace func(ctx context.Context, b
 // failed, and ctx's error if ctx ends first. The active segment is not
 // read: Open reads it, and readers at the tail read it all the time.
 func (l *Log) Scrub(ctx context.Context, from uint64, pace func(ctx context.Context, bytes int) error) (uint64, error) {
+	type sealed struct {
+		s   *segment
+		end uint64
+	}
 	l.mu.RLock()
-	var todo []*segment
+	var todo []sealed
 	for _, s := range l.segs[:len(l.segs)-1] {
 		if s.end > from {
-			todo = append(todo, s)
+			todo = append(todo, sealed{s, s.end})
 		}
 	}
 	l.mu.RUnlock()
-	for _, s := range todo {
-		if err := l.verifySegment(ctx, s, pace, true); err != nil {
+	for _, t := range todo {
+		if err := l.verifySegment(ctx, t.s, pace, true); err != nil {
 			return from, err
 		}
-		from = s.end
+		from = t.end
 	}
-	return from, nil
+	// A segment it could not read because the log closed or failed was
+	// not checked: say so rather than that everything was.
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return from, l.usable()
 }
 
 // Unverified is the number of segments VerifySealed has yet to read.
@@ -381,8 +389,8 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 	if current && !s.unverified {
 		want = l.segs[i+1].rollBase // the summary's rollEnd was checked against it at Open
 	}
-	index, maxTs := s.index, s.maxTs
-	epochs := l.epochsWithin(base, end) // as the summary gave them
+	index, maxTs, size, path := s.index, s.maxTs, s.size, s.path // a Truncate rewrites *s under wmu
+	epochs := l.epochsWithin(base, end)                          // as the summary gave them
 	if current {
 		_ = dropCache(s.f) // read what the disk holds
 	}
@@ -402,7 +410,7 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 			return err
 		}
 		if pace != nil {
-			if err := pace(ctx, verifyReadBytes); err != nil {
+			if err := pace(ctx, int(min(verifyReadBytes, size-pos))); err != nil {
 				return err
 			}
 		}
@@ -424,7 +432,7 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 				if l.cutBelow(cuts, end) {
 					return nil
 				}
-				return l.fail(ErrCorrupt, "%s, %s, does not verify: %w", s.path, what, bad)
+				return l.fail(ErrCorrupt, "%s, %s, does not verify: %w", path, what, bad)
 			}
 			if n := len(seen); n == 0 || seen[n-1].Epoch != h.Epoch {
 				seen = append(seen, EpochStart{Epoch: h.Epoch, StartOffset: h.BaseOffset})
@@ -452,13 +460,13 @@ func (l *Log) verifySegment(ctx context.Context, s *segment, pace func(ctx conte
 		wrong = fmt.Errorf("its frames give the epochs %v, the summary %v", seen, epochs)
 	case seenMax != maxTs:
 		wrong = fmt.Errorf("its frames' newest timestamp is %d, the summary's %d", seenMax, maxTs)
-	case pos != s.size:
-		wrong = fmt.Errorf("its frames end at byte %d, the summary says %d", pos, s.size)
+	case pos != size:
+		wrong = fmt.Errorf("its frames end at byte %d, the summary says %d", pos, size)
 	case indexErr != nil:
 		wrong = indexErr
 	}
 	if wrong != nil && !l.cutBelow(cuts, end) {
-		return l.fail(ErrCorrupt, "%s, %s: %w", s.path, what, wrong)
+		return l.fail(ErrCorrupt, "%s, %s: %w", path, what, wrong)
 	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,7 +31,15 @@ func (s *Server) Reach(ctx context.Context, req *catenapb.ReachRequest) (*catena
 		return nil, status.Errorf(codes.InvalidArgument, "replica %q at %s: %v", req.GetId(), req.GetAddr(), err)
 	}
 	conn.ResetConnectBackoff()
-	if err := transport.WaitReady(ctx, conn); err != nil {
+	// Give up a little before the caller does, so that it gets the
+	// reason rather than its own deadline.
+	wait := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithDeadline(ctx, dl.Add(-min(100*time.Millisecond, time.Until(dl)/4)))
+		defer cancel()
+	}
+	if err := transport.WaitReady(wait, conn); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "replica %s cannot reach replica %q at %s: %v", s.id, req.GetId(), req.GetAddr(), err)
 	}
 	return &catenapb.ReachResponse{}, nil

@@ -516,6 +516,11 @@ func (s *Server) loadPartition(stream string, index uint32, cfg *catenapb.Stream
 	if meta != nil {
 		eff, err := p.core.Configure(chain.Config{Epoch: meta.Epoch, Members: meta.memberIDs(), Committed: p.committed})
 		if err != nil {
+			// Nothing of the partition runs yet: its log goes with it.
+			if opened != nil && s.store != nil {
+				s.store.Detach(journal.PartitionID{Stream: stream, Partition: index})
+			}
+			_ = l.Close()
 			return nil, fmt.Errorf("failed to reinstall chain of partition %s/%d at epoch %d: %w", stream, index, meta.Epoch, err)
 		}
 		p.meta = meta
@@ -1122,7 +1127,7 @@ func (p *partition) readBack(ctx context.Context, what string, read func(context
 		case ctx.Err() != nil || errors.Is(err, partlog.ErrClosed) || errors.Is(err, partlog.ErrFailed):
 			return false
 		case attempt == verifyAttempts:
-			p.markCorrupt(fmt.Errorf("%w: the sealed segments do not read back (%s, %d attempts): %v", partlog.ErrCorrupt, what, attempt, err))
+			p.markCorrupt(fmt.Errorf("%w: found by the %s: the sealed segments do not read back (%d attempts): %v", partlog.ErrCorrupt, what, attempt, err))
 			return false
 		}
 		p.logger.Error(err, "Failed to read back a sealed segment; trying again", "during", what, "attempt", attempt, "backoff", backoff.String())
