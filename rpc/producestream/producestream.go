@@ -80,7 +80,9 @@ func Serve(stream catenapb.Ingest_ProduceStreamServer, produce func(context.Cont
 				return
 			}
 			mu.Lock()
-			if closed {
+			if closed || isClosed(draining) {
+				// A request read after the drain began is not taken, even
+				// before Serve's own goroutine has seen the drain.
 				mu.Unlock()
 				return
 			}
@@ -112,6 +114,16 @@ func Serve(stream catenapb.Ingest_ProduceStreamServer, produce func(context.Cont
 		mu.Unlock()
 		wg.Wait()
 		return status.Error(codes.Unavailable, "catena: this ingestion node is shutting down; send the request again on a new stream")
+	}
+}
+
+// isClosed says whether ch is closed; a nil ch never is.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -165,8 +165,9 @@ func TestADrainingServerAnswersWhatItTookAndEndsTheStream(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
 	st := serveDraining(t, func(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
-		calls.Add(1)
-		close(started)
+		if calls.Add(1) == 1 {
+			close(started)
+		}
 		<-release
 		return &catenapb.ProduceResponse{Partitions: 1}, nil
 	}, draining)
