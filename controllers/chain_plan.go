@@ -87,6 +87,9 @@ func streamConfig(stream *streamsv1alpha1.Stream) *catenapb.StreamConfig {
 	if d := stream.Spec.Durability.FsyncInterval; d != nil {
 		set.FsyncInterval = d.Duration
 	}
+	if b := stream.Spec.SegmentBytes; b != nil {
+		set.SegmentBytes = b.Value()
+	}
 	if r := stream.Spec.Retention; r != nil {
 		if r.Time != nil {
 			set.RetentionTime = r.Time.Duration

@@ -102,6 +102,10 @@ func TestStreamConfig(t *testing.T) {
 	if got := streamConfig(s); got.GetHardRetentionMs() != 86400000 || got.GetHardRetentionBytes() != 10<<30 {
 		t.Errorf("hard retention: got %v, want 86400000ms and %d bytes", got, int64(10<<30))
 	}
+	s.Spec.SegmentBytes = ptr.To(resource.MustParse("64Mi"))
+	if got := streamConfig(s); got.GetSegmentBytes() != 64<<20 {
+		t.Errorf("segment size: got %v, want %d bytes", got, int64(64<<20))
+	}
 	for rf, want := range map[int32]int{1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 7: 4} {
 		s.Spec.ReplicationFactor = rf
 		if got := minChainLength(s); got != want {

@@ -65,6 +65,19 @@ type StreamSpec struct {
 	// +optional
 	Retention *RetentionSpec `json:"retention,omitempty"`
 
+	// segmentBytes is the size at which each partition's log rolls over
+	// to a new segment file, as a quantity from 1Mi to 1Gi such as 256Mi.
+	// Retention removes whole segments, a scrub and a restart's recovery
+	// read one at a time, and a segment is checked against the next one's
+	// checksum once sealed. Omitted: an eighth of the smallest byte limit
+	// of retention, from 1Mi to 256Mi, and 256Mi without one. A change
+	// reaches the members under the same epoch, as a retention change
+	// does, and a segment rolls when its next append would take it past
+	// the size then in force.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('1Mi')) >= 0 && quantity(string(self)).compareTo(quantity('1Gi')) <= 0",message="segmentBytes must be a quantity from 1Mi to 1Gi, such as 64Mi or 256Mi"
+	SegmentBytes *resource.Quantity `json:"segmentBytes,omitempty"`
+
 	// durability says when a member makes a record durable.
 	// +optional
 	// +kubebuilder:default={mode: Fsync}

@@ -1028,6 +1028,11 @@ func (in *StreamSpec) DeepCopyInto(out *StreamSpec) {
 		*out = new(RetentionSpec)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.SegmentBytes != nil {
+		in, out := &in.SegmentBytes, &out.SegmentBytes
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	in.Durability.DeepCopyInto(&out.Durability)
 	in.Ingestion.DeepCopyInto(&out.Ingestion)
 	if in.Pod != nil {

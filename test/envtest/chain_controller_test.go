@@ -14,7 +14,9 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	streamsv1alpha1 "github.com/catena-streams/catena/api/v1alpha1"
@@ -133,6 +135,24 @@ var _ = Describe("Chain controller", Ordered, func() {
 				}
 			}
 			g.Expect(reasons).To(ContainElement(string(streamsv1alpha1.ReconfigurationCreated)))
+		}).Should(Succeed())
+
+		By("installing a changed segment size on every member under the same epoch")
+		var stream streamsv1alpha1.Stream
+		Expect(k8s.Get(ctx, key(ns, "events"), &stream)).To(Succeed())
+		patch := client.MergeFrom(stream.DeepCopy())
+		stream.Spec.SegmentBytes = ptr.To(resource.MustParse("64Mi"))
+		Expect(k8s.Patch(ctx, &stream, patch)).To(Succeed())
+		Eventually(func(g Gomega) {
+			for i := range 3 {
+				hosted, err := replicas.get(ns, fmt.Sprintf("events-pool-%d", i)).hosted("events")
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(hosted).To(HaveLen(6))
+				for _, ps := range hosted {
+					g.Expect(ps.GetConfig().GetSegmentBytes()).To(Equal(int64(64 << 20)))
+					g.Expect(ps.GetEpoch()).To(Equal(uint64(1)))
+				}
+			}
 		}).Should(Succeed())
 	})
 

@@ -50,6 +50,7 @@ pool: common
 partitions: 12
 replicationFactor: 5
 retention: {time: 720h, bytes: 50Gi}
+segmentBytes: 64Mi
 durability: {mode: Interval, fsyncInterval: 50ms}`))).To(Succeed())
 		Expect(k8s.Create(ctx, manifest(ns, "Stream", "own", `
 partitions: 4
@@ -104,6 +105,12 @@ placement: {nodeSpread: Required, zoneSpread: None, nodeSelector: {disk: nvme}}`
 			"time must be a duration such as 168h or 30m (units h, m, s, ms) of at least 1m"),
 		Entry("retention bytes that are not a quantity", "bad-bytes", "partitions: 3\nretention: {bytes: lots}",
 			"bytes must be a quantity of at least 1Mi, such as 512Mi or 50Gi"),
+		Entry("a segment size below 1Mi", "small-segment", "partitions: 3\nsegmentBytes: 512Ki",
+			"segmentBytes must be a quantity from 1Mi to 1Gi, such as 64Mi or 256Mi"),
+		Entry("a segment size above 1Gi", "large-segment", "partitions: 3\nsegmentBytes: 2Gi",
+			"segmentBytes must be a quantity from 1Mi to 1Gi, such as 64Mi or 256Mi"),
+		Entry("a segment size that is not a quantity", "bad-segment", "partitions: 3\nsegmentBytes: big",
+			"segmentBytes must be a quantity from 1Mi to 1Gi, such as 64Mi or 256Mi"),
 		Entry("an empty retention", "empty-retention", "partitions: 3\nretention: {}",
 			"spec.retention in body should have at least 1 properties"),
 		Entry("Interval durability without an interval", "no-interval", "partitions: 3\ndurability: {mode: Interval}",
