@@ -16,6 +16,7 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.pool) || !(has(self.replicas) || has(self.storage) || has(self.resources) || has(self.placement) || has(self.catchUpMiBPerSecond) || has(self.journal))",message="replicas, storage, resources, placement, catchUpMiBPerSecond and journal describe the Stream's own pool: omit them when pool names a shared ReplicaPool"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.journal) || !oldSelf.journal || (has(self.journal) && self.journal)",message="journal cannot be turned off once on: the replicas' volumes hold journals with acknowledged records, and a replica does not start on one without it"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) || self.replicationFactor <= (has(self.replicas) ? self.replicas : 3)",message="replicationFactor must not exceed replicas (3 when omitted): each member of a partition's chain needs its own replica pod"
+// +kubebuilder:validation:XValidation:rule="!has(self.segmentBytes) || !has(self.retention) || ((!has(self.retention.bytes) || quantity(string(self.segmentBytes)).compareTo(quantity(string(self.retention.bytes))) < 0) && (!has(self.retention.hardBytes) || quantity(string(self.segmentBytes)).compareTo(quantity(string(self.retention.hardBytes))) < 0))",message="segmentBytes must be below retention's bytes and hardBytes: retention deletes whole segments, and one as large as the limit leaves the partition nearly empty when it goes"
 // +kubebuilder:validation:XValidation:rule="!has(self.minChainLength) || self.minChainLength <= self.replicationFactor",message="minChainLength must not exceed replicationFactor: a chain never has more members"
 // +kubebuilder:validation:XValidation:rule="has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)",message="pool is immutable: a Stream's partitions cannot move to another pool"
 type StreamSpec struct {
@@ -66,11 +67,12 @@ type StreamSpec struct {
 	Retention *RetentionSpec `json:"retention,omitempty"`
 
 	// segmentBytes is the size at which each partition's log rolls over
-	// to a new segment file, as a quantity from 1Mi to 1Gi such as 256Mi.
-	// Retention removes whole segments, a scrub and a restart's recovery
-	// read one at a time, and a segment is checked against the next one's
-	// checksum once sealed. Omitted: an eighth of the smallest byte limit
-	// of retention, from 1Mi to 256Mi, and 256Mi without one. A change
+	// to a new segment file, as a quantity from 1Mi to 1Gi such as 256Mi,
+	// below retention's byte limits. Retention removes whole segments, a
+	// scrub and a restart's recovery read one at a time, and each segment
+	// is an open file on each member (retained bytes / segmentBytes per
+	// partition). Omitted: an eighth of the smallest byte limit of
+	// retention, from 1Mi to 256Mi, and 256Mi without one. A change
 	// reaches the members under the same epoch, as a retention change
 	// does, and a segment rolls when its next append would take it past
 	// the size then in force.

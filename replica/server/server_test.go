@@ -1807,6 +1807,33 @@ func TestLiveConfigChangesApplyToOpenPartitions(t *testing.T) {
 	if d, n := p.log.DurableOffset(), p.log.NextOffset(); d != n {
 		t.Fatalf("back under fsync durability an acknowledged append is fsynced to %d of %d", d, n)
 	}
+
+	// A larger segment size: the open segment takes appends past the old
+	// size; back to the smaller one, the next append rolls it.
+	segments := func() int {
+		t.Helper()
+		names, err := filepath.Glob(filepath.Join(a.srv.dataDir, "streams", "s", "00000", "*.seg"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(names)
+	}
+	larger := proto.CloneOf(back)
+	larger.RetentionBytes, larger.SegmentBytes = 0, 8<<20
+	install(larger)
+	appendLarge(t, a, 1, 1) // a fresh segment if the last append filled one
+	before := segments()
+	appendLarge(t, a, 1, 6) // 1.8 MiB: past 1 MiB, within 8 MiB
+	if n := segments(); n != before {
+		t.Fatalf("with 8 MiB segments, 1.8 MiB of appends made %d segments of %d", n, before)
+	}
+	smaller := proto.CloneOf(larger)
+	smaller.SegmentBytes = 1 << 20
+	install(smaller)
+	appendLarge(t, a, 1, 1)
+	if n := segments(); n != before+1 {
+		t.Fatalf("back to 1 MiB segments, the append after it left %d segments, want %d (the open one rolled)", n, before+1)
+	}
 }
 
 // A request that carries a producer's later records before its earlier

@@ -54,13 +54,15 @@ func Serve(stream catenapb.Ingest_ProduceStreamServer, produce func(context.Cont
 	var (
 		wg     sync.WaitGroup // requests taken and not yet answered
 		sendMu sync.Mutex
-		mu     sync.Mutex // orders taking a request (wg.Add) before the drain's wg.Wait
-		closed bool       // draining: take no more requests
+		// mu orders taking a request (wg.Add) before the drain's wg.Wait:
+		// the reader takes one only while draining is open, under mu, and
+		// the drain passes through mu before it waits.
+		mu sync.Mutex
 	)
 	slots := make(chan struct{}, MaxInFlight)
 	// Requests are read on a goroutine of their own, so that a drain need
 	// not wait for the next one to arrive; it only ever adds to wg before
-	// closed is set, and starts nothing after.
+	// the drain, and starts nothing after.
 	received := make(chan error, 1)
 	go func() {
 		for {
@@ -80,9 +82,11 @@ func Serve(stream catenapb.Ingest_ProduceStreamServer, produce func(context.Cont
 				return
 			}
 			mu.Lock()
-			if closed || isClosed(draining) {
-				// A request read after the drain began is not taken, even
-				// before Serve's own goroutine has seen the drain.
+			if isClosed(draining) {
+				// Not taken: a request read after the drain began (even
+				// before Serve's own goroutine has seen it), or one read
+				// before it that waited for a slot. The producer sends
+				// what is not answered again, on a new stream.
 				mu.Unlock()
 				return
 			}
@@ -109,8 +113,7 @@ func Serve(stream catenapb.Ingest_ProduceStreamServer, produce func(context.Cont
 		wg.Wait()
 		return err
 	case <-draining:
-		mu.Lock()
-		closed = true
+		mu.Lock() // a request being taken now is in wg once this returns
 		mu.Unlock()
 		wg.Wait()
 		return status.Error(codes.Unavailable, "catena: this ingestion node is shutting down; send the request again on a new stream")

@@ -61,6 +61,16 @@ resources: {requests: {cpu: 500m, memory: 1Gi}}
 placement: {nodeSpread: Required, zoneSpread: None, nodeSelector: {disk: nvme}}`))).To(Succeed())
 	})
 
+	DescribeTable("accepts a segment size at its bounds, in any form of quantity",
+		func(name, spec string) {
+			Expect(k8s.Create(ctx, manifest(ns, "Stream", name, "partitions: 1\n"+spec))).To(Succeed())
+		},
+		Entry("the smallest", "seg-min", "segmentBytes: 1Mi"),
+		Entry("the largest", "seg-max", "segmentBytes: 1Gi"),
+		Entry("in bytes", "seg-plain", "segmentBytes: 1048576"),
+		Entry("below retention's limits", "seg-retained", "segmentBytes: 8Mi\nretention: {bytes: 64Mi, hardBytes: 128Mi}"),
+	)
+
 	DescribeTable("rejects an invalid Stream",
 		func(name, spec, message string) {
 			s := manifest(ns, "Stream", name, spec)
@@ -111,6 +121,10 @@ placement: {nodeSpread: Required, zoneSpread: None, nodeSelector: {disk: nvme}}`
 			"segmentBytes must be a quantity from 1Mi to 1Gi, such as 64Mi or 256Mi"),
 		Entry("a segment size that is not a quantity", "bad-segment", "partitions: 3\nsegmentBytes: big",
 			"segmentBytes must be a quantity from 1Mi to 1Gi, such as 64Mi or 256Mi"),
+		Entry("a segment size as large as retention's bytes", "segment-bytes", "partitions: 3\nsegmentBytes: 64Mi\nretention: {bytes: 64Mi}",
+			"segmentBytes must be below retention's bytes and hardBytes"),
+		Entry("a segment size above retention's hardBytes", "segment-hard", "partitions: 3\nsegmentBytes: 256Mi\nretention: {time: 1h, hardBytes: 128Mi}",
+			"segmentBytes must be below retention's bytes and hardBytes"),
 		Entry("an empty retention", "empty-retention", "partitions: 3\nretention: {}",
 			"spec.retention in body should have at least 1 properties"),
 		Entry("Interval durability without an interval", "no-interval", "partitions: 3\ndurability: {mode: Interval}",
