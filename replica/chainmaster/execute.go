@@ -100,11 +100,11 @@ func (e Executor) Execute(ctx context.Context, stream string, r *Repair) (map[st
 // while the master reaches the pod already (seen in the end-to-end
 // suite: the new tail's link came up 3.3 s after the join, and the 3 s
 // failure timeout removed the member behind which it joined). A member
-// that does not know the call (a replica older than the master:
-// UNIMPLEMENTED, or, with TLS, PERMISSION_DENIED from its authorization
-// policy, which has no class for it) is taken to reach the joiner, as
-// before the call existed: the master's other admin calls would fail too
-// if it were denied them.
+// that does not know the call (a replica older than the master answers
+// UNIMPLEMENTED, with TLS too: gRPC answers a method its server does not
+// register before any authorization policy sees it) is taken to reach
+// the joiner, as before the call existed. Any other error, a refusal of
+// the master included, holds the join.
 func (e Executor) CheckJoins(ctx context.Context, r *Repair) error {
 	for _, j := range r.Joins {
 		conn, err := e.Conns.Get(j.PredAddr)
@@ -114,7 +114,7 @@ func (e Executor) CheckJoins(ctx context.Context, r *Repair) error {
 		cctx, cancel := context.WithTimeout(ctx, ReachTimeout)
 		_, err = catenapb.NewReplicaClient(conn).Reach(cctx, &catenapb.ReachRequest{Id: j.Member, Addr: j.MemberAddr})
 		cancel()
-		if code := status.Code(err); err != nil && code != codes.Unimplemented && code != codes.PermissionDenied {
+		if err != nil && status.Code(err) != codes.Unimplemented {
 			return fmt.Errorf("%s, which %s would join behind, cannot reach it yet: %w", j.Pred, j.Member, err)
 		}
 	}

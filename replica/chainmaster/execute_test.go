@@ -3,6 +3,7 @@ package chainmaster
 import (
 	"context"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -29,15 +30,29 @@ func (s reachServer) Reach(context.Context, *catenapb.ReachRequest) (*catenapb.R
 
 func serveReplica(t *testing.T, srv catenapb.ReplicaServer) string {
 	t.Helper()
+	return serveDesc(t, &catenapb.Replica_ServiceDesc, srv)
+}
+
+// serveDesc serves srv as desc describes the Replica service, under
+// opts (an authorization policy's interceptors).
+func serveDesc(t *testing.T, desc *grpc.ServiceDesc, srv catenapb.ReplicaServer, opts ...grpc.ServerOption) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer(transport.ServerOptions(nil)...)
-	catenapb.RegisterReplicaServer(g, srv)
+	g := grpc.NewServer(append(transport.ServerOptions(nil), opts...)...)
+	g.RegisterService(desc, srv)
 	go func() { _ = g.Serve(lis) }()
 	t.Cleanup(g.Stop)
 	return lis.Addr().String()
+}
+
+// olderReplica is the Replica service of a build without Reach.
+func olderReplica() *grpc.ServiceDesc {
+	desc := catenapb.Replica_ServiceDesc
+	desc.Methods = slices.DeleteFunc(slices.Clone(desc.Methods), func(m grpc.MethodDesc) bool { return m.MethodName == "Reach" })
+	return &desc
 }
 
 // CheckJoins passes a plan whose joiners the members they join behind
@@ -49,15 +64,19 @@ func TestCheckJoins(t *testing.T) {
 	exec := Executor{Conns: pool, Log: logr.Discard()}
 	reaches := serveReplica(t, reachServer{})
 	cannot := serveReplica(t, reachServer{err: status.Error(codes.Unavailable, "replica b cannot reach replica \"c\" at c:1: context deadline exceeded")})
-	old := serveReplica(t, &catenapb.UnimplementedReplicaServer{})
-	// With TLS, an older replica's authorization policy has no class for
-	// the call and denies it.
-	oldTLS := serveReplica(t, reachServer{err: status.Error(codes.PermissionDenied, "method /catena.v1.Replica/Reach is not open to any caller")})
+	old := serveDesc(t, olderReplica(), &catenapb.UnimplementedReplicaServer{})
+	// gRPC answers a method its server does not register before any
+	// interceptor runs: an older replica's authorization policy never
+	// sees the call. A policy that refuses the master is a refusal.
+	denyAll := &transport.Policy{Classes: map[string]string{}}
+	oldTLS := serveDesc(t, olderReplica(), &catenapb.UnimplementedReplicaServer{}, denyAll.ServerOptions()...)
+	denied := serveDesc(t, &catenapb.Replica_ServiceDesc, reachServer{}, denyAll.ServerOptions()...)
 	for _, tc := range []struct {
 		name    string
 		pred    string
 		wantErr bool
-	}{{"reached", reaches, false}, {"not reached", cannot, true}, {"an older member", old, false}, {"an older member with TLS", oldTLS, false}} {
+	}{{"reached", reaches, false}, {"not reached", cannot, true}, {"an older member", old, false},
+		{"an older member under an authorization policy", oldTLS, false}, {"a member whose policy refuses the master", denied, true}} {
 		r := &Repair{Joins: []Join{{Pred: "b", PredAddr: tc.pred, Member: "c", MemberAddr: "c:1"}}}
 		err := exec.CheckJoins(context.Background(), r)
 		switch {
