@@ -436,6 +436,20 @@ func (c *Coordinator) sweep(ctx context.Context, expire bool) {
 	if moved > 0 {
 		c.opts.Logger.Info("Moved consumer groups' retention holds that were not at their committed offsets", "partitions", moved)
 	}
+	// One node writes the snapshots of the offsets stream: the one that
+	// would coordinate a group no client can name.
+	if cp, ok := c.opts.Offsets.(compacter); ok && c.owns(snapshotOwnerKey) {
+		if _, err := cp.Compact(ctx); err != nil && ctx.Err() == nil {
+			c.opts.Logger.Info("Could not write a snapshot of the consumer groups' offsets; the next sweep tries again", "err", err.Error())
+		}
+	}
+}
+
+// compacter is an Offsets that snapshots what it stores (StreamOffsets).
+type compacter interface {
+	// Compact writes a snapshot when one is due, and reports whether it
+	// did.
+	Compact(ctx context.Context) (bool, error)
 }
 
 func (c *Coordinator) takeHoldsDue() bool {

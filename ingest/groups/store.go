@@ -38,11 +38,15 @@ const offsetsPartition = 0
 // record wins, as in Kafka's __consumer_offsets. docs/kafka.md describes
 // the format.
 type offsetsRecord struct {
-	// V is the format's version (1).
+	// V is the format's version: 1 for a commit or a deletion, 2 for a
+	// part of a snapshot (which a coordinator that knows only 1 skips).
 	V       int            `json:"v"`
-	Group   string         `json:"group"`
+	Group   string         `json:"group,omitempty"`
 	Deleted bool           `json:"deleted,omitempty"`
 	Offsets []offsetsEntry `json:"offsets,omitempty"`
+	// Snapshot and Groups make a part of a snapshot (snapshot.go).
+	Snapshot *snapshotHeader `json:"snapshot,omitempty"`
+	Groups   []snapshotGroup `json:"groups,omitempty"`
 }
 
 type offsetsEntry struct {
@@ -67,12 +71,25 @@ type StreamOffsets struct {
 	Stream string
 	Logger logr.Logger
 
-	// loadMu orders loads; view is every group's offsets as read up to
-	// next, the offset after the last record read, so a load reads only
-	// what was stored since the one before.
+	// SnapshotEvery is how many records of the offsets stream Compact
+	// lets accumulate after the newest snapshot before it writes another
+	// (0: DefaultSnapshotEvery).
+	SnapshotEvery uint64
+
+	// loadMu orders loads and compactions; view is every group's offsets
+	// as read up to next, the offset after the last record read, so a
+	// load reads only what was stored since the one before.
 	loadMu sync.Mutex
 	view   map[string]map[TopicPartition]Committed
 	next   uint64
+	// snapshotAsOf is the highest asOf of a snapshot seen in the stream
+	// or written (0: none), and snapshotParts that snapshot's parts
+	// count when this process wrote it.
+	snapshotAsOf  uint64
+	snapshotParts int
+	// lastLoad describes the last load that read the stream from its
+	// start or from a snapshot.
+	lastLoad LoadStats
 
 	mu sync.Mutex
 	// held is the offset each group's hold was stored at by this process,
@@ -129,21 +146,9 @@ func (s *StreamOffsets) Load(ctx context.Context) (map[string]map[TopicPartition
 	s.mu.Lock()
 	s.held = nil
 	s.mu.Unlock()
-	if _, err := s.Ingest.Stream(ctx, s.stream()); status.Code(err) == codes.NotFound {
-		_, cerr := s.Ingest.CreateStream(ctx, &catenapb.CreateStreamRequest{Stream: s.stream(), Partitions: 1})
-		switch status.Code(cerr) {
-		case codes.OK:
-			// Created now: nothing was ever committed.
-			return map[string]map[TopicPartition]Committed{}, nil
-		case codes.AlreadyExists:
-			return nil, fmt.Errorf("the offsets stream %q exists but is not discovered yet", s.stream())
-		}
-		return nil, fmt.Errorf("the offsets stream %q is not found and cannot be created here (%s): create it (on Kubernetes, a Stream named %q)", s.stream(), status.Convert(cerr).Message(), s.stream())
-	} else if err != nil {
-		return nil, err
-	}
-	if err := s.loadPartition(ctx, offsetsPartition); err != nil {
-		return nil, fmt.Errorf("offsets stream %s/%d: %w", s.stream(), offsetsPartition, err)
+	created, err := s.loadLocked(ctx)
+	if err != nil || created {
+		return map[string]map[TopicPartition]Committed{}, err
 	}
 	out := make(map[string]map[TopicPartition]Committed, len(s.view))
 	for g, offs := range s.view {
@@ -155,7 +160,39 @@ func (s *StreamOffsets) Load(ctx context.Context) (map[string]map[TopicPartition
 	return out, nil
 }
 
-func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32) error {
+// loadLocked brings the view up to the stream's committed end (created:
+// the stream did not exist and was created now, empty). Callers hold
+// loadMu.
+func (s *StreamOffsets) loadLocked(ctx context.Context) (created bool, err error) {
+	if _, err := s.Ingest.Stream(ctx, s.stream()); status.Code(err) == codes.NotFound {
+		_, cerr := s.Ingest.CreateStream(ctx, &catenapb.CreateStreamRequest{Stream: s.stream(), Partitions: 1})
+		switch status.Code(cerr) {
+		case codes.OK:
+			// Created now: nothing was ever committed.
+			return true, nil
+		case codes.AlreadyExists:
+			return false, fmt.Errorf("the offsets stream %q exists but is not discovered yet", s.stream())
+		}
+		return false, fmt.Errorf("the offsets stream %q is not found and cannot be created here (%s): create it (on Kubernetes, a Stream named %q)", s.stream(), status.Convert(cerr).Message(), s.stream())
+	} else if err != nil {
+		return false, err
+	}
+	// Retention may trim what a load is about to read between its look
+	// at the stream's first offset and its read (a view left behind a
+	// newer snapshot's hold): it then reads anew from what remains.
+	for attempt := 1; ; attempt++ {
+		err := s.loadPartition(ctx, offsetsPartition, attempt > 1)
+		if status.Code(err) == codes.OutOfRange && attempt < 3 {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("offsets stream %s/%d: %w", s.stream(), offsetsPartition, err)
+		}
+		return false, nil
+	}
+}
+
+func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32, anew bool) error {
 	// The committed end a member reports can be behind the records its
 	// chain holds: after every process restarted, until the chain is
 	// reconfigured and commits them again. Loading to that end would miss
@@ -180,54 +217,104 @@ func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32) error {
 			}
 		}
 	}
-	end, err := s.Ingest.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: s.stream(), Partition: p, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST})
-	if err != nil {
-		return err
-	}
-	if end.GetOffset() < logEnd {
-		return fmt.Errorf("its committed end %d is behind its members' logs (%d): waiting for the chain to commit them", end.GetOffset(), logEnd)
+	// A commit in flight (this node's or another's) holds the committed
+	// end behind a member's log for moments only: wait for it a while.
+	var end *catenapb.ListOffsetsResponse
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		if end, err = s.Ingest.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: s.stream(), Partition: p, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST}); err != nil {
+			return err
+		}
+		if end.GetOffset() >= logEnd {
+			break
+		}
+		if wait == 200*time.Millisecond {
+			return fmt.Errorf("its committed end %d is behind its members' logs (%d): waiting for the chain to commit them", end.GetOffset(), logEnd)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
 	}
 	start, err := s.Ingest.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: s.stream(), Partition: p, Spec: catenapb.OffsetSpec_OFFSET_SPEC_EARLIEST})
 	if err != nil {
 		return err
 	}
-	if s.view == nil || start.GetOffset() > s.next {
+	if s.view == nil || start.GetOffset() > s.next || anew {
 		// The first load, or records not read yet were trimmed (the
-		// stream was given retention): read all that remains again.
-		s.view, s.next = map[string]map[TopicPartition]Committed{}, start.GetOffset()
+		// stream was given retention): read it again from its newest
+		// snapshot, or all that remains.
+		return s.loadWhole(ctx, p, start.GetOffset(), end.GetOffset())
 	}
-	for s.next < end.GetOffset() {
-		resp, err := s.Ingest.Fetch(ctx, &catenapb.FetchRequest{Stream: s.stream(), Partition: p, Offset: s.next, MaxBytes: 4 << 20})
+	// Read on from the last load. Snapshots are passed over: the view
+	// already holds every record before them.
+	return s.fetch(ctx, p, s.next, end.GetOffset(), func(r *catenapb.Record, rec *offsetsRecord) error {
+		switch {
+		case rec == nil:
+		case rec.Snapshot != nil:
+			s.snapshotAsOf = max(s.snapshotAsOf, rec.Snapshot.AsOf)
+		default:
+			applyCommit(rec, s.view)
+		}
+		s.next = r.GetOffset() + 1
+		return nil
+	})
+}
+
+// fetch reads the records of partition p in [from, end) and hands each to
+// fn in order, decoded; one that does not decode is logged and handed
+// over as nil, to be skipped (not written by a coordinator: the stream is
+// refused to Kafka producers, not to every writer), so that one bad
+// record does not stop every group.
+func (s *StreamOffsets) fetch(ctx context.Context, p uint32, from, end uint64, fn func(*catenapb.Record, *offsetsRecord) error) error {
+	for next := from; next < end; {
+		resp, err := s.Ingest.Fetch(ctx, &catenapb.FetchRequest{Stream: s.stream(), Partition: p, Offset: next, MaxBytes: 4 << 20})
 		if err != nil {
 			return err
 		}
 		for _, r := range resp.GetRecords() {
-			if err := applyOffsetsRecord(r.GetValue(), s.view); err != nil {
-				// Not written by a coordinator (the stream is refused to
-				// Kafka producers, not to every writer): skipped, so that
-				// one bad record does not stop every group.
+			if r.GetOffset() >= end {
+				return nil
+			}
+			rec, err := decodeOffsetsRecord(r.GetValue())
+			if err != nil {
 				s.Logger.Error(err, "Skipping a record of the offsets stream that is not an offsets record", "stream", s.stream(), "offset", r.GetOffset())
+				rec = nil
+			}
+			if err := fn(r, rec); err != nil {
+				return err
 			}
 		}
-		if resp.GetNextOffset() <= s.next {
-			return fmt.Errorf("read from offset %d made no progress (committed end %d)", s.next, end.GetOffset())
+		if resp.GetNextOffset() <= next {
+			return fmt.Errorf("read from offset %d made no progress (committed end %d)", next, end)
 		}
-		s.next = resp.GetNextOffset()
+		next = resp.GetNextOffset()
 	}
 	return nil
 }
 
-func applyOffsetsRecord(value []byte, out map[string]map[TopicPartition]Committed) error {
+func decodeOffsetsRecord(value []byte) (*offsetsRecord, error) {
 	var rec offsetsRecord
 	if err := json.Unmarshal(value, &rec); err != nil {
-		return err
+		return nil, err
 	}
-	if rec.V != 1 {
-		return fmt.Errorf("offsets record version %d is not known (1 is)", rec.V)
+	switch {
+	case rec.V == 1 && rec.Snapshot == nil && len(rec.Groups) == 0:
+	case rec.V == 2 && rec.Snapshot != nil:
+		if err := rec.Snapshot.validate(); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("offsets record version %d is not known (1 and 2 are)", rec.V)
 	}
+	return &rec, nil
+}
+
+// applyCommit applies a commit or deletion record to out.
+func applyCommit(rec *offsetsRecord, out map[string]map[TopicPartition]Committed) {
 	if rec.Deleted {
 		delete(out, rec.Group)
-		return nil
+		return
 	}
 	g := out[rec.Group]
 	if g == nil {
@@ -237,7 +324,6 @@ func applyOffsetsRecord(value []byte, out map[string]map[TopicPartition]Committe
 	for _, e := range rec.Offsets {
 		g[TopicPartition{e.Topic, e.Partition}] = Committed{Offset: e.Offset, LeaderEpoch: e.LeaderEpoch, Metadata: e.Metadata, At: e.At}
 	}
-	return nil
 }
 
 // append writes one record to the offsets stream and waits until it is
@@ -247,8 +333,14 @@ func (s *StreamOffsets) append(ctx context.Context, rec offsetsRecord) error {
 	if err != nil {
 		return err
 	}
+	return s.appendValue(ctx, []byte(rec.Group), value)
+}
+
+// appendValue writes one record to the offsets stream's partition and
+// waits until it is committed.
+func (s *StreamOffsets) appendValue(ctx context.Context, key, value []byte) error {
 	partition := uint32(offsetsPartition)
-	resp, err := s.Ingest.Produce(ctx, &catenapb.ProduceRequest{Stream: s.stream(), Records: []*catenapb.ProduceRecord{{Key: []byte(rec.Group), Value: value, Partition: &partition}}})
+	resp, err := s.Ingest.Produce(ctx, &catenapb.ProduceRequest{Stream: s.stream(), Records: []*catenapb.ProduceRecord{{Key: key, Value: value, Partition: &partition}}})
 	if err != nil {
 		return err
 	}

@@ -57,9 +57,20 @@ func (c *cluster) configure(stream string, cfg *catenapb.StreamConfig) {
 
 func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluster {
 	t.Helper()
+	return startClusterWith(t, partitions, nil, tweak...)
+}
+
+// startClusterWith is startCluster with replicaOpts applied to each
+// replica's options.
+func startClusterWith(t *testing.T, partitions int, replicaOpts func(*server.Options), tweak ...func(*Options)) *cluster {
+	t.Helper()
 	var members []*catenapb.Member
 	for _, id := range []string{"a", "b", "c"} {
-		srv, err := server.New(server.Options{ID: id, DataDir: t.TempDir(), Logger: logr.Discard(), Fatal: func(err error) { t.Errorf("replica %s stopped: %v", id, err) }})
+		ro := server.Options{ID: id, DataDir: t.TempDir(), Logger: logr.Discard(), Fatal: func(err error) { t.Errorf("replica %s stopped: %v", id, err) }}
+		if replicaOpts != nil {
+			replicaOpts(&ro)
+		}
+		srv, err := server.New(ro)
 		if err != nil {
 			t.Fatal(err)
 		}

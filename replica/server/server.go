@@ -6,6 +6,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -101,6 +102,9 @@ type Options struct {
 	// fsynced in their partition's file and not copied into the journal
 	// (journal.StoreOptions.DirectFrameBytes; 0: its default).
 	JournalDirectFrameBytes int
+	// RetentionPeriod is how often retention runs on every partition (0:
+	// every 30 s).
+	RetentionPeriod time.Duration
 }
 
 type partKey struct {
@@ -235,7 +239,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s.committedLoaded = nil
 	s.wg.Add(3)
-	go s.every(retentionPeriod, s.enforceRetention)
+	go s.every(cmp.Or(opts.RetentionPeriod, retentionPeriod), s.enforceRetention)
 	go s.every(committedPersistInterval, s.persistCommittedRound)
 	go s.every(dedupSnapshotInterval, s.saveDedups)
 	return s, nil
