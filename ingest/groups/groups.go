@@ -70,6 +70,9 @@ const (
 	GroupMaxSizeReached
 	// NotCoordinator: another node coordinates the group (Membership).
 	NotCoordinator
+	// HoldsFull: a partition has no room for the group's retention hold
+	// (contract.MaxHoldsPerPartition), so its offset is not committed.
+	HoldsFull
 )
 
 var codeNames = map[Code]string{
@@ -79,7 +82,7 @@ var codeNames = map[Code]string{
 	InvalidGroupID: "invalid group id", GroupIDNotFound: "group not found", NonEmptyGroup: "group not empty",
 	CoordinatorLoadInProgress: "coordinator loading", CoordinatorNotAvailable: "coordinator not available",
 	UnknownTopicOrPartition: "unknown topic or partition", GroupMaxSizeReached: "group full",
-	NotCoordinator: "not the coordinator",
+	NotCoordinator: "not the coordinator", HoldsFull: "partition's retention holds full",
 }
 
 func (c Code) String() string { return codeNames[c] }

@@ -70,7 +70,7 @@ func grpcError(err error) error {
 		c, reason = codes.Unavailable, contract.GroupNotCoordinator
 	case InvalidGroupID, InvalidSessionTimeout, InconsistentGroupProtocol:
 		c = codes.InvalidArgument
-	case GroupMaxSizeReached:
+	case GroupMaxSizeReached, HoldsFull:
 		c = codes.ResourceExhausted
 	}
 	st := status.New(c, err.Error())

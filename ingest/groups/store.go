@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -354,11 +355,11 @@ func (s *StreamOffsets) appendValue(ctx context.Context, key, value []byte) erro
 	return nil
 }
 
-// Commit stores a group's offsets: the partitions are checked to exist,
-// the offsets written to the offsets stream as one record, then each
-// partition's hold moved to its offset. In that order a failure can only
-// leave a hold behind the committed offset (retention keeps more), never
-// ahead of it.
+// Commit stores a group's offsets: the partitions are checked to exist
+// and to have room for the group's hold, the offsets written to the
+// offsets stream as one record, then each partition's hold moved to its
+// offset. In that order a failure can only leave a hold behind the
+// committed offset (retention keeps more), never ahead of it.
 func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Commit) ([]error, error) {
 	errs := make([]error, len(commits))
 	rec := offsetsRecord{V: 1, Group: group}
@@ -372,6 +373,9 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 		case c.Partition < 0 || int(c.Partition) >= info.Partitions:
 			errs[i] = refuse(UnknownTopicOrPartition, "stream %q has %d partitions; partition %d does not exist", c.Topic, info.Partitions, c.Partition)
 		}
+	}
+	s.refuseUnholdable(ctx, group, commits, errs)
+	for i, c := range commits {
 		if errs[i] == nil {
 			rec.Offsets = append(rec.Offsets, offsetsEntry{Topic: c.Topic, Partition: c.Partition, Offset: c.Offset, LeaderEpoch: c.LeaderEpoch, Metadata: c.Metadata, At: c.At})
 		}
@@ -396,11 +400,53 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), holdTimeout)
 	defer cancel()
 	for i, err := range s.MoveHolds(hctx, group, moves) {
-		if !errors.Is(err, ErrPartitionGone) {
+		switch {
+		case errors.Is(err, ErrPartitionGone):
+		case status.Code(err) == codes.ResourceExhausted:
+			// Another consumer took the partition's last hold after
+			// refuseUnholdable looked: the offset is stored, without a
+			// hold; answered so that the client does not retry.
+			errs[at[i]] = refuse(HoldsFull, "the offset is stored but the partition has no room for the group's retention hold (%v): retention may trim records the group has not read; delete idle groups or consumers", err)
+		default:
 			errs[at[i]] = err
 		}
 	}
 	return errs, nil
+}
+
+// refuseUnholdable refuses (in errs) each commit on a partition whose
+// replicas have no room for the group's retention hold, before its offset
+// is stored: a hold is refused past contract.MaxHoldsPerPartition, and an
+// offset stored without one would let retention trim what the group has
+// not read. Only partitions whose hold this process has not stored are
+// looked at, one ListConsumers per stream; a stream that cannot be listed
+// is passed over (the hold's own refusal still answers).
+func (s *StreamOffsets) refuseUnholdable(ctx context.Context, group string, commits []Commit, errs []error) {
+	byTopic := map[string][]int{}
+	for i, c := range commits {
+		if errs[i] == nil && c.Offset >= 0 && s.heldAt(group, c.TopicPartition) < 0 {
+			byTopic[c.Topic] = append(byTopic[c.Topic], i)
+		}
+	}
+	consumer := HoldName(group)
+	for topic, idx := range byTopic {
+		resp, err := s.Ingest.ListConsumers(ctx, &catenapb.ListConsumersRequest{Stream: topic})
+		if err != nil {
+			continue
+		}
+		full := map[int32]int{}
+		for _, p := range resp.GetPartitions() {
+			holds := p.GetHolds()
+			if len(holds) >= contract.MaxHoldsPerPartition && !slices.ContainsFunc(holds, func(h *catenapb.ConsumerHold) bool { return h.GetConsumer() == consumer }) {
+				full[int32(p.GetPartition())] = len(holds)
+			}
+		}
+		for _, i := range idx {
+			if n, ok := full[commits[i].Partition]; ok {
+				errs[i] = refuse(HoldsFull, "partition %s/%d has %d retention holds, the most it keeps, and none for this group: delete idle groups (catenactl group delete) or consumers (catenactl consumers delete) holding it", topic, commits[i].Partition, n)
+			}
+		}
+	}
 }
 
 // ErrPartitionGone is MoveHolds' error for a partition that no longer

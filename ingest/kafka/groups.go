@@ -57,6 +57,10 @@ func groupCode(err error) *kerr.Error {
 		return kerr.GroupMaxSizeReached
 	case groups.NotCoordinator:
 		return kerr.NotCoordinator
+	case groups.HoldsFull:
+		// Not retried by clients: room comes only when groups or
+		// consumers holding the partition are deleted (or expire).
+		return kerr.PolicyViolation
 	}
 	var auth *authError
 	if errors.As(err, &auth) {

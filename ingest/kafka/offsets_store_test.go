@@ -3,16 +3,22 @@ package kafka
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/catena-streams/catena/ingest/groups"
 	"github.com/catena-streams/catena/rpc/catenapb"
+	"github.com/catena-streams/catena/rpc/contract"
 )
 
 func holdsOf(t *testing.T, c *cluster, consumer string) map[uint32]uint64 {
@@ -147,4 +153,88 @@ func TestACoordinatorThatGainsAGroupReassertsItsHolds(t *testing.T) {
 		h := holdsOf(t, c, hold)
 		return h[0] == 50 && h[1] == 40
 	})
+}
+
+// TestACommitThatCannotBeHeldIsRefusedBeforeItIsStored: a replica keeps
+// at most contract.MaxHoldsPerPartition holds per partition. A group's
+// first commit on a partition that has no room for its hold was stored,
+// then failed on the hold as COORDINATOR_NOT_AVAILABLE, which clients
+// retry: each retry stored the offset again and failed again. It must be
+// refused, with a reason and a code clients do not retry, and store
+// nothing for that partition; the request's other partitions, and groups
+// that hold the partition already, commit as ever.
+func TestACommitThatCannotBeHeldIsRefusedBeforeItIsStored(t *testing.T) {
+	c := startCluster(t, 2)
+	c.produceN(t, 2, 10)
+	ctx := ctxT(t, 120*time.Second)
+	adm := kadm.NewClient(c.client())
+	commit := func(group string, offs map[int32]int64) kadm.OffsetResponses {
+		t.Helper()
+		o := kadm.Offsets{}
+		for p, at := range offs {
+			o.Add(kadm.Offset{Topic: "s", Partition: p, At: at, LeaderEpoch: -1})
+		}
+		resp, err := adm.CommitOffsets(ctx, group, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if err := commit("early", map[int32]int64{1: 2}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	// Fill partition 1's holds.
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := range contract.MaxHoldsPerPartition - 1 {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if _, err := c.ing.CommitConsumerOffset(ctx, &catenapb.CommitConsumerOffsetRequest{Stream: "s", Partition: 1, Consumer: fmt.Sprintf("filler-%04d", i), Offset: 0}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	end := func() uint64 {
+		resp, err := c.ing.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: groups.DefaultOffsetsStream, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetOffset()
+	}
+	before := end()
+	resp := commit("late", map[int32]int64{0: 5, 1: 5})
+	if r, _ := resp.Lookup("s", 0); r.Err != nil {
+		t.Fatalf("partition 0, which has room, was refused: %v", r.Err)
+	}
+	r, _ := resp.Lookup("s", 1)
+	if !errors.Is(r.Err, kerr.PolicyViolation) {
+		t.Fatalf("partition 1, with no room for the group's hold, answered %v, want POLICY_VIOLATION", r.Err)
+	}
+	if after := end(); after != before+1 {
+		t.Fatalf("the offsets stream went from %d to %d records, want one (partition 0's commit)", before, after)
+	}
+	fetched, err := adm.FetchOffsets(ctx, "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := fetched.Lookup("s", 1); ok && o.At >= 0 {
+		t.Fatalf("the refused commit is stored: %+v", o)
+	}
+	if o, _ := fetched.Lookup("s", 0); o.At != 5 {
+		t.Fatalf("partition 0 committed at %d, want 5", o.At)
+	}
+	// A group holding partition 1 already needs no room.
+	if err := commit("early", map[int32]int64{1: 7}).Error(); err != nil {
+		t.Fatalf("a group that holds the partition could not commit on it: %v", err)
+	}
+	if h := holdsOf(t, c, groups.HoldName("early")); h[1] != 7 {
+		t.Fatalf("early's hold on partition 1 is at %d, want 7", h[1])
+	}
 }

@@ -38,7 +38,7 @@ const (
 	// holdsFileVersion is the version of holdsFile's format.
 	holdsFileVersion = 1
 	// maxHoldsPerPartition bounds the holds of one partition.
-	maxHoldsPerPartition = 1024
+	maxHoldsPerPartition = contract.MaxHoldsPerPartition
 	// maxForcedTrims bounds the forced trims kept per partition; the oldest
 	// go first.
 	maxForcedTrims = 64

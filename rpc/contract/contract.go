@@ -11,6 +11,10 @@ import (
 	"regexp"
 )
 
+// MaxHoldsPerPartition bounds the consumer holds a replica keeps for one
+// partition; a hold past it is refused (RESOURCE_EXHAUSTED).
+const MaxHoldsPerPartition = 1024
+
 // MaxConsumerNameLen bounds a consumer name (a Kubernetes object name's
 // bound: "<namespace>/<name>" fits).
 const MaxConsumerNameLen = 253
