@@ -283,13 +283,7 @@ type group struct {
 
 // Produce stores records and answers once each is committed.
 func (s *Server) Produce(ctx context.Context, req *catenapb.ProduceRequest) (*catenapb.ProduceResponse, error) {
-	resp, err := s.produce(ctx, req)
-	stream := req.GetStream()
-	if s.disc.current().streams[stream] == nil {
-		stream = ""
-	}
-	s.metrics.countProduceErrors(stream, len(req.GetRecords()), resp, err)
-	return resp, err
+	return s.produce(ctx, req)
 }
 
 // ProduceStream serves a producer's requests on one stream, each as
@@ -344,7 +338,23 @@ func (s *Server) EnqueueInOrder(ctx context.Context, req *catenapb.ProduceReques
 	return s.enqueue(ctx, req, true)
 }
 
+// enqueue queues req's records; the records of a request it refuses are
+// counted as produce errors here, and those refused later by Wait, so
+// that every caller's (Produce's, the Kafka listener's) count.
 func (s *Server) enqueue(ctx context.Context, req *catenapb.ProduceRequest, inOrder bool) (*Pending, error) {
+	p, err := s.enqueueRecords(ctx, req, inOrder)
+	if err != nil {
+		stream := req.GetStream()
+		if s.disc.current().streams[stream] == nil {
+			// A name a client made up must not make a series.
+			stream = ""
+		}
+		s.metrics.countProduceErrors(stream, len(req.GetRecords()), nil, err)
+	}
+	return p, err
+}
+
+func (s *Server) enqueueRecords(ctx context.Context, req *catenapb.ProduceRequest, inOrder bool) (*Pending, error) {
 	start := time.Now()
 	sr, err := s.stream(ctx, req.GetStream())
 	if err != nil {
@@ -485,7 +495,9 @@ func (p *Pending) Wait(ctx context.Context) (*catenapb.ProduceResponse, error) {
 		select {
 		case <-c.done:
 		case <-ctx.Done():
-			return nil, status.FromContextError(ctx.Err()).Err()
+			err := status.FromContextError(ctx.Err()).Err()
+			p.srv.metrics.countProduceErrors(p.stream, len(p.partition), nil, err)
+			return nil, err
 		}
 		for k, i := range p.owners[ci] {
 			res := &resultBuf[i]
@@ -500,10 +512,13 @@ func (p *Pending) Wait(ctx context.Context) (*catenapb.ProduceResponse, error) {
 		}
 		failed = failed || c.err != nil
 	}
-	if !failed && len(p.queued) > 0 {
+	resp := &catenapb.ProduceResponse{Results: results, Partitions: p.n}
+	if failed {
+		p.srv.metrics.countProduceErrors(p.stream, len(results), resp, nil)
+	} else if len(p.queued) > 0 {
 		p.srv.metrics.produceSeconds.WithLabelValues(p.stream).Observe(time.Since(p.start).Seconds())
 	}
-	return &catenapb.ProduceResponse{Results: results, Partitions: p.n}, nil
+	return resp, nil
 }
 
 // committedSeen is the highest committed offset of a partition this

@@ -57,18 +57,25 @@ func (c *cluster) configure(stream string, cfg *catenapb.StreamConfig) {
 
 func startCluster(t *testing.T, partitions int, tweak ...func(*Options)) *cluster {
 	t.Helper()
-	return startClusterWith(t, partitions, nil, tweak...)
+	return startClusterWith(t, partitions, clusterOptions{}, tweak...)
 }
 
-// startClusterWith is startCluster with replicaOpts applied to each
-// replica's options.
-func startClusterWith(t *testing.T, partitions int, replicaOpts func(*server.Options), tweak ...func(*Options)) *cluster {
+// clusterOptions change the processes startClusterWith starts.
+type clusterOptions struct {
+	// replica is applied to each replica's options, ingest to
+	// ingestion's.
+	replica func(*server.Options)
+	ingest  func(*ingest.Options)
+}
+
+// startClusterWith is startCluster with co applied.
+func startClusterWith(t *testing.T, partitions int, co clusterOptions, tweak ...func(*Options)) *cluster {
 	t.Helper()
 	var members []*catenapb.Member
 	for _, id := range []string{"a", "b", "c"} {
 		ro := server.Options{ID: id, DataDir: t.TempDir(), Logger: logr.Discard(), Fatal: func(err error) { t.Errorf("replica %s stopped: %v", id, err) }}
-		if replicaOpts != nil {
-			replicaOpts(&ro)
+		if co.replica != nil {
+			co.replica(&ro)
 		}
 		srv, err := server.New(ro)
 		if err != nil {
@@ -95,8 +102,12 @@ func startClusterWith(t *testing.T, partitions int, replicaOpts func(*server.Opt
 	for _, m := range members {
 		c.replicas = append(c.replicas, m.GetAddr())
 	}
+	io := ingest.Options{Replicas: c.replicas, Logger: logr.Discard()}
+	if co.ingest != nil {
+		co.ingest(&io)
+	}
 	var err error
-	if c.ing, err = ingest.New(ingest.Options{Replicas: c.replicas, Logger: logr.Discard()}); err != nil {
+	if c.ing, err = ingest.New(io); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.ing.Close)

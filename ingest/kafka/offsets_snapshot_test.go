@@ -135,7 +135,7 @@ func TestALoadStartsFromTheNewestSnapshot(t *testing.T) {
 // beside the snapshots; a new coordinator still has every group's
 // newest offsets.
 func TestGroupOffsetsSurviveRetentionOfTheOffsetsStream(t *testing.T) {
-	c := startClusterWith(t, 2, func(o *server.Options) { o.RetentionPeriod = 100 * time.Millisecond })
+	c := startClusterWith(t, 2, clusterOptions{replica: func(o *server.Options) { o.RetentionPeriod = 100 * time.Millisecond }})
 	c.produceN(t, 2, 100)
 	c.configure(groups.DefaultOffsetsStream, &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, RetentionMs: 1, SegmentBytes: 1 << 20})
 	ctx := ctxT(t, 180*time.Second)
