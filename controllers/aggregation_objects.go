@@ -169,7 +169,7 @@ func desiredWorkers(agg *streamsv1alpha1.Aggregation, image string) *appsv1.Stat
 			"aggregator",
 			fmt.Sprintf("--listen=:%d", workerPort),
 			"--id=$(POD_NAME)",
-			fmt.Sprintf("--metrics-listen=0.0.0.0:%d", metricsPort),
+			fmt.Sprintf("--metrics-listen=:%d", metricsPort),
 		},
 		Env: []corev1.EnvVar{{
 			Name: "POD_NAME",

@@ -76,7 +76,7 @@ func TestDesiredWorkers(t *testing.T) {
 		t.Errorf("the operator's pod cache would not see the workers")
 	}
 	c := sts.Spec.Template.Spec.Containers[0]
-	if diff := cmp.Diff([]string{"aggregator", "--listen=:7080", "--id=$(POD_NAME)", "--metrics-listen=0.0.0.0:9090"}, c.Args); diff != "" {
+	if diff := cmp.Diff([]string{"aggregator", "--listen=:7080", "--id=$(POD_NAME)", "--metrics-listen=:9090"}, c.Args); diff != "" {
 		t.Errorf("args mismatch (-want +got):\n%s", diff)
 	}
 	if c.Image != "registry.example/catena:v1" || c.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.name" {

@@ -119,11 +119,11 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 		Image: image,
 		Args: []string{
 			"ingest",
-			fmt.Sprintf("--listen=0.0.0.0:%d", ingestPort),
+			fmt.Sprintf("--listen=:%d", ingestPort),
 			// A change of the pool's size changes the args and so rolls
 			// the ingestion pods onto the new membership.
 			"--replicas=" + strings.Join(replicaAddrs(pool), ","),
-			fmt.Sprintf("--metrics-listen=0.0.0.0:%d", metricsPort),
+			fmt.Sprintf("--metrics-listen=:%d", metricsPort),
 		},
 		Ports: []corev1.ContainerPort{
 			{Name: ingestPortName, ContainerPort: ingestPort, Protocol: corev1.ProtocolTCP},
@@ -138,10 +138,10 @@ func desiredIngestDeployment(stream *streamsv1alpha1.Stream, pool *streamsv1alph
 
 	if stream.HasKafka() {
 		container.Args = append(container.Args,
-			fmt.Sprintf("--kafka-listen=0.0.0.0:%d", kafkaPort),
+			fmt.Sprintf("--kafka-listen=:%d", kafkaPort),
 			// Each pod is its own broker, at its own address: a group's
 			// members must all reach its coordinator.
-			fmt.Sprintf("--kafka-advertise=$(%s):%d", podIPEnv, kafkaPort),
+			fmt.Sprintf("--kafka-advertise=[$(%s)]:%d", podIPEnv, kafkaPort),
 			// The headless Service resolves to the ready pods: the
 			// nodes the groups are shared by.
 			"--peers="+kafkaBrokerDomain(stream),

@@ -101,7 +101,7 @@ func TestDesiredIngestion(t *testing.T) {
 			if c.Image != image {
 				t.Errorf("image = %q, want %q", c.Image, image)
 			}
-			wantArgs := []string{"ingest", "--listen=0.0.0.0:7070", "--replicas=" + tt.wantAddrs, "--metrics-listen=0.0.0.0:9090"}
+			wantArgs := []string{"ingest", "--listen=:7070", "--replicas=" + tt.wantAddrs, "--metrics-listen=:9090"}
 			if diff := cmp.Diff(wantArgs, c.Args); diff != "" {
 				t.Errorf("args mismatch (-want +got):\n%s", diff)
 			}

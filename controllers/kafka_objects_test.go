@@ -47,8 +47,8 @@ func TestKafkaListenerObjects(t *testing.T) {
 	got := desiredIngestion(stream, pool, "img")
 	c := got.Deployment.Spec.Template.Spec.Containers[0]
 	for _, want := range []string{
-		"--kafka-listen=0.0.0.0:9092",
-		"--kafka-advertise=$(POD_IP):9092",
+		"--kafka-listen=:9092",
+		"--kafka-advertise=[$(POD_IP)]:9092",
 		"--peers=events-kafka.ns.svc",
 		"--groups-stream=events-groups",
 	} {

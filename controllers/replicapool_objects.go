@@ -145,9 +145,9 @@ func desiredStatefulSet(pool *streamsv1alpha1.ReplicaPool, image string) *appsv1
 		Args: []string{
 			"replica",
 			"--id", "$(POD_NAME)",
-			"--listen", "0.0.0.0:7071",
+			"--listen", ":" + strconv.Itoa(int(replicaPort)),
 			"--data-dir", dataDir,
-			"--metrics-listen", "0.0.0.0:9090",
+			"--metrics-listen", ":" + strconv.Itoa(int(metricsPort)),
 		},
 		Env: []corev1.EnvVar{{
 			Name: "POD_NAME",

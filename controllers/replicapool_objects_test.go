@@ -73,7 +73,7 @@ func TestDesiredStatefulSet(t *testing.T) {
 				if c.Image != image {
 					t.Errorf("image = %s", c.Image)
 				}
-				wantArgs := []string{"replica", "--id", "$(POD_NAME)", "--listen", "0.0.0.0:7071", "--data-dir", "/data", "--metrics-listen", "0.0.0.0:9090"}
+				wantArgs := []string{"replica", "--id", "$(POD_NAME)", "--listen", ":7071", "--data-dir", "/data", "--metrics-listen", ":9090"}
 				if diff := cmp.Diff(wantArgs, c.Args); diff != "" {
 					t.Errorf("args (-want +got):\n%s", diff)
 				}

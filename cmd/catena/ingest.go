@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -156,9 +157,12 @@ func groupPeers(peers []string, advertise string) (*groups.Membership, error) {
 	if len(peers) == 0 {
 		return nil, nil
 	}
-	host, _, err := net.SplitHostPort(advertise)
+	if advertise == "" {
+		return nil, errors.New("--peers needs --kafka-advertise with this node's address among the peers")
+	}
+	host, _, err := kafka.SplitBrokerAddress(advertise)
 	if err != nil || host == "" {
-		return nil, fmt.Errorf("--peers needs --kafka-advertise with this node's address among the peers (got %q)", advertise)
+		return nil, fmt.Errorf("--peers needs --kafka-advertise with this node's address among the peers (got %q: %v)", advertise, err)
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		return nil, fmt.Errorf("--kafka-advertise %q: with --peers it names this node's own address, not an unspecified one", advertise)
@@ -179,7 +183,7 @@ func serveKafka(listen, advertise, brokerDomain, offsetsStream string, srv *inge
 	opts := kafka.Options{Ingest: srv, Groups: coord, OffsetsStream: offsetsStream, Membership: membership, Advertise: advertise, TLS: tlsConfig, Logger: logger.WithValues("listener", "kafka")}
 	if membership != nil && brokerDomain != "" {
 		opts.BrokerHost = func(peer string) string { return podDNSLabel(peer) + "." + brokerDomain }
-		if _, port, err := net.SplitHostPort(advertise); err == nil {
+		if _, port, err := kafka.SplitBrokerAddress(advertise); err == nil {
 			opts.Advertise = net.JoinHostPort(opts.BrokerHost(membership.Self().Host), port)
 		}
 	}

@@ -124,6 +124,11 @@ func TestGroupPeersFlags(t *testing.T) {
 		{"an IP among the peers", []string{"orders-kafka.shop.svc"}, "10.244.1.5:9092", "10.244.1.5", ""},
 		{"no advertised address", []string{"orders-kafka.shop.svc"}, "", "", "--peers needs --kafka-advertise"},
 		{"an unspecified address", []string{"orders-kafka.shop.svc"}, "0.0.0.0:9092", "", "not an unspecified one"},
+		// The operator passes [$(POD_IP)]:9092, for IPv4 and IPv6 pods.
+		{"a bracketed IPv4 pod address", []string{"orders-kafka.shop.svc"}, "[10.244.1.5]:9092", "10.244.1.5", ""},
+		{"a bracketed IPv6 pod address", []string{"orders-kafka.shop.svc"}, "[fd00:10:244::5]:9092", "fd00:10:244::5", ""},
+		{"an IPv6 address without brackets", []string{"orders-kafka.shop.svc"}, "fd00:10:244::5:9092", "", "in brackets"},
+		{"an unspecified IPv6 address", []string{"orders-kafka.shop.svc"}, "[::]:9092", "", "not an unspecified one"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := groupPeers(tc.peers, tc.advertise)

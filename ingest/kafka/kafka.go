@@ -148,7 +148,7 @@ func New(opts Options) (*Server, error) {
 }
 
 func (s *Server) setAdvertised(hostport string) error {
-	host, port, err := net.SplitHostPort(hostport)
+	host, port, err := SplitBrokerAddress(hostport)
 	if err != nil {
 		return err
 	}
@@ -163,6 +163,18 @@ func (s *Server) setAdvertised(hostport string) error {
 	}
 	s.host, s.port = host, int32(p)
 	return nil
+}
+
+// SplitBrokerAddress splits a broker address, HOST:PORT with HOST a
+// name, an IPv4 address or an IPv6 address in brackets (an IPv4 address
+// may have them too: the operator passes [$(POD_IP)]:PORT, whichever
+// family the pod's address is), saying what is wrong when it is not one.
+func SplitBrokerAddress(hostport string) (host, port string, err error) {
+	host, port, err = net.SplitHostPort(hostport)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: want HOST:PORT, with an IPv6 address in brackets ([fd00::1]:9092)", err)
+	}
+	return host, port, nil
 }
 
 // broker is one broker the listener advertises.

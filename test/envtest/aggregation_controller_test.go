@@ -259,7 +259,7 @@ failureTimeout: 2s`))).To(Succeed())
 			var sts appsv1.StatefulSet
 			g.Expect(k8s.Get(ctx, key(ns, agg+"-aggregator"), &sts)).To(Succeed())
 			g.Expect(*sts.Spec.Replicas).To(Equal(int32(2)))
-			g.Expect(sts.Spec.Template.Spec.Containers[0].Args).To(Equal([]string{"aggregator", "--listen=:7080", "--id=$(POD_NAME)", "--metrics-listen=0.0.0.0:9090"}))
+			g.Expect(sts.Spec.Template.Spec.Containers[0].Args).To(Equal([]string{"aggregator", "--listen=:7080", "--id=$(POD_NAME)", "--metrics-listen=:9090"}))
 			expectControlledBy(&sts, &a)
 			for _, name := range []string{agg + "-aggregator", agg + "-aggregator-api"} {
 				var svc corev1.Service

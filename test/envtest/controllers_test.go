@@ -82,7 +82,7 @@ var _ = Describe("Operator", Ordered, func() {
 		Expect(pod.Containers).To(HaveLen(1))
 		c := pod.Containers[0]
 		Expect(c.Image).To(Equal(testImage))
-		Expect(c.Args).To(Equal([]string{"replica", "--id", "$(POD_NAME)", "--listen", "0.0.0.0:7071", "--data-dir", "/data", "--metrics-listen", "0.0.0.0:9090"}))
+		Expect(c.Args).To(Equal([]string{"replica", "--id", "$(POD_NAME)", "--listen", ":7071", "--data-dir", "/data", "--metrics-listen", ":9090"}))
 		Expect(c.Env).To(ContainElement(HaveField("ValueFrom.FieldRef.FieldPath", "metadata.name")))
 		Expect(c.SecurityContext.RunAsNonRoot).To(HaveValue(BeTrue()))
 		Expect(c.SecurityContext.ReadOnlyRootFilesystem).To(HaveValue(BeTrue()))

@@ -64,7 +64,7 @@ ingestion:
 		Expect(deploy.Spec.Template.Spec.Containers).To(HaveLen(1))
 		c := deploy.Spec.Template.Spec.Containers[0]
 		Expect(c.Image).To(Equal(testImage))
-		Expect(c.Args).To(Equal([]string{"ingest", "--listen=0.0.0.0:7070", "--replicas=" + replicaList(ns, "ingested-pool", 3), "--metrics-listen=0.0.0.0:9090"}))
+		Expect(c.Args).To(Equal([]string{"ingest", "--listen=:7070", "--replicas=" + replicaList(ns, "ingested-pool", 3), "--metrics-listen=:9090"}))
 		Expect(c.Resources.Requests.Cpu().Cmp(resource.MustParse("100m"))).To(Equal(0))
 		Expect(c.Ports).To(ConsistOf(And(HaveField("Name", "grpc"), HaveField("ContainerPort", int32(7070))),
 			And(HaveField("Name", "metrics"), HaveField("ContainerPort", int32(9090)))))
