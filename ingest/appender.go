@@ -34,7 +34,8 @@ const (
 	// ms. With 1: commit 7 ms, p50/p99 18-19/64-74 ms, and full speed
 	// unchanged (70-75k records/s), three runs each on the same 2 cores.
 	appenderMaxInFlight = 1
-	// stallAfter is how long an append may go unanswered before the
+	// stallAfter is how long an append may go unanswered (by default:
+	// Options.StallAfter) before the
 	// appender asks discovery, every stallAfter, whether its chain has
 	// moved on: a head that hangs (paused, cut off) never fails the
 	// stream, and waiting for the periodic round (1 s) after the chain
@@ -715,7 +716,7 @@ func (a *appender) connect(ctx context.Context, conn *grpc.ClientConn, pr *parti
 		case connectivity.TransientFailure, connectivity.Shutdown:
 			return fmt.Errorf("head %s is unreachable (connection %s)", pr.head().GetId(), st)
 		}
-		wctx, cancel := context.WithTimeout(ctx, stallAfter)
+		wctx, cancel := context.WithTimeout(ctx, a.srv.stallAfter)
 		changed := conn.WaitForStateChange(wctx, st)
 		cancel()
 		if err := ctx.Err(); err != nil {
@@ -745,9 +746,9 @@ func (a *appender) connect(ctx context.Context, conn *grpc.ClientConn, pr *parti
 // round asks anyway.
 func (a *appender) refreshAfter(s *sent) time.Duration {
 	if !s.assigned {
-		return stallAfter
+		return a.srv.stallAfter
 	}
-	return min(max(4*a.roundTrip, stallAfter), a.srv.disc.interval)
+	return min(max(4*a.roundTrip, a.srv.stallAfter), a.srv.disc.interval)
 }
 
 // movedFrom is an errChainMoved when the latest route table has a newer
@@ -798,7 +799,7 @@ func (a *appender) silence(addr string, sent time.Time) time.Duration {
 // goroutine, and gathered with the other chains' reports for the same
 // successor into one call (headReporter).
 func (a *appender) reportHead(pr *partitionRoute, down time.Duration) {
-	if pr == nil || len(pr.members) < 2 || down < stallAfter || time.Since(a.lastReport) < stallAfter || a.srv.ctx.Err() != nil {
+	if pr == nil || len(pr.members) < 2 || down < a.srv.stallAfter || time.Since(a.lastReport) < a.srv.stallAfter || a.srv.ctx.Err() != nil {
 		return
 	}
 	a.lastReport = time.Now()
@@ -989,7 +990,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		}
 		return true
 	}
-	stallTimer := time.NewTimer(stallAfter)
+	stallTimer := time.NewTimer(a.srv.stallAfter)
 	defer stallTimer.Stop()
 	var lastKick time.Time
 	for {
@@ -1018,7 +1019,7 @@ func (a *appender) session(ctx context.Context, inflight []*sent) ([]*sent, erro
 		if len(inflight) > 0 {
 			// Not a timeout: the append stays in flight (and is answered
 			// if the head recovers); this only looks for a newer epoch.
-			stallTimer.Reset(max(time.Until(inflight[0].at.Add(stallAfter)), stallAfter-time.Since(lastKick)))
+			stallTimer.Reset(max(time.Until(inflight[0].at.Add(a.srv.stallAfter)), a.srv.stallAfter-time.Since(lastKick)))
 			stalled = stallTimer.C
 		}
 		select {

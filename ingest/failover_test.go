@@ -149,7 +149,22 @@ func (m *chainMember) assign(req *catenapb.AppendRequest) (*catenapb.AppendRespo
 // discovery rounds an hour apart (only what a test asks for refreshes it).
 func startIngestion(t *testing.T, addrs []string) *Server {
 	t.Helper()
-	s, err := New(Options{Replicas: addrs, RefreshInterval: time.Hour})
+	return startIngestionWith(t, Options{Replicas: addrs})
+}
+
+// quietStall is the StallAfter of tests that assert no head is reported:
+// with the default 150 ms, a pause of the test process that long (seen
+// on loaded CI machines) delays a head's answer into a report.
+const quietStall = time.Second
+
+// startIngestionWith is startIngestion with opts (discovery rounds an
+// hour apart unless set).
+func startIngestionWith(t *testing.T, opts Options) *Server {
+	t.Helper()
+	if opts.RefreshInterval == 0 {
+		opts.RefreshInterval = time.Hour
+	}
+	s, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,11 +287,11 @@ func TestAHeadThatAnswersIsNotReportedWhileItsChainIsSlow(t *testing.T) {
 	head, next := &chainMember{id: "head"}, &chainMember{id: "next"}
 	addrs, _ := serveChain(t, 5, head, next)
 	head.slowChain.Store(true)
-	s := startIngestion(t, addrs)
+	s := startIngestionWith(t, Options{Replicas: addrs, StallAfter: quietStall})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	done := produceAsync(ctx, s)
-	deadline := time.Now().Add(5 * stallAfter)
+	deadline := time.Now().Add(3 * quietStall)
 	for time.Now().Before(deadline) {
 		if head.answered() > 0 && len(next.headReports()) > 0 {
 			t.Fatalf("a head that answered with the offsets was reported unreachable: %v", next.headReports()[0])
@@ -327,7 +342,7 @@ func TestAnAssignedAppendStillRelearnsTheChain(t *testing.T) {
 // round.
 func TestRefreshAfter(t *testing.T) {
 	interval := time.Second
-	a := &appender{srv: &Server{disc: &discovery{interval: interval}}}
+	a := &appender{srv: &Server{disc: &discovery{interval: interval}, stallAfter: stallAfter}}
 	for _, tc := range []struct {
 		name      string
 		assigned  bool
@@ -361,7 +376,7 @@ func TestAHeadThatAnswersOtherPartitionsIsNotReported(t *testing.T) {
 	head, next := &chainMember{id: "head", partitions: 2}, &chainMember{id: "next", partitions: 2}
 	addrs, _ := serveChain(t, 5, head, next)
 	head.hungPartition.Store(0 + 1)
-	s := startIngestion(t, addrs)
+	s := startIngestionWith(t, Options{Replicas: addrs, StallAfter: quietStall})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	stuck := make(chan error, 1)
@@ -372,7 +387,7 @@ func TestAHeadThatAnswersOtherPartitionsIsNotReported(t *testing.T) {
 	}()
 	// Partition 1's appends go on being answered, one after another.
 	answered := 0
-	for deadline := time.Now().Add(6 * stallAfter); time.Now().Before(deadline); answered++ {
+	for deadline := time.Now().Add(3 * quietStall); time.Now().Before(deadline); answered++ {
 		p := uint32(1)
 		if _, err := s.Produce(ctx, &catenapb.ProduceRequest{Stream: "s", Records: []*catenapb.ProduceRecord{{Value: []byte("answered"), Partition: &p}}}); err != nil {
 			t.Fatalf("produce to partition 1: %v", err)
@@ -456,7 +471,7 @@ func TestANewHeadIsNotReportedForTheOldOnesSilence(t *testing.T) {
 	for _, m := range []*chainMember{old, head, tail} {
 		m.view(1, all)
 	}
-	s := startIngestion(t, addrs)
+	s := startIngestionWith(t, Options{Replicas: addrs, StallAfter: quietStall})
 	old.hung.Store(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

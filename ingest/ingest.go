@@ -6,6 +6,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -72,8 +73,13 @@ type Options struct {
 	Replicas []string
 	// RefreshInterval between discovery rounds (default 1s).
 	RefreshInterval time.Duration
-	TLS             *tls.Config
-	Logger          logr.Logger
+	// StallAfter is how long an append may go unanswered before its
+	// appender looks for a moved chain and reports a silent head (0:
+	// 150 ms; tests that must see no report on a loaded machine lengthen
+	// it).
+	StallAfter time.Duration
+	TLS        *tls.Config
+	Logger     logr.Logger
 	// Registerer receives the ingestion metrics (nil: not exported).
 	Registerer prometheus.Registerer
 	// Streams, when set, lets clients create and delete streams
@@ -88,12 +94,14 @@ type Server struct {
 	logger  logr.Logger
 	admin   StreamAdmin
 	metrics *metrics
-	pool    *transport.Pool
-	disc    *discovery
-	seq     *sequencer
-	ctx     context.Context
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// stallAfter is Options.StallAfter, defaulted.
+	stallAfter time.Duration
+	pool       *transport.Pool
+	disc       *discovery
+	seq        *sequencer
+	ctx        context.Context
+	cancel     context.CancelFunc
+	done       chan struct{}
 
 	// draining is closed by Drain.
 	draining  chan struct{}
@@ -139,6 +147,7 @@ func New(opts Options) (*Server, error) {
 		logger:      opts.Logger,
 		admin:       opts.Streams,
 		metrics:     newMetrics(opts.Registerer),
+		stallAfter:  cmp.Or(opts.StallAfter, stallAfter),
 		pool:        transport.NewPool(opts.TLS),
 		ctx:         ctx,
 		cancel:      cancel,
