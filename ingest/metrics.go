@@ -64,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, labels),
 		produceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "catena", Subsystem: "ingest", Name: "produce_errors_total",
-			Help: "Records produced and answered with an error, by gRPC code, from gRPC producers and Kafka clients alike (a whole request refused counts each of its records; stream is empty for a stream ingestion does not know).",
+			Help: "Records produced and answered with an error, by gRPC code, from gRPC producers and Kafka clients alike, once a Kafka request reaches ingestion (a whole request refused counts each of its records; stream is empty for a stream ingestion does not know).",
 		}, []string{"stream", "code"}),
 		discoveryRounds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "catena", Subsystem: "ingest", Name: "discovery_rounds_total",

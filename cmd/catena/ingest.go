@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -166,6 +167,11 @@ func groupPeers(peers []string, advertise string) (*groups.Membership, error) {
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 		return nil, fmt.Errorf("--kafka-advertise %q: with --peers it names this node's own address, not an unspecified one", advertise)
+	}
+	if addr, err := netip.ParseAddr(host); err == nil {
+		// As the peers' names resolve: this node must find itself
+		// among them (fd00:0::5 is fd00::5).
+		host = addr.String()
 	}
 	return groups.NewMembership(host), nil
 }

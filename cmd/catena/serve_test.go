@@ -128,6 +128,7 @@ func TestGroupPeersFlags(t *testing.T) {
 		{"a bracketed IPv4 pod address", []string{"orders-kafka.shop.svc"}, "[10.244.1.5]:9092", "10.244.1.5", ""},
 		{"a bracketed IPv6 pod address", []string{"orders-kafka.shop.svc"}, "[fd00:10:244::5]:9092", "fd00:10:244::5", ""},
 		{"an IPv6 address without brackets", []string{"orders-kafka.shop.svc"}, "fd00:10:244::5:9092", "", "in brackets"},
+		{"an IPv6 address not in its shortest form", []string{"orders-kafka.shop.svc"}, "[fd00:10:244:0:0:0:0:5]:9092", "fd00:10:244::5", ""},
 		{"an unspecified IPv6 address", []string{"orders-kafka.shop.svc"}, "[::]:9092", "", "not an unspecified one"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

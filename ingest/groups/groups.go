@@ -203,8 +203,9 @@ type Offsets interface {
 	// including what other nodes stored since the last Load.
 	Load(ctx context.Context) (map[string]map[TopicPartition]Committed, error)
 	// Commit stores a group's offsets durably (and holds them from
-	// retention). It returns one error per commit (nil: stored); an error
-	// for all of them instead when nothing was stored.
+	// retention). It returns one error per commit (nil: stored and held;
+	// one IsStored reports: stored, and not held for good); an error for
+	// all of them instead when nothing was stored.
 	Commit(ctx context.Context, group string, commits []Commit) ([]error, error)
 	// Delete forgets a group's offsets and releases its holds. An error
 	// wrapping ErrHoldsRemain means the deletion is stored but holds
@@ -1385,7 +1386,7 @@ func (c *Coordinator) CommitOffsets(ctx context.Context, groupID, memberID strin
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, cm := range commits {
-		if errs[i] == nil {
+		if errs[i] == nil || IsStored(errs[i]) {
 			g.offsets[cm.TopicPartition] = cm.Committed
 		}
 	}

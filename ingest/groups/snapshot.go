@@ -93,13 +93,20 @@ func snapshotRecords(view map[string]map[TopicPartition]Committed, id string, as
 	size, entries := 0, 0
 	for _, name := range slices.Sorted(maps.Keys(view)) {
 		offs := view[name]
-		// The group's name counts in every part it is in.
-		start := func() { cur, size = append(cur, snapshotGroup{Group: name}), size+len(name)+16 }
+		// The group's name counts in every part it is in (escaped, at
+		// most six bytes a byte).
+		start := func() { cur, size = append(cur, snapshotGroup{Group: name}), size+6*len(name)+32 }
 		start()
 		for _, tp := range slices.SortedFunc(maps.Keys(offs), compareTopicPartitions) {
 			o := offs[tp]
 			e := offsetsEntry{Topic: tp.Topic, Partition: tp.Partition, Offset: o.Offset, LeaderEpoch: o.LeaderEpoch, Metadata: o.Metadata, At: o.At}
-			n := len(e.Topic) + len(e.Metadata) + 96
+			// Measured as encoded: JSON escapes some characters
+			// in six bytes, and metadata may be 4 KiB of them.
+			b, err := json.Marshal(e)
+			if err != nil {
+				return nil, err
+			}
+			n := len(b) + 1
 			if size+n > partBytes && entries > 0 {
 				parts, cur, size, entries = append(parts, cur), nil, 0, 0
 				start()
@@ -202,13 +209,14 @@ type replayed struct {
 // above start (the stream's first record), else from start. A read from
 // the hold that found no complete snapshot reads from start again.
 func (s *StreamOffsets) loadWhole(ctx context.Context, p uint32, start, end uint64) error {
-	hold, held, err := s.snapshotHold(ctx)
+	hold, held, logStart, err := s.snapshotHold(ctx)
 	if err != nil {
 		// Reading from the start is always right, only longer; whether
 		// to create the hold is left to the next load.
 		s.Logger.Info("Could not find the offsets stream's snapshot hold: reading it from its start", "stream", s.stream(), "err", err.Error())
 		held = true
 	}
+	start = min(max(start, logStart), end)
 	from := start
 	if held && hold > start && hold <= end {
 		from = hold
@@ -266,7 +274,11 @@ func (s *StreamOffsets) replay(ctx context.Context, p uint32, from, end uint64) 
 			return nil
 		}
 		h := or.Snapshot
-		r.newestAsOf = max(r.newestAsOf, h.AsOf)
+		if h.Part == h.Parts-1 {
+			// A writer stores its parts in order, each once the one
+			// before is committed: its last part stored means all are.
+			r.newestAsOf = max(r.newestAsOf, h.AsOf)
+		}
 		if from == 0 || h.AsOf < from || (r.used && h.AsOf <= r.asOf) {
 			return nil
 		}
@@ -301,23 +313,26 @@ func (s *StreamOffsets) replay(ctx context.Context, p uint32, from, end uint64) 
 }
 
 // snapshotHold is where SnapshotHold holds the offsets stream (the lowest
-// offset any member holds it at), and whether it does.
-func (s *StreamOffsets) snapshotHold(ctx context.Context) (uint64, bool, error) {
+// offset any member holds it at), whether it does, and the highest log
+// start any member reports: a member whose hold moved further than
+// another's may have trimmed past the lowest.
+func (s *StreamOffsets) snapshotHold(ctx context.Context) (hold uint64, held bool, logStart uint64, err error) {
 	resp, err := s.Ingest.ListConsumers(ctx, &catenapb.ListConsumersRequest{Stream: s.stream()})
 	if err != nil {
-		return 0, false, fmt.Errorf("list the holds on the offsets stream: %w", err)
+		return 0, false, 0, fmt.Errorf("list the holds on the offsets stream: %w", err)
 	}
 	for _, p := range resp.GetPartitions() {
 		if p.GetPartition() != offsetsPartition {
 			continue
 		}
+		logStart = p.GetLogStart()
 		for _, h := range p.GetHolds() {
 			if h.GetConsumer() == SnapshotHold {
-				return h.GetOffset(), true, nil
+				return h.GetOffset(), true, logStart, nil
 			}
 		}
 	}
-	return 0, false, nil
+	return 0, false, logStart, nil
 }
 
 func (s *StreamOffsets) holdSnapshot(ctx context.Context, offset uint64) error {
@@ -327,28 +342,22 @@ func (s *StreamOffsets) holdSnapshot(ctx context.Context, offset uint64) error {
 
 // Compact writes a snapshot of every group's offsets once SnapshotEvery
 // records (and four times the last snapshot's parts) were stored after
-// the newest snapshot, then moves the snapshot hold to it. It reports
-// whether it wrote one. A snapshot that could not be written whole is
-// passed over by every load, and the hold stays where it was.
+// the newest snapshot, then moves the snapshot hold to it; a hold move
+// that failed is tried again first. It reports whether it wrote a
+// snapshot. The parts are written without holding up loads; a snapshot
+// that could not be written whole is passed over by every load, and the
+// hold stays where it was.
 func (s *StreamOffsets) Compact(ctx context.Context) (bool, error) {
-	s.loadMu.Lock()
-	defer s.loadMu.Unlock()
-	created, err := s.loadLocked(ctx)
-	if err != nil || created {
-		return false, err
+	s.compactMu.Lock()
+	defer s.compactMu.Unlock()
+	if s.holdOwed > 0 {
+		if err := s.holdSnapshot(ctx, s.holdOwed); err != nil {
+			return false, fmt.Errorf("move the offsets stream's snapshot hold to %d: %w", s.holdOwed, err)
+		}
+		s.holdOwed = 0
 	}
-	every := max(cmp.Or(s.SnapshotEvery, DefaultSnapshotEvery), 4*uint64(s.snapshotParts))
-	if s.next < s.snapshotAsOf+every {
-		return false, nil
-	}
-	asOf := s.next
-	var idb [8]byte
-	if _, err := rand.Read(idb[:]); err != nil {
-		return false, err
-	}
-	id := hex.EncodeToString(idb[:])
-	parts, err := snapshotRecords(s.view, id, asOf, snapshotPartBytes)
-	if err != nil {
+	id, asOf, parts, groups, err := s.encodeSnapshot(ctx)
+	if err != nil || parts == nil {
 		return false, err
 	}
 	for i, v := range parts {
@@ -356,10 +365,35 @@ func (s *StreamOffsets) Compact(ctx context.Context) (bool, error) {
 			return false, fmt.Errorf("write part %d of %d of a snapshot of the consumer groups' offsets as of %d: %w", i+1, len(parts), asOf, err)
 		}
 	}
-	s.snapshotAsOf, s.snapshotParts = asOf, len(parts)
+	s.loadMu.Lock()
+	s.snapshotAsOf, s.snapshotParts = max(s.snapshotAsOf, asOf), len(parts)
+	s.loadMu.Unlock()
+	s.Logger.Info("Wrote a snapshot of the consumer groups' committed offsets", "stream", s.stream(), "asOf", asOf, "parts", len(parts), "groups", groups)
 	if err := s.holdSnapshot(ctx, asOf); err != nil {
+		s.holdOwed = asOf
 		return true, fmt.Errorf("move the offsets stream's snapshot hold to %d: %w", asOf, err)
 	}
-	s.Logger.Info("Wrote a snapshot of the consumer groups' committed offsets", "stream", s.stream(), "asOf", asOf, "parts", len(parts), "groups", len(s.view))
 	return true, nil
+}
+
+// encodeSnapshot brings the view up to date and, when a snapshot is due,
+// encodes it (parts nil: none is).
+func (s *StreamOffsets) encodeSnapshot(ctx context.Context) (id string, asOf uint64, parts [][]byte, groups int, err error) {
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	created, err := s.loadLocked(ctx)
+	if err != nil || created {
+		return "", 0, nil, 0, err
+	}
+	every := max(cmp.Or(s.SnapshotEvery, DefaultSnapshotEvery), 4*uint64(s.snapshotParts))
+	if s.next < s.snapshotAsOf+every {
+		return "", 0, nil, 0, nil
+	}
+	var idb [8]byte
+	if _, err := rand.Read(idb[:]); err != nil {
+		return "", 0, nil, 0, err
+	}
+	id = hex.EncodeToString(idb[:])
+	parts, err = snapshotRecords(s.view, id, s.next, snapshotPartBytes)
+	return id, s.next, parts, len(s.view), err
 }

@@ -1,6 +1,7 @@
 package groups
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -10,11 +11,15 @@ import (
 )
 
 func testView(groups, partitions int, metadata int) map[string]map[TopicPartition]Committed {
+	return testViewOf(groups, partitions, strings.Repeat("m", metadata))
+}
+
+func testViewOf(groups, partitions int, metadata string) map[string]map[TopicPartition]Committed {
 	view := map[string]map[TopicPartition]Committed{}
 	for g := range groups {
 		offs := map[TopicPartition]Committed{}
 		for p := range partitions {
-			offs[TopicPartition{Topic: fmt.Sprintf("t%d", p%3), Partition: int32(p)}] = Committed{Offset: int64(g*1000 + p), LeaderEpoch: -1, Metadata: strings.Repeat("m", metadata), At: int64(p)}
+			offs[TopicPartition{Topic: fmt.Sprintf("t%d", p%3), Partition: int32(p)}] = Committed{Offset: int64(g*1000 + p), LeaderEpoch: -1, Metadata: metadata, At: int64(p)}
 		}
 		view[fmt.Sprintf("g%03d", g)] = offs
 	}
@@ -39,9 +44,12 @@ func TestSnapshotRecordsRoundTrip(t *testing.T) {
 		{"no groups", map[string]map[TopicPartition]Committed{}, 1 << 10, 1},
 		{"a group with no offsets", map[string]map[TopicPartition]Committed{"idle": {}}, 1 << 10, 1},
 		{"small", testView(3, 4, 0), 256 << 10, 1},
-		{"many parts", testView(20, 30, 40), 4 << 10, 20},
+		{"many parts", testView(20, 30, 40), 4 << 10, 15},
 		{"one group over many parts", testView(1, 500, 100), 8 << 10, 5},
 		{"entries larger than a part", testView(2, 3, 3000), 1 << 10, 6},
+		// JSON writes '<' as \u003c: 4 KiB of metadata is 24 KiB
+		// encoded, and a part must be sized by that.
+		{"metadata JSON escapes", testViewOf(3, 20, strings.Repeat("<", 4096)), 64 << 10, 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			parts, err := snapshotRecords(tc.view, "id1", 77, tc.partBytes)
@@ -66,7 +74,7 @@ func TestSnapshotRecordsRoundTrip(t *testing.T) {
 				for _, g := range rec.Groups {
 					entries += len(g.Offsets)
 				}
-				if entries > 1 && len(parts[i]) > tc.partBytes+tc.partBytes/2 {
+				if entries > 1 && len(parts[i]) > tc.partBytes+256 {
 					t.Fatalf("part %d is %d bytes with %d entries, bound %d", i, len(parts[i]), entries, tc.partBytes)
 				}
 				if b == nil {
@@ -136,5 +144,49 @@ func TestASnapshotRecordIsSkippedByAVersionOneReader(t *testing.T) {
 	}
 	if err := json.Unmarshal(parts[0], &v); err != nil || v.V != 2 {
 		t.Fatalf("a snapshot part has version %d (%v), want 2", v.V, err)
+	}
+}
+
+// compactingOffsets is memOffsets that counts Compact calls.
+type compactingOffsets struct {
+	memOffsets
+	compacts int
+}
+
+func (c *compactingOffsets) Compact(context.Context) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.compacts++
+	return true, nil
+}
+
+// TestOnlyTheSnapshotOwnerCompacts: the nodes that share the offsets
+// stream each sweep it, and exactly one of them, the one a group named
+// snapshotOwnerKey would have, writes snapshots.
+func TestOnlyTheSnapshotOwnerCompacts(t *testing.T) {
+	hosts := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}
+	owners := 0
+	for _, self := range hosts {
+		m := NewMembership(self)
+		m.Set(hosts)
+		st := &compactingOffsets{}
+		c := New(Options{Offsets: st, Membership: m})
+		c.sweep(context.Background(), false)
+		_, own := m.Owner(snapshotOwnerKey)
+		if want := map[bool]int{true: 1, false: 0}[own]; st.compacts != want {
+			t.Errorf("node %s (owner: %v) compacted %d times in a sweep, want %d", self, own, st.compacts, want)
+		}
+		if own {
+			owners++
+		}
+	}
+	if owners != 1 {
+		t.Fatalf("%d nodes own the snapshots, want 1", owners)
+	}
+	// Alone, a node owns them.
+	st := &compactingOffsets{}
+	New(Options{Offsets: st}).sweep(context.Background(), false)
+	if st.compacts != 1 {
+		t.Fatalf("a coordinator without peers compacted %d times in a sweep, want 1", st.compacts)
 	}
 }

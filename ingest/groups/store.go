@@ -83,11 +83,15 @@ type StreamOffsets struct {
 	loadMu sync.Mutex
 	view   map[string]map[TopicPartition]Committed
 	next   uint64
-	// snapshotAsOf is the highest asOf of a snapshot seen in the stream
-	// or written (0: none), and snapshotParts that snapshot's parts
-	// count when this process wrote it.
+	// snapshotAsOf is the highest asOf of a whole snapshot seen in the
+	// stream or written (0: none), and snapshotParts that snapshot's
+	// parts count when this process wrote it.
 	snapshotAsOf  uint64
 	snapshotParts int
+	// compactMu orders compactions; holdOwed is where a snapshot this
+	// process wrote needs the hold, when moving it failed (0: nowhere).
+	compactMu sync.Mutex
+	holdOwed  uint64
 	// lastLoad describes the last load that read the stream from its
 	// start or from a snapshot.
 	lastLoad LoadStats
@@ -219,16 +223,22 @@ func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32, anew bool) 
 		}
 	}
 	// A commit in flight (this node's or another's) holds the committed
-	// end behind a member's log for moments only: wait for it a while.
+	// end behind a member's log for moments only: wait while it moves,
+	// and give up once it has stood still for a second (a chain that
+	// must be reconfigured before it commits again).
 	var end *catenapb.ListOffsetsResponse
-	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+	var last uint64
+	moved := time.Now()
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
 		if end, err = s.Ingest.ListOffsets(ctx, &catenapb.ListOffsetsRequest{Stream: s.stream(), Partition: p, Spec: catenapb.OffsetSpec_OFFSET_SPEC_LATEST}); err != nil {
 			return err
 		}
 		if end.GetOffset() >= logEnd {
 			break
 		}
-		if wait == 200*time.Millisecond {
+		if end.GetOffset() > last {
+			last, moved = end.GetOffset(), time.Now()
+		} else if time.Since(moved) > time.Second {
 			return fmt.Errorf("its committed end %d is behind its members' logs (%d): waiting for the chain to commit them", end.GetOffset(), logEnd)
 		}
 		select {
@@ -253,7 +263,10 @@ func (s *StreamOffsets) loadPartition(ctx context.Context, p uint32, anew bool) 
 		switch {
 		case rec == nil:
 		case rec.Snapshot != nil:
-			s.snapshotAsOf = max(s.snapshotAsOf, rec.Snapshot.AsOf)
+			if h := rec.Snapshot; h.Part == h.Parts-1 {
+				// Its writer's last part: the snapshot is whole.
+				s.snapshotAsOf = max(s.snapshotAsOf, h.AsOf)
+			}
 		default:
 			applyCommit(rec, s.view)
 		}
@@ -406,12 +419,29 @@ func (s *StreamOffsets) Commit(ctx context.Context, group string, commits []Comm
 			// Another consumer took the partition's last hold after
 			// refuseUnholdable looked: the offset is stored, without a
 			// hold; answered so that the client does not retry.
-			errs[at[i]] = refuse(HoldsFull, "the offset is stored but the partition has no room for the group's retention hold (%v): retention may trim records the group has not read; delete idle groups or consumers", err)
-		default:
+			errs[at[i]] = storedError{refuse(HoldsFull, "the offset is stored but the partition has no room for the group's retention hold (%v): retention may trim records the group has not read; delete idle groups or consumers", err)}
+		case err != nil:
+			// Answered as not stored: the client's retry stores the
+			// offset again and moves the hold again at once.
 			errs[at[i]] = err
 		}
 	}
 	return errs, nil
+}
+
+// storedError is a commit's error that came after its offset was stored,
+// answered with a code clients do not retry (no room for its hold): the
+// offset is committed all the same, and a coordinator holds it as
+// committed, as its next load would.
+type storedError struct{ error }
+
+func (e storedError) Unwrap() error { return e.error }
+
+// IsStored reports whether a commit's err came after its offset was
+// stored.
+func IsStored(err error) bool {
+	var s storedError
+	return errors.As(err, &s)
 }
 
 // refuseUnholdable refuses (in errs) each commit on a partition whose
