@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
@@ -107,7 +108,7 @@ func newIngestCommand() *cobra.Command {
 			}
 			svc.Register(g)
 			if kafkaListen != "" {
-				ks, err := serveKafka(kafkaListen, kafkaAdvertise, brokerDomain, offsetsStream, srv, coord, membership, clientTLS, policy, logger)
+				ks, err := serveKafka(kafkaListen, kafkaAdvertise, brokerDomain, offsetsStream, srv, coord, membership, clientTLS, policy, reg, logger)
 				if err != nil {
 					return err
 				}
@@ -178,7 +179,7 @@ func groupPeers(peers []string, advertise string) (*groups.Membership, error) {
 
 // serveKafka starts ingestion's Kafka listener: the same TLS as the gRPC
 // listener's, and the same access policy, judged per operation.
-func serveKafka(listen, advertise, brokerDomain, offsetsStream string, srv *ingest.Server, coord *groups.Coordinator, membership *groups.Membership, tlsConfig *tls.Config, policy *transport.Policy, logger logr.Logger) (*kafka.Server, error) {
+func serveKafka(listen, advertise, brokerDomain, offsetsStream string, srv *ingest.Server, coord *groups.Coordinator, membership *groups.Membership, tlsConfig *tls.Config, policy *transport.Policy, reg prometheus.Registerer, logger logr.Logger) (*kafka.Server, error) {
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("failed to listen for Kafka clients on %s: %w", listen, err)
@@ -186,7 +187,7 @@ func serveKafka(listen, advertise, brokerDomain, offsetsStream string, srv *inge
 	if advertise == "" {
 		advertise = lis.Addr().String()
 	}
-	opts := kafka.Options{Ingest: srv, Groups: coord, OffsetsStream: offsetsStream, Membership: membership, Advertise: advertise, TLS: tlsConfig, Logger: logger.WithValues("listener", "kafka")}
+	opts := kafka.Options{Ingest: srv, Groups: coord, OffsetsStream: offsetsStream, Membership: membership, Advertise: advertise, TLS: tlsConfig, Registerer: reg, Logger: logger.WithValues("listener", "kafka")}
 	if membership != nil && brokerDomain != "" {
 		opts.BrokerHost = func(peer string) string { return podDNSLabel(peer) + "." + brokerDomain }
 		if _, port, err := kafka.SplitBrokerAddress(advertise); err == nil {

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -88,6 +89,8 @@ type Options struct {
 	// broker (node 0), leader of every partition and coordinator of every
 	// group.
 	Membership *groups.Membership
+	// Registerer receives the listener's metrics (nil: not exported).
+	Registerer prometheus.Registerer
 	// BrokerHost, with Membership, is the name a node is advertised under,
 	// from its host among the peers (nil: that host). On Kubernetes the
 	// peers are pod IPs and a client checking the broker's TLS name needs
@@ -112,6 +115,7 @@ type Server struct {
 	groups     *groups.Coordinator
 	// offsetsStream is Options.OffsetsStream or its default.
 	offsetsStream string
+	metrics       *metrics
 }
 
 // New returns a listener for opts; Serve starts it.
@@ -119,8 +123,12 @@ func New(opts Options) (*Server, error) {
 	if opts.Ingest == nil {
 		return nil, errors.New("the Kafka listener needs an ingestion server")
 	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register the Kafka listener's metrics: %w", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{opts: opts, ing: opts.Ingest, log: opts.Logger, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}, maxRequest: opts.MaxRequestBytes}
+	s := &Server{opts: opts, ing: opts.Ingest, log: opts.Logger, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}, maxRequest: opts.MaxRequestBytes, metrics: m}
 	if s.maxRequest <= 0 {
 		s.maxRequest = DefaultMaxRequestBytes
 	}
@@ -312,6 +320,8 @@ func (s *Server) serveConn(nc net.Conn) {
 	ctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
 	defer nc.Close()
+	s.metrics.conns.Inc()
+	defer s.metrics.conns.Dec()
 	cn := &conn{srv: s, c: nc, log: s.log.WithValues("client", nc.RemoteAddr().String()), answers: make(chan *answer, maxInFlight)}
 	if tc, ok := nc.(*tls.Conn); ok {
 		hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
@@ -393,6 +403,8 @@ type header struct {
 	version     int16
 	correlation int32
 	clientID    string
+	// start is when the request was read whole.
+	start time.Time
 }
 
 // readRequests reads requests until the client goes or breaks the protocol.
@@ -423,7 +435,7 @@ func (cn *conn) readRequests() error {
 // handle parses one request and starts answering it; an error closes the
 // connection (what Kafka does with a request it cannot parse).
 func (cn *conn) handle(buf []byte) error {
-	h := header{key: int16(binary.BigEndian.Uint16(buf)), version: int16(binary.BigEndian.Uint16(buf[2:])), correlation: int32(binary.BigEndian.Uint32(buf[4:]))}
+	h := header{key: int16(binary.BigEndian.Uint16(buf)), version: int16(binary.BigEndian.Uint16(buf[2:])), correlation: int32(binary.BigEndian.Uint32(buf[4:])), start: time.Now()}
 	rest := buf[8:]
 	if len(rest) < 2 {
 		return errors.New("request header is truncated")
@@ -437,6 +449,9 @@ func (cn *conn) handle(buf []byte) error {
 		h.clientID, rest = string(rest[:idLen]), rest[idLen:]
 	}
 	api, ok := supported[h.key]
+	if ok {
+		cn.srv.metrics.requests.WithLabelValues(kmsg.NameForKey(h.key)).Inc()
+	}
 	if h.key == kmsg.ApiVersions.Int16() && (!ok || h.version > api.max) {
 		// An ApiVersions the listener does not know is answered at v0
 		// with the versions it does (KIP-511), whatever its body.
@@ -494,15 +509,18 @@ func (cn *conn) later(h header, fn func(ctx context.Context) kmsg.Response) {
 	go func() {
 		defer cn.working.Done()
 		defer close(a.done)
-		if resp := fn(cn.ctx); resp != nil {
+		resp := fn(cn.ctx)
+		if resp != nil {
 			a.bytes = encode(h, resp)
 		}
+		cn.srv.metrics.answered(h, resp)
 	}()
 }
 
 // reply queues an answer that is ready now.
 func (cn *conn) reply(h header, resp kmsg.Response) {
 	a := &answer{done: make(chan struct{}), bytes: encode(h, resp)}
+	cn.srv.metrics.answered(h, resp)
 	close(a.done)
 	cn.answers <- a
 }

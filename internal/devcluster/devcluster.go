@@ -270,7 +270,7 @@ func Run(ctx context.Context, spec Spec, ready func(State)) error {
 		if err != nil {
 			return fmt.Errorf("failed to listen for Kafka clients on %s: %w", spec.KafkaListen, err)
 		}
-		ks, err := kafka.New(kafka.Options{Ingest: ing, Groups: coord, Logger: log.WithValues("role", "kafka")})
+		ks, err := kafka.New(kafka.Options{Ingest: ing, Groups: coord, Registerer: spec.Registerer, Logger: log.WithValues("role", "kafka")})
 		if err != nil {
 			klis.Close()
 			return err

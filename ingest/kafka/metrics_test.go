@@ -1,0 +1,88 @@
+package kafka
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/catena-streams/catena/rpc/catenapb"
+)
+
+// gathered is a registry's samples by metric name and label set
+// ("name{k=v,...}" with labels in name order).
+func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			key := f.GetName() + "{"
+			for i, l := range m.GetLabel() {
+				if i > 0 {
+					key += ","
+				}
+				key += l.GetName() + "=" + l.GetValue()
+			}
+			key += "}"
+			switch {
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[key] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// TestTheListenerCountsRequestsAndTheirErrors: an operator watching the
+// Kafka listener sees its requests by API, their time, the error codes
+// it answered them with (partitions' too), and its open connections.
+func TestTheListenerCountsRequestsAndTheirErrors(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := startCluster(t, 1, func(o *Options) { o.Registerer = reg })
+	c.configure("small", &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MaxRecordBytes: 100})
+	waitFor(t, 30*time.Second, "ingestion to discover stream small", func() bool {
+		_, err := c.ing.Stream(context.Background(), "small")
+		return err == nil
+	})
+	cl := c.client(kgo.RecordRetries(0))
+	ctx := ctxT(t, 30*time.Second)
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "s", Value: []byte("fits")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "small", Value: make([]byte, 1000)}).FirstErr(); err == nil {
+		t.Fatal("a record above the stream's limit was stored")
+	}
+	m := gathered(t, reg)
+	for _, want := range []string{
+		"catena_kafka_requests_total{api=Produce}",
+		"catena_kafka_requests_total{api=Metadata}",
+		"catena_kafka_request_seconds{api=Produce}",
+	} {
+		if m[want] < 1 {
+			t.Errorf("%s = %v, want at least 1", want, m[want])
+		}
+	}
+	if got := m["catena_kafka_errors_total{api=Produce,code=INVALID_RECORD}"]; got != 1 {
+		t.Errorf("catena_kafka_errors_total{api=Produce,code=INVALID_RECORD} = %v, want 1 (the refused partition)", got)
+	}
+	if got := m["catena_kafka_requests_total{api=Produce}"]; got != 2 {
+		t.Errorf("catena_kafka_requests_total{api=Produce} = %v, want 2", got)
+	}
+	if got := m["catena_kafka_connections{}"]; got < 1 {
+		t.Errorf("catena_kafka_connections = %v with a client connected", got)
+	}
+	cl.Close()
+	waitFor(t, 10*time.Second, "the closed client's connections to be counted out", func() bool {
+		return gathered(t, reg)["catena_kafka_connections{}"] == 0
+	})
+}
