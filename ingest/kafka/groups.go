@@ -118,6 +118,9 @@ func (cn *conn) findCoordinator(r *kmsg.FindCoordinatorRequest) *kmsg.FindCoordi
 	if r.Version < 4 && len(resp.Coordinators) == 1 {
 		c := resp.Coordinators[0]
 		resp.ErrorCode, resp.ErrorMessage, resp.NodeID, resp.Host, resp.Port = c.ErrorCode, c.ErrorMessage, c.NodeID, c.Host, c.Port
+		// Not sent before v4; kept, it would count twice in the
+		// listener's error metrics, which read the whole response.
+		resp.Coordinators = nil
 	}
 	return resp
 }
@@ -287,20 +290,24 @@ func (cn *conn) offsetFetch(ctx context.Context, r *kmsg.OffsetFetchRequest) kms
 	}
 	got, err := cn.srv.groups.FetchOffsets(ctx, r.Group, tps)
 	if err != nil {
-		resp.ErrorCode = groupCode(err).Code
-		if r.Version < 2 {
-			// v1 has no top-level error: each partition carries it, or
-			// the client would take "no offsets" and reset its position.
-			for _, t := range r.Topics {
-				rt := kmsg.NewOffsetFetchResponseTopic()
-				rt.Topic = t.Topic
-				for _, p := range t.Partitions {
-					rp := kmsg.NewOffsetFetchResponseTopicPartition()
-					rp.Partition, rp.Offset, rp.ErrorCode = p, -1, resp.ErrorCode
-					rt.Partitions = append(rt.Partitions, rp)
-				}
-				resp.Topics = append(resp.Topics, rt)
+		code := groupCode(err).Code
+		if r.Version >= 2 {
+			resp.ErrorCode = code
+			return resp
+		}
+		// v1 has no top-level error (so none is set: the listener's
+		// error metrics read the whole response): each partition
+		// carries it, or the client would take "no offsets" and reset
+		// its position.
+		for _, t := range r.Topics {
+			rt := kmsg.NewOffsetFetchResponseTopic()
+			rt.Topic = t.Topic
+			for _, p := range t.Partitions {
+				rp := kmsg.NewOffsetFetchResponseTopicPartition()
+				rp.Partition, rp.Offset, rp.ErrorCode = p, -1, code
+				rt.Partitions = append(rt.Partitions, rp)
 			}
+			resp.Topics = append(resp.Topics, rt)
 		}
 		return resp
 	}

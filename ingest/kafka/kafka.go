@@ -123,12 +123,8 @@ func New(opts Options) (*Server, error) {
 	if opts.Ingest == nil {
 		return nil, errors.New("the Kafka listener needs an ingestion server")
 	}
-	m, err := newMetrics(opts.Registerer)
-	if err != nil {
-		return nil, fmt.Errorf("register the Kafka listener's metrics: %w", err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{opts: opts, ing: opts.Ingest, log: opts.Logger, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}, maxRequest: opts.MaxRequestBytes, metrics: m}
+	s := &Server{opts: opts, ing: opts.Ingest, log: opts.Logger, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}, maxRequest: opts.MaxRequestBytes, metrics: newMetrics()}
 	if s.maxRequest <= 0 {
 		s.maxRequest = DefaultMaxRequestBytes
 	}
@@ -151,6 +147,10 @@ func New(opts Options) (*Server, error) {
 	if m := opts.Membership; m != nil && (opts.Advertise == "" || s.brokerHost(m.Self().Host) != s.host) {
 		cancel()
 		return nil, fmt.Errorf("the listener advertises %q but is %q among the group coordinators: a listener with peers advertises its own host", s.host, s.brokerHost(m.Self().Host))
+	}
+	if err := s.metrics.register(opts.Registerer); err != nil {
+		cancel()
+		return nil, fmt.Errorf("register the Kafka listener's metrics: %w", err)
 	}
 	return s, nil
 }
@@ -449,12 +449,10 @@ func (cn *conn) handle(buf []byte) error {
 		h.clientID, rest = string(rest[:idLen]), rest[idLen:]
 	}
 	api, ok := supported[h.key]
-	if ok {
-		cn.srv.metrics.requests.WithLabelValues(kmsg.NameForKey(h.key)).Inc()
-	}
 	if h.key == kmsg.ApiVersions.Int16() && (!ok || h.version > api.max) {
 		// An ApiVersions the listener does not know is answered at v0
 		// with the versions it does (KIP-511), whatever its body.
+		cn.srv.metrics.took(h)
 		h.version = 0
 		cn.reply(h, cn.apiVersionsUnsupported())
 		return nil
@@ -476,6 +474,7 @@ func (cn *conn) handle(buf []byte) error {
 	if err := req.ReadFrom(rest); err != nil {
 		return fmt.Errorf("%s v%d: malformed request: %w", kmsg.NameForKey(h.key), h.version, err)
 	}
+	cn.srv.metrics.took(h)
 	return cn.dispatch(h, req)
 }
 
@@ -513,7 +512,10 @@ func (cn *conn) later(h header, fn func(ctx context.Context) kmsg.Response) {
 		if resp != nil {
 			a.bytes = encode(h, resp)
 		}
-		cn.srv.metrics.answered(h, resp)
+		if cn.ctx.Err() == nil {
+			// Else the client is gone and nothing is sent.
+			cn.srv.metrics.answered(h, resp)
+		}
 	}()
 }
 

@@ -21,16 +21,16 @@ type metrics struct {
 	conns    prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
+func newMetrics() *metrics {
+	return &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "catena", Subsystem: "kafka", Name: "requests_total",
 			Help: "Kafka requests the listener took, by API (ones it cannot parse close their connection and are not counted).",
 		}, []string{"api"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "catena", Subsystem: "kafka", Name: "request_seconds",
-			Help:    "Time from a Kafka request's arrival to its answer being ready (a produce: to its records' commit), by API.",
-			Buckets: latency.Buckets(),
+			Help:    "Time from a Kafka request's arrival to its answer being ready (a produce: to its records' commit; a fetch: its long poll; a join: the rebalance), by API.",
+			Buckets: requestBuckets,
 		}, []string{"api"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "catena", Subsystem: "kafka", Name: "errors_total",
@@ -41,23 +41,42 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Kafka client connections open.",
 		}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.seconds, m.errors, m.conns} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
+}
+
+// requestBuckets are latency's, from 50 µs, and on to 52 s: a fetch's long
+// poll (30 s at most) and a JoinGroup's rebalance wait that long.
+var requestBuckets = append(latency.Buckets(), 6.5536, 13.1072, 26.2144, 52.4288)
+
+// register adds the collectors to reg (nil: none).
+func (m *metrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.seconds, m.errors, m.conns} {
+		if err := reg.Register(c); err != nil {
+			return err
 		}
 	}
-	return m, nil
+	return nil
+}
+
+// took counts a request the listener parsed and serves.
+func (m *metrics) took(h header) {
+	m.requests.WithLabelValues(kmsg.NameForKey(h.key)).Inc()
 }
 
 // answered records a request's answer (nil: none is sent, acks=0).
 func (m *metrics) answered(h header, resp kmsg.Response) {
-	api := kmsg.NameForKey(h.key)
-	m.seconds.WithLabelValues(api).Observe(time.Since(h.start).Seconds())
-	if resp == nil {
-		return
+	m.seconds.WithLabelValues(kmsg.NameForKey(h.key)).Observe(time.Since(h.start).Seconds())
+	if resp != nil {
+		m.countErrors(h, resp)
 	}
+}
+
+// countErrors counts the error codes in resp, a response to h. Handlers
+// set only the fields their version sends, so that none counts twice.
+func (m *metrics) countErrors(h header, resp kmsg.Response) {
+	api := kmsg.NameForKey(h.key)
 	errorCodes(reflect.ValueOf(resp), func(code int16) {
 		name := strconv.Itoa(int(code))
 		var ke *kerr.Error

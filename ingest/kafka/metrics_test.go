@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
@@ -81,8 +82,28 @@ func TestTheListenerCountsRequestsAndTheirErrors(t *testing.T) {
 	if got := m["catena_kafka_connections{}"]; got < 1 {
 		t.Errorf("catena_kafka_connections = %v with a client connected", got)
 	}
+
+	// A refusal no answer carries (acks=0) counts as well.
+	noAck := c.client(kgo.RequiredAcks(kgo.NoAck()), kgo.DisableIdempotentWrite())
+	if err := noAck.ProduceSync(ctx, &kgo.Record{Topic: "small", Value: make([]byte, 1000)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the acks=0 refusal to be counted", func() bool {
+		return gathered(t, reg)["catena_kafka_errors_total{api=Produce,code=INVALID_RECORD}"] == 2
+	})
+	// An answer of a version whose error is top-level only (FindCoordinator
+	// v3) counts it once.
+	fc := kmsg.NewPtrFindCoordinatorRequest()
+	fc.Version, fc.CoordinatorKey = 3, ""
+	if _, err := fc.RequestWith(ctx, cl); err != nil {
+		t.Fatal(err)
+	}
+	if got := gathered(t, reg)["catena_kafka_errors_total{api=FindCoordinator,code=INVALID_GROUP_ID}"]; got != 1 {
+		t.Errorf("a FindCoordinator v3 refusal counted %v times, want 1", got)
+	}
 	cl.Close()
-	waitFor(t, 10*time.Second, "the closed client's connections to be counted out", func() bool {
+	noAck.Close()
+	waitFor(t, 10*time.Second, "the closed clients' connections to be counted out", func() bool {
 		return gathered(t, reg)["catena_kafka_connections{}"] == 0
 	})
 }

@@ -259,7 +259,11 @@ func (cn *conn) produce(h header, r *kmsg.ProduceRequest) {
 		if r.Acks == 0 {
 			// No answer is sent, but the request held its place among
 			// the connection's requests in flight until it was done: a
-			// client that never reads answers is still held back.
+			// client that never reads answers is still held back. Its
+			// refusals still count.
+			if cn.ctx.Err() == nil {
+				cn.srv.metrics.countErrors(h, resp)
+			}
 			return nil
 		}
 		return resp
