@@ -152,8 +152,11 @@ func (s *StreamOffsets) Load(ctx context.Context) (map[string]map[TopicPartition
 	s.held = nil
 	s.mu.Unlock()
 	created, err := s.loadLocked(ctx)
-	if err != nil || created {
-		return map[string]map[TopicPartition]Committed{}, err
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		return map[string]map[TopicPartition]Committed{}, nil
 	}
 	out := make(map[string]map[TopicPartition]Committed, len(s.view))
 	for g, offs := range s.view {

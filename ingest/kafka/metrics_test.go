@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/catena-streams/catena/ingest"
 	"github.com/catena-streams/catena/rpc/catenapb"
 )
 
@@ -47,9 +48,14 @@ func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // TestTheListenerCountsRequestsAndTheirErrors: an operator watching the
 // Kafka listener sees its requests by API, their time, the error codes
 // it answered them with (partitions' too), and its open connections.
+// Records a Kafka client produces also go through ingestion's queues like
+// a gRPC producer's: those ingestion refuses count in
+// catena_ingest_produce_errors_total as theirs do (they did not: only the
+// gRPC Produce call counted), and answered requests in
+// catena_ingest_produce_seconds.
 func TestTheListenerCountsRequestsAndTheirErrors(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	c := startCluster(t, 1, func(o *Options) { o.Registerer = reg })
+	c := startClusterWith(t, 1, clusterOptions{ingest: func(o *ingest.Options) { o.Registerer = reg }}, func(o *Options) { o.Registerer = reg })
 	c.configure("small", &catenapb.StreamConfig{Partitions: 1, Durability: catenapb.Durability_DURABILITY_FSYNC, MaxRecordBytes: 100})
 	waitFor(t, 30*time.Second, "ingestion to discover stream small", func() bool {
 		_, err := c.ing.Stream(context.Background(), "small")
@@ -64,6 +70,12 @@ func TestTheListenerCountsRequestsAndTheirErrors(t *testing.T) {
 		t.Fatal("a record above the stream's limit was stored")
 	}
 	m := gathered(t, reg)
+	if got := m["catena_ingest_produce_errors_total{code=InvalidArgument,stream=small}"]; got != 1 {
+		t.Errorf("catena_ingest_produce_errors_total{stream=small,code=InvalidArgument} = %v after one refused record, want 1", got)
+	}
+	if got := m["catena_ingest_produce_seconds{stream=s}"]; got < 1 {
+		t.Errorf("catena_ingest_produce_seconds{stream=s} counted %v requests, want the answered produce", got)
+	}
 	for _, want := range []string{
 		"catena_kafka_requests_total{api=Produce}",
 		"catena_kafka_requests_total{api=Metadata}",
